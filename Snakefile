@@ -1,0 +1,22 @@
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/corpora.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/extract.smk"
+include: "workflow/rules/surface.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

@@ -1,0 +1,22 @@
+"""Rule extract_attention: one model x corpus x shard into per-layer HDF5 files."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.data import load_records  # noqa: E402
+from headatlas.extract import config_hash, extract, shard_slice  # noqa: E402
+from headatlas.models import ModelSpec, load  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+p = sm.params.extraction
+spec = ModelSpec.from_config(p["model"])
+records = load_records(sm.input.corpus)
+part = shard_slice(len(records), sm.params.shard, sm.params.n_shards)
+model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None)
+log.info("model %s on %s, corpus %s shard %d/%d: records %d..%d", spec.name, model.device, sm.wildcards.corpus, sm.params.shard, sm.params.n_shards, part.start, part.stop)
+meta = {"corpus": sm.wildcards.corpus, "shard": sm.params.shard, "n_shards": sm.params.n_shards, "config_hash": config_hash(p)}
+counts = extract(records[part], spec, model, tokenizer, config, sm.output[0], p["storage_dtype"], p["overflow"], part.start, meta)
+log.info("counts %s", counts.values)

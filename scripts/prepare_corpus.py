@@ -1,0 +1,17 @@
+"""Rule prepare_corpus: build one corpus's records from the bundled files."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.corpora import build_corpus  # noqa: E402
+from headatlas.data import write_records  # noqa: E402
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+log = setup(snakemake)  # noqa: F821
+name = snakemake.wildcards.corpus  # noqa: F821
+records = build_corpus(snakemake.params.spec, name)  # noqa: F821
+with atomic_path(snakemake.output[0]) as tmp:  # noqa: F821
+    n = write_records(records, tmp)
+log.info("corpus %s: %d records, %d words", name, n, sum(len(r.words) for r in records))

@@ -1,0 +1,18 @@
+"""Rule surface_stats: per-head surface statistics (Clark et al. Sec. 3) from stored maps."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.surface import surface_table  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+with AttentionStore(list(sm.input)) as store:
+    table = surface_table(store, smoothing=sm.params.smoothing)
+with atomic_path(sm.output[0]) as tmp:
+    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+log.info("%d heads, %d sequences", len(table), len(store))
