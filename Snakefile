@@ -17,6 +17,6 @@ include: "workflow/rules/surface.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -74,16 +75,21 @@ def check_attentions(attentions, n_layers: int, n_heads: int, model_name: str) -
             raise ModelError(f"model {model_name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]")
 
 
-def model_inputs(batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id: int, device) -> dict:
+def model_inputs(batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id: int, device, extra_token: int | None = None) -> dict:
+    """Right-padded tensors. ``extra_token`` appends one real token after each sequence
+    (decoders only: it changes no earlier position under the causal mask)."""
     import torch
 
-    n = max(len(t) for t in batch)
+    add = 0 if extra_token is None else 1
+    n = max(len(t) for t in batch) + add
     ids = np.full((len(batch), n), pad_id, dtype=np.int64)
     mask = np.zeros((len(batch), n), dtype=np.int64)
     types = np.zeros((len(batch), n), dtype=np.int64)
     for b, t in enumerate(batch):
         ids[b, : len(t)] = t.ids
-        mask[b, : len(t)] = 1
+        if add:
+            ids[b, len(t)] = extra_token
+        mask[b, : len(t) + add] = 1
         types[b, : len(t)] = t.segment
     inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
     if use_token_types:
@@ -91,22 +97,93 @@ def model_inputs(batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id
     return inputs
 
 
-def forward_batches(model, tokenized: Sequence[TokenizedRecord], batch_size: int, n_layers: int, n_heads: int, name: str, pad_id: int) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
-    """Yield (positions, per-layer [B, H, N, N] float32 arrays) for length-bucketed batches."""
+_HEAD_OUTPUT = re.compile(r"(?:^|\.)(?:layer|h|layers)\.(\d+)\.(?:attention\.output\.dense|attn\.c_proj|self_attn\.o_proj)$")
+
+
+def head_output_modules(model, n_layers: int, name: str = "") -> list:
+    """Per layer, the attention output projection; its input is the concatenated per-head
+    context vectors sum_j A_ij v_j (heads in head-major order)."""
+    found = {}
+    for mod_name, module in model.named_modules():
+        m = _HEAD_OUTPUT.search(mod_name)
+        if m:
+            found[int(m.group(1))] = module
+    if sorted(found) != list(range(n_layers)):
+        raise ModelError(f"model {name!r}: cannot find the attention output projection of every layer (found layers {sorted(found)})")
+    return [found[i] for i in range(n_layers)]
+
+
+def rep_positions(batch: Sequence[TokenizedRecord], kind: str, position: str) -> np.ndarray:
+    """Where a sequence's per-head representation is read: [CLS] (0) for encoders; for
+    decoders the last real token, or one past it ('past_last', the reference code's choice)."""
+    if kind == "encoder":
+        return np.zeros(len(batch), dtype=np.int64)
+    lengths = np.array([len(t) for t in batch])
+    return lengths if position == "past_last" else lengths - 1
+
+
+def forward_batches(
+    model,
+    tokenized: Sequence[TokenizedRecord],
+    batch_size: int,
+    n_layers: int,
+    n_heads: int,
+    name: str,
+    pad_id: int,
+    attentions: bool = True,
+    reps: bool = False,
+    kind: str = "encoder",
+    rep_position: str = "last",
+) -> Iterator[tuple[np.ndarray, list[np.ndarray] | None, tuple[list[np.ndarray], list[np.ndarray]] | None]]:
+    """Yield (positions, per-layer [B, H, N, N] maps or None, (per-layer [B, H, d] head vectors,
+    per-layer [B, D] hidden states) or None) for length-bucketed batches."""
     import torch
 
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
     device = next(model.parameters()).device
-    with torch.inference_mode():
-        for pos in length_batches([len(t) for t in tokenized], batch_size):
-            batch = [tokenized[p] for p in pos]
-            out = model(**model_inputs(batch, use_types, pad_id, device), output_attentions=True)
-            check_attentions(out.attentions, n_layers, n_heads, name)
-            yield pos, [a.float().cpu().numpy() for a in out.attentions]
+    captured: list = [None] * n_layers
+    hooks = []
+    if reps:
+        def make_hook(layer):
+            def hook(module, args):
+                captured[layer] = args[0]
+            return hook
+
+        hooks = [m.register_forward_pre_hook(make_hook(i)) for i, m in enumerate(head_output_modules(model, n_layers, name))]
+    extra = pad_id if (reps and kind == "decoder" and rep_position == "past_last") else None
+    try:
+        with torch.inference_mode():
+            for pos in length_batches([len(t) for t in tokenized], batch_size):
+                batch = [tokenized[p] for p in pos]
+                inputs = model_inputs(batch, use_types, pad_id, device, extra_token=extra)
+                out = model(**inputs, output_attentions=attentions, output_hidden_states=reps)
+                maps = None
+                if attentions:
+                    check_attentions(out.attentions, n_layers, n_heads, name)
+                    maps = [a.float().cpu().numpy() for a in out.attentions]
+                vectors = None
+                if reps:
+                    at = torch.as_tensor(rep_positions(batch, kind, rep_position), device=device)
+                    rows = torch.arange(len(batch), device=device)
+                    heads = [c[rows, at].reshape(len(batch), n_heads, -1).float().cpu().numpy() for c in captured]
+                    hidden = [h[rows, at].float().cpu().numpy() for h in out.hidden_states[1:]]
+                    vectors = (heads, hidden)
+                yield pos, maps, vectors
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def model_shape(config) -> tuple[int, int]:
     return int(config.num_hidden_layers), int(config.num_attention_heads)
+
+
+def rep_shapes(model, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """(head_dim, hidden size) of the stored representations."""
+    proj = head_output_modules(model, n_layers)[0]
+    # nn.Linear stores [out, in]; GPT-2's Conv1D stores [in, out]
+    width = proj.weight.shape[0] if type(proj).__name__ == "Conv1D" else proj.weight.shape[1]
+    return width // n_heads, int(model.config.hidden_size)
 
 
 def extract(
@@ -120,8 +197,16 @@ def extract(
     overflow: str = "skip",
     first_index: int = 0,
     meta: dict | None = None,
+    maps: bool = True,
+    reps: bool = True,
+    rep_position: str = "last",
 ) -> Counts:
-    """Extract and store the attention maps of ``records`` (one shard) for one model."""
+    """Extract and store the attention maps (``maps``) and per-head representations
+    (``reps``) of ``records`` (one shard) for one model."""
+    if rep_position not in ("last", "past_last"):
+        raise ValueError(f"rep_position must be 'last' or 'past_last', not {rep_position!r}")
+    if not (maps or reps):
+        raise ValueError("nothing to extract: maps and reps are both off")
     t0 = time.time()
     kind = model_kind(config, spec)
     bos = bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None
@@ -147,14 +232,23 @@ def extract(
         bos_id=bos,
         counts=counts.values,
         versions=package_versions(),
+        maps=maps,
+        reps=reps,
+        rep_position=("cls" if kind == "encoder" else rep_position) if reps else None,
     )
     ids = [records[t.record_index - first_index].id for t in tokenized]
-    with AttentionWriter(out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta) as writer:
-        for pos, layers in forward_batches(model, tokenized, spec.batch_size, n_layers, n_heads, spec.name, pad_id):
-            for layer, a in enumerate(layers):
-                for b, p in enumerate(pos):
-                    n = len(tokenized[p])
-                    writer.write(int(p), layer, a[b, :, :n, :n])
+    shapes = rep_shapes(model, n_layers, n_heads) if reps else None
+    with AttentionWriter(out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta, maps=maps, rep_shapes=shapes) as writer:
+        batches = forward_batches(model, tokenized, spec.batch_size, n_layers, n_heads, spec.name, pad_id, maps, reps, kind, rep_position)
+        for pos, layers, vectors in batches:
+            for layer in range(n_layers):
+                if layers is not None:
+                    a = layers[layer]
+                    for b, p in enumerate(pos):
+                        n = len(tokenized[p])
+                        writer.write(int(p), layer, a[b, :, :n, :n])
+                if vectors is not None:
+                    writer.write_reps(pos, layer, vectors[0][layer], vectors[1][layer])
     n_tok = sum(len(t) for t in tokenized)
     dt = time.time() - t0
     log.info("model %s: stored %d layers x %d heads for %d tokens in %.1f s (%.0f tokens/s)", spec.name, n_layers, n_heads, n_tok, dt, n_tok / max(dt, 1e-9))

@@ -6,7 +6,9 @@ A model entry in the config names exactly one source:
 - ``{path: DIR}``: a local directory written by ``save_pretrained``;
 - ``{package: NAME, path: SUBDIR}``: a model shipped inside an installed Python package;
 - ``{gguf: FILE}`` or ``{gguf: FILE, package: NAME}``: a GGUF file, dequantised once to an
-  fp32 directory by its own rule.
+  fp32 directory by its own rule;
+- ``{finetuned: {base: MODEL, task: TASK}}``: another config model fine-tuned on a bundled
+  task by its own rule (a derived model: same inputs, same analyses).
 
 Models are always loaded with eager attention, the only implementation that returns
 attention probabilities.
@@ -49,10 +51,10 @@ class ModelSpec:
 
     @property
     def source_kind(self) -> str:
-        for kind in ("gguf", "hub", "package", "path"):
+        for kind in ("finetuned", "gguf", "hub", "package", "path"):
             if kind in self.source:
                 return kind
-        raise ModelError(f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf")
+        raise ModelError(f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf, finetuned")
 
 
 def package_dir(package: str, model: str = "") -> Path:
@@ -80,9 +82,9 @@ def resolve(spec: ModelSpec, cache_dir: str | Path | None = None) -> tuple[str, 
     kind = spec.source_kind
     if kind == "hub":
         return spec.source["hub"], {"revision": spec.source.get("revision", "main")}
-    if kind == "gguf":
+    if kind in ("gguf", "finetuned"):
         if cache_dir is None:
-            raise ModelError(f"model {spec.name!r}: a GGUF model is read from its dequantised cache; run the cache_model rule")
+            raise ModelError(f"model {spec.name!r}: a {kind} model is read from the directory its own rule writes; none was given")
         return str(cache_dir), {}
     if kind == "package":
         loc = package_dir(spec.source["package"], spec.name) / spec.source.get("path", "")

@@ -19,6 +19,10 @@ Layout of one extraction output directory (one model x corpus x shard)::
                          attn[h, cell_offsets[k]:cell_offsets[k+1]].reshape(n, n); rows = queries
       /cell_offsets      int64 [N+1]
       /lengths           int32 [N]
+      /head_vectors      float32 [N, H, d]  per-head context vector sum_j A_ij v_j (before the output
+                         projection) at the representation position: [CLS] for encoders, the last
+                         real token (or one past it) for decoders
+      /hidden            float32 [N, D]     the layer's hidden state at the same position
     meta.json            the same metadata, for people
 
 Padded rows and columns are never stored. A directory is written under a temporary name
@@ -57,6 +61,8 @@ class AttentionWriter:
         n_heads: int,
         storage_dtype: str = "float32",
         meta: dict | None = None,
+        maps: bool = True,
+        rep_shapes: tuple[int, int] | None = None,
     ):
         if not tokenized:
             raise ValueError(f"{out_dir}: no sequence to store")
@@ -68,13 +74,20 @@ class AttentionWriter:
         self.dtype = np.dtype(storage_dtype)
         self.lengths = np.array([len(t) for t in tokenized], dtype=np.int64)
         self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)])
+        self.store_maps = maps
         self.written = np.zeros((n_layers, len(tokenized)), dtype=bool)
+        self.reps_written = np.zeros((n_layers, len(tokenized)), dtype=bool)
+        self.rep_shapes = rep_shapes
         self.meta = dict(meta or {})
         self._write_tokens(tokenized, record_ids)
         self.files = []
         for layer in range(n_layers):
             f = h5py.File(layer_file(self.tmp, layer), "w")
-            f.create_dataset("attn", shape=(n_heads, int(self.cell_offsets[-1])), dtype=self.dtype)
+            if maps:
+                f.create_dataset("attn", shape=(n_heads, int(self.cell_offsets[-1])), dtype=self.dtype)
+            if rep_shapes is not None:
+                f.create_dataset("head_vectors", shape=(len(tokenized), n_heads, rep_shapes[0]), dtype=np.float32)
+                f.create_dataset("hidden", shape=(len(tokenized), rep_shapes[1]), dtype=np.float32)
             f.create_dataset("cell_offsets", data=self.cell_offsets)
             f.create_dataset("lengths", data=self.lengths.astype(np.int32))
             f.attrs["layer"] = layer
@@ -105,13 +118,22 @@ class AttentionWriter:
         self.files[layer]["attn"][:, a:b] = block.reshape(self.n_heads, n * n).astype(self.dtype, copy=False)
         self.written[layer, seq] = True
 
+    def write_reps(self, seqs: np.ndarray, layer: int, head_vectors: np.ndarray, hidden: np.ndarray) -> None:
+        """Store per-head vectors [B, H, d] and hidden states [B, D] of sequences ``seqs``."""
+        order = np.argsort(seqs)
+        f = self.files[layer]
+        f["head_vectors"][np.asarray(seqs)[order]] = head_vectors[order]
+        f["hidden"][np.asarray(seqs)[order]] = hidden[order]
+        self.reps_written[layer, seqs] = True
+
     def close(self) -> None:
         for f in self.files:
             f.close()
         self.files = []
-        if not self.written.all():
-            missing = np.argwhere(~self.written)[:3].tolist()
-            raise RuntimeError(f"{self.out_dir}: maps missing for (layer, sequence) {missing}")
+        for what, done, wanted in (("maps", self.written, self.store_maps), ("representations", self.reps_written, self.rep_shapes is not None)):
+            if wanted and not done.all():
+                missing = np.argwhere(~done)[:3].tolist()
+                raise RuntimeError(f"{self.out_dir}: {what} missing for (layer, sequence) {missing}")
         meta = dict(self.meta, n_layers=self.n_layers, n_heads=self.n_heads, n_sequences=len(self.lengths), storage_dtype=str(self.dtype))
         with h5py.File(self.tmp / "tokens.h5", "a") as f:
             f.attrs["meta"] = json.dumps(meta)
@@ -263,6 +285,14 @@ class AttentionStore:
                 n = int(self.lengths[k])
                 out.append(block[:, off[local] - off[lo] : off[local + 1] - off[lo]].reshape(self.n_heads, n, n))
         return out
+
+    def head_vectors(self, layer: int) -> np.ndarray:
+        """Per-head representations of every sequence at ``layer``: [N, H, d] float32."""
+        return np.concatenate([self._file(s, layer)["head_vectors"][()] for s in range(len(self.dirs))])
+
+    def hidden(self, layer: int) -> np.ndarray:
+        """The layer's hidden state at the representation position: [N, D] float32."""
+        return np.concatenate([self._file(s, layer)["hidden"][()] for s in range(len(self.dirs))])
 
     def word_maps(self, layer: int, k: int, mode: str = "mean") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Clark's word-level maps of sequence k: see :func:`word_level`."""

@@ -22,7 +22,32 @@ def _check_config():
 
 _check_config()
 
-MODELS = {m["name"]: m for m in config["models"]}
+
+def _resolve_models(entries):
+    """Model entries by name; a fine-tuned model inherits its base's settings."""
+    models = {m["name"]: dict(m) for m in entries}
+    for name, m in models.items():
+        ft = m["source"].get("finetuned")
+        if ft is None:
+            continue
+        base = models.get(ft["base"])
+        if base is None or "finetuned" in base["source"]:
+            raise ValueError(
+                f"config key models[{name}].source.finetuned.base: {ft['base']!r} is not a "
+                "(non-fine-tuned) model of this config"
+            )
+        if ft["task"] not in config.get("finetune_tasks", {}):
+            raise ValueError(
+                f"config key models[{name}].source.finetuned.task: {ft['task']!r} is not a key of finetune_tasks"
+            )
+        user = {k for k in entries[[e["name"] for e in entries].index(name)]}
+        for key, value in base.items():
+            if key not in user and key not in ("name", "source"):
+                m[key] = value
+    return models
+
+
+MODELS = _resolve_models(config["models"])
 CORPORA = config["corpora"]
 EXTRACTION = config["extraction"]
 
@@ -48,12 +73,34 @@ def corpus_paths(corpus):
     return spec["paths"] if "paths" in spec else [spec["path"]]
 
 
-def is_gguf(model):
-    return "gguf" in MODELS[model]["source"]
+def model_dir(model):
+    """The directory a model is loaded from when a rule of this workflow writes it."""
+    source = MODELS[model]["source"]
+    if "gguf" in source:
+        return f"results/models/gguf/{model}"
+    if "finetuned" in source:
+        return f"results/models/finetuned/{model}"
+    return None
 
 
 def model_cache(wildcards):
-    return [f"results/models/{wildcards.model}"] if is_gguf(wildcards.model) else []
+    d = model_dir(wildcards.model)
+    return [d] if d else []
+
+
+def finetune_inputs(wildcards):
+    ft = MODELS[wildcards.model]["source"]["finetuned"]
+    task = config["finetune_tasks"][ft["task"]]
+    base = model_dir(ft["base"])
+    return {"train": task["train"], "dev": task["dev"], "base": [base] if base else []}
+
+
+def finetune_params(wildcards):
+    ft = MODELS[wildcards.model]["source"]["finetuned"]
+    return {
+        "base": MODELS[ft["base"]],
+        "task": dict(config["finetune_tasks"][ft["task"]], name=ft["task"]),
+    }
 
 
 def extraction_params(wildcards):
@@ -63,6 +110,9 @@ def extraction_params(wildcards):
         "model": MODELS[wildcards.model],
         "overflow": corpus.get("overflow", EXTRACTION["overflow"]),
         "storage_dtype": EXTRACTION["storage_dtype"],
+        "maps": corpus.get("maps", True),
+        "reps": corpus.get("reps", True),
+        "rep_position": EXTRACTION["rep_position"],
     }
 
 

