@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import os
 import platform
@@ -55,6 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,11 +94,11 @@ def log(msg: str) -> None:
 # --- timed passes ---------------------------------------------------------------------
 
 
-def time_extract(records, spec, model, tokenizer, config, out_dir: Path, storage_dtype: str) -> tuple[float, int]:
+def time_extract(records, spec, model, tokenizer, config, out_dir: Path, storage_dtype: str, extra: dict) -> tuple[float, int]:
     shutil.rmtree(out_dir, ignore_errors=True)
     gc.collect()
     t0 = time.perf_counter()
-    counts = extract(records, spec, model, tokenizer, config, out_dir, storage_dtype=storage_dtype, overflow="skip", meta={"benchmark": True})
+    counts = extract(records, spec, model, tokenizer, config, out_dir, storage_dtype=storage_dtype, overflow="skip", meta={"benchmark": True}, **extra)
     return time.perf_counter() - t0, counts["tokens"]
 
 
@@ -129,7 +131,14 @@ def disk_usage(directory: Path) -> dict:
     files = {p.name: p.stat() for p in sorted(directory.iterdir()) if p.is_file()}
     layer = [s for name, s in files.items() if name.startswith("layer_")]
     tok = files["tokens.h5"]
+    datasets: dict[str, int] = {}  # bytes each dataset occupies, summed over the layer files
+    for name in files:
+        if name.startswith("layer_"):
+            with h5py.File(directory / name, "r") as f:
+                for key, ds in f.items():
+                    datasets[key] = datasets.get(key, 0) + int(ds.id.get_storage_size())
     return {
+        "datasets_bytes": datasets,
         "layers_bytes": sum(s.st_size for s in layer),
         "tokens_bytes": tok.st_size,
         "dir_bytes": sum(s.st_size for s in files.values()),

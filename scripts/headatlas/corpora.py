@@ -5,6 +5,7 @@
   MISC (``Entity=(12``, ``12)``, ``(12)``) become mentions.
 - Clark-style Wikipedia segments from WikiText-2: two consecutive paragraphs as a pair.
 - Tab-separated sentence pairs (SICK) and labelled sentences (SST-2).
+- Records already in headatlas's JSON-lines format (written by another rule, e.g. a task generator).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import Record
+from .data import Record, load_records
 
 _ENTITY = re.compile(r"\(\d+\)|\(\d+|\d+\)")
 
@@ -326,6 +327,8 @@ def build_corpus(spec: dict, name: str = "") -> list[Record]:
             records += document_records(read_conllu(p), path=str(p), max_words=spec.get("max_words", 0))
         elif kind == "wikitext":
             records += wiki_segments(p, spec["n_segments"], spec["max_words"], spec["seed"])
+        elif kind == "records":
+            records += load_records(p)
         elif kind == "tsv":
             records += tsv_records(p, spec["text_columns"], spec.get("label_column"), prefix=f"{name}-{Path(p).stem}")
         else:

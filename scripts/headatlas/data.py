@@ -42,6 +42,7 @@ class Record:
     mentions: tuple[tuple[int, int, int], ...] = ()  # (first word, last word, cluster id)
     label: str = ""  # task label for classification corpora
     doc: str = ""
+    split: str = ""  # train / dev / test for generated task corpora
 
     def __post_init__(self):
         n = len(self.words)

@@ -126,10 +126,16 @@ def extraction_targets():
     ]
 
 
+# Each analysis rule file appends a function returning its final outputs.
+TARGET_FUNCTIONS = [extraction_targets]
+
+
+def validate_section(key, schema):
+    """Validate (and fill defaults of) config['analysis'][key] against its own schema file."""
+    section = config["analysis"].setdefault(key, {})
+    validate(section, schema)
+    return section
+
+
 def all_targets():
-    targets = extraction_targets()
-    for corpus in config["analysis"]["surface"]["corpora"]:
-        targets += expand(
-            "results/surface/{model}/{corpus}.tsv", model=MODELS, corpus=corpus
-        )
-    return targets
+    return [t for f in TARGET_FUNCTIONS for t in f()]

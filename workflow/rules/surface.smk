@@ -1,3 +1,14 @@
+def surface_targets():
+    return expand(
+        "results/surface/{model}/{corpus}.tsv",
+        model=MODELS,
+        corpus=config["analysis"]["surface"]["corpora"],
+    )
+
+
+TARGET_FUNCTIONS.append(surface_targets)
+
+
 rule surface_stats:
     input:
         lambda wc: shard_dirs(wc.model, wc.corpus),
