@@ -14,13 +14,18 @@ pins torch to ``--threads`` (default 1) CPU threads, and measures:
    bare forward pass (no ``output_attentions``, under ``torch.inference_mode``) over the
    *same* length-bucketed batches (``tokenize_records`` / ``length_batches`` /
    ``model_inputs``). The ratio is given against the forward pass alone (strict) and
-   against forward + tokenisation (like for like: both then start from records);
+   against forward + tokenisation (like for like: both then start from records).
+   ``extract()`` is called with its defaults, as the extraction rule calls it for
+   ``ewt_dev`` (maps and, in versions that have them, per-head representations); when
+   representations are on, a maps-only pass (``reps=False``) is timed alongside
+   (``--reps on|off`` forces one setting);
 2. the speed-up of ``extract`` over a one-sentence-at-a-time loop (batch size 1, with
    ``output_attentions=True``, maps copied to numpy but not stored); again strict (loop
    without tokenisation) and like for like;
 3. bytes on disk of the output directory against the raw true-length bytes
    (sum over sequences of layers * heads * n^2 * itemsize), for float32 and float16
-   storage, for the layer files alone, with ``tokens.h5``, and for the whole directory;
+   storage, for the layer files alone, with ``tokens.h5``, and for the whole directory,
+   with the bytes of the ``attn`` datasets and of any representation datasets apart;
 4. the time to read one head across all sequences with
    ``AttentionStore(dir).head(layer, head)`` on a new store object, median over 5
    different heads; once after evicting the directory's files from the OS page cache
@@ -319,15 +324,30 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", default=str(REPO / "resources/ud_english_ewt/en_ewt-ud-dev.conllu"))
     ap.add_argument("--json", default=str(REPO / "benchmarks/results_extract.json"), help="where to write the JSON results")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the three throughput passes (median reported)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the throughput passes (median reported)")
     ap.add_argument("--head-repeats", type=int, default=5, help="different heads read for the head-read timing (median reported)")
+    ap.add_argument(
+        "--reps", choices=("rule", "on", "off"), default="rule",
+        help="per-head representations in the measured extract() call: 'rule' = extract()'s default, as the "
+        "extraction rule runs for ewt_dev (default); a maps-only pass (reps=False) is timed alongside when reps are on",
+    )
     ap.add_argument("--workdir", default=None, help="where to put the temporary stores (default: system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary stores")
     args = ap.parse_args(argv)
 
+    params = inspect.signature(extract).parameters
+    has_reps = "reps" in params
+    if args.reps != "rule" and not has_reps:
+        ap.error("this version of headatlas.extract.extract has no 'reps' argument; use --reps rule")
+    rule_kwargs = {} if args.reps == "rule" else {"reps": args.reps == "on"}
+    reps_on = has_reps and (params["reps"].default if args.reps == "rule" else args.reps == "on")
+    variants = {"extract": rule_kwargs}
+    if reps_on:
+        variants["extract_maps_only"] = {"reps": False}
+
     torch.set_num_threads(args.threads)
     spec = ModelSpec.from_config(MODEL_ENTRY)
-    log(f"loading {spec.name}; corpus {args.corpus} (first {args.n}); {torch.get_num_threads()} torch thread(s)")
+    log(f"loading {spec.name}; corpus {args.corpus} (first {args.n}); {torch.get_num_threads()} torch thread(s); reps in extract(): {reps_on}")
     model, tokenizer, config = load(spec, device="cpu")
     records = build_corpus({"kind": "conllu", "path": args.corpus, "limit": args.n}, name="ewt-dev")
     n_layers, n_heads = model_shape(config)
@@ -347,48 +367,54 @@ def main(argv=None) -> int:
     log(f"{len(records)} records -> {len(tokenized)} sequences, {n_tok} tokens (padding overhead {padded / n_tok - 1:.1%}); tokenisation {t_tok:.2f} s")
 
     work = Path(tempfile.mkdtemp(prefix="bench_extract_", dir=args.workdir))
-    d32, d16 = work / "f32", work / "f16"
+    dirs = {v: work / v for v in variants}
+    d32, d16 = dirs["extract"], work / "extract_float16"
     try:
         # warm-ups
         log("warm-up")
-        time_extract(records[:64], spec, model, tokenizer, config, work / "warmup", "float32")
+        for v, kw in variants.items():
+            time_extract(records[:64], spec, model, tokenizer, config, work / "warmup", "float32", kw)
         shutil.rmtree(work / "warmup", ignore_errors=True)
-        warm_batches = batches[:2] + batches[-1:]
-        bare_forward(model, warm_batches, use_types, pad_id)
+        bare_forward(model, batches[:2] + batches[-1:], use_types, pad_id)
         single_loop(model, tokenized[:20] + tokenized[-2:], use_types, pad_id)
 
         # 1 + 2: interleaved throughput passes
-        times = {"extract": [], "bare": [], "single": []}
+        times = {**{v: [] for v in variants}, "bare": [], "single": []}
         for r in range(args.repeats):
-            dt, stored = time_extract(records, spec, model, tokenizer, config, d32, "float32")
-            assert stored == n_tok, f"extract stored {stored} tokens, expected {n_tok}"
-            times["extract"].append(dt)
+            for v, kw in variants.items():
+                dt, stored = time_extract(records, spec, model, tokenizer, config, dirs[v], "float32", kw)
+                assert stored == n_tok, f"extract stored {stored} tokens, expected {n_tok}"
+                times[v].append(dt)
             times["bare"].append(bare_forward(model, batches, use_types, pad_id))
             times["single"].append(single_loop(model, tokenized, use_types, pad_id))
-            log(f"repeat {r + 1}/{args.repeats}: extract {times['extract'][-1]:.2f} s, bare {times['bare'][-1]:.2f} s, single {times['single'][-1]:.2f} s")
+            log(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {t[-1]:.2f} s" for k, t in times.items()))
         med = {k: statistics.median(v) for k, v in times.items()}
-        t16, _ = time_extract(records, spec, model, tokenizer, config, d16, "float16")
+        t16, _ = time_extract(records, spec, model, tokenizer, config, d16, "float16", rule_kwargs)
         log(f"float16 extract {t16:.2f} s")
 
         tps = {k: n_tok / v for k, v in med.items()}
         tps["tokenize"] = n_tok / t_tok
         tps["extract_float16"] = n_tok / t16
-        ratio_strict = tps["extract"] / tps["bare"]
-        ratio_like = (med["bare"] + t_tok) / med["extract"]
-        speed_strict = tps["extract"] / tps["single"]
-        speed_like = (med["single"] + t_tok) / med["extract"]
+        ratios = {v: {"strict": tps[v] / tps["bare"], "like_for_like": (med["bare"] + t_tok) / med[v]} for v in variants}
+        speedups = {v: {"strict": tps[v] / tps["single"], "like_for_like": (med["single"] + t_tok) / med[v]} for v in variants}
 
         # 3: disk
         sq = float(sum(n * n for n in lengths))
         disk = {}
-        for name, d, itemsize in (("float32", d32, 4), ("float16", d16, 2)):
+        stores = [("float32", d32, 4), ("float16", d16, 2)]
+        if reps_on:
+            stores.insert(1, ("float32 maps only", dirs["extract_maps_only"], 4))
+        for name, d, itemsize in stores:
             u = disk_usage(d)
             raw = n_layers * n_heads * sq * itemsize
+            rep_bytes = sum(b for k, b in u["datasets_bytes"].items() if k not in ("attn", "cell_offsets", "lengths"))
             u.update(
                 raw_bytes=int(raw),
+                attn_over_raw=u["datasets_bytes"].get("attn", 0) / raw,
                 layers_over_raw=u["layers_bytes"] / raw,
                 with_tokens_over_raw=(u["layers_bytes"] + u["tokens_bytes"]) / raw,
                 dir_over_raw=u["dir_bytes"] / raw,
+                representation_bytes=rep_bytes,
                 bytes_per_sequence=u["dir_bytes"] / len(lengths),
                 raw_bytes_per_sequence=raw / len(lengths),
             )
@@ -412,22 +438,28 @@ def main(argv=None) -> int:
 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     T = TARGETS
+    labels = {"extract": "extract()" + (" (rule path, maps + reps)" if reps_on else " (maps)"), "extract_maps_only": "extract(reps=False) (maps only)"}
     rows = [
         ("Sequences / tokens (records skipped > max_length)", f"{len(tokenized):,} / {n_tok:,} ({counts['skipped_too_long']})", "", ""),
-        ("extract() float32 tokens/s (tokenise + forward + store)", fmt(tps["extract"], 0), "", ""),
         ("Bare forward tokens/s (same batches, no attentions)", fmt(tps["bare"], 0), "", ""),
-        ("Tokenisation alone tokens/s", fmt(tps["tokenize"], 0), "", ""),
-        ("Ratio extract / bare forward (strict)", fmt(ratio_strict), f">= {T['extract_over_bare']}", verdict(ratio_strict, T["extract_over_bare"], ">=")),
-        ("Ratio extract / (bare forward + tokenise) (like for like)", fmt(ratio_like), f">= {T['extract_over_bare']}", verdict(ratio_like, T["extract_over_bare"], ">=")),
         ("One-at-a-time loop tokens/s (batch 1, attentions to numpy)", fmt(tps["single"], 0), "", ""),
-        ("Speed-up extract / one-at-a-time (strict, loop not tokenising)", fmt(speed_strict, 2) + "x", f">= {T['speedup_over_single']}x", verdict(speed_strict, T["speedup_over_single"], ">=")),
-        ("Speed-up extract / (one-at-a-time + tokenise) (like for like)", fmt(speed_like, 2) + "x", f">= {T['speedup_over_single']}x", verdict(speed_like, T["speedup_over_single"], ">=")),
-        ("extract() float16 tokens/s", fmt(tps["extract_float16"], 0), "", ""),
+        ("Tokenisation alone tokens/s", fmt(tps["tokenize"], 0), "", ""),
     ]
-    for name in ("float32", "float16"):
+    for v in variants:
+        rows += [
+            (f"{labels[v]} float32 tokens/s (tokenise + forward + store)", fmt(tps[v], 0), "", ""),
+            (f"{labels[v]}: ratio to bare forward (strict)", fmt(ratios[v]["strict"]), f">= {T['extract_over_bare']}", verdict(ratios[v]["strict"], T["extract_over_bare"], ">=")),
+            (f"{labels[v]}: ratio to bare forward + tokenise (like for like)", fmt(ratios[v]["like_for_like"]), f">= {T['extract_over_bare']}", verdict(ratios[v]["like_for_like"], T["extract_over_bare"], ">=")),
+            (f"{labels[v]}: speed-up over one-at-a-time (strict, loop not tokenising)", fmt(speedups[v]["strict"], 2) + "x", f">= {T['speedup_over_single']}x", verdict(speedups[v]["strict"], T["speedup_over_single"], ">=")),
+            (f"{labels[v]}: speed-up over one-at-a-time + tokenise (like for like)", fmt(speedups[v]["like_for_like"], 2) + "x", f">= {T['speedup_over_single']}x", verdict(speedups[v]["like_for_like"], T["speedup_over_single"], ">=")),
+        ]
+    rows.append((f"{labels['extract']} float16 tokens/s", fmt(tps["extract_float16"], 0), "", ""))
+    for name, _, _ in stores:
         u = disk[name]
         rows += [
-            (f"Disk {name}: raw true-length bytes per sequence", fmt(u["raw_bytes_per_sequence"], 0), "", ""),
+            (f"Disk {name}: raw true-length map bytes per sequence", fmt(u["raw_bytes_per_sequence"], 0), "", ""),
+            (f"Disk {name}: attn datasets alone / raw", fmt(u["attn_over_raw"], 4), "", ""),
+            (f"Disk {name}: representation datasets, bytes per sequence", fmt(u["representation_bytes"] / len(lengths), 0), "", ""),
             (f"Disk {name}: layer files / raw", fmt(u["layers_over_raw"], 4), f"<= {T['disk_over_raw']}", verdict(u["layers_over_raw"], T["disk_over_raw"], "<=")),
             (f"Disk {name}: layer files + tokens.h5 / raw", fmt(u["with_tokens_over_raw"], 4), f"<= {T['disk_over_raw']}", verdict(u["with_tokens_over_raw"], T["disk_over_raw"], "<=")),
             (f"Disk {name}: whole directory (with meta.json) / raw", fmt(u["dir_over_raw"], 4), "", ""),
@@ -447,10 +479,10 @@ def main(argv=None) -> int:
     for key, label in (("prev", "previous-token acc."), ("gold_head", "gold-head acc.")):
         c = cmp[key]
         rows += [
-            (f"float16 vs float32 {label}: max |diff| over heads (points)", f"{c['max_abs_diff_points']:.3f} (L{c['argmax_diff_head'][0]}H{c['argmax_diff_head'][1]})", "", ""),
-            (f"float16 vs float32 {label}: heads whose rank changes / {n_layers * n_heads}", fmt(c["heads_rank_changed"]), "", ""),
-            (f"float16 vs float32 {label}: best head (f32 -> f16), same? / layers whose best head changes",
-             f"L{c['best_head_float32'][0]}H{c['best_head_float32'][1]} {c['best_acc_float32']:.2f}% -> L{c['best_head_float16'][0]}H{c['best_head_float16'][1]} {c['best_acc_float16']:.2f}%, {fmt(c['best_head_same'])} / {c['layers_best_head_changed']}", "", ""),
+            (f"float16 vs float32 {label}: max abs diff over heads, points (head)", f"{c['max_abs_diff_points']:.3f} (L{c['argmax_diff_head'][0]}H{c['argmax_diff_head'][1]})", "", ""),
+            (f"float16 vs float32 {label}: heads whose rank changes, of {n_layers * n_heads}", fmt(c["heads_rank_changed"]), "", ""),
+            (f"float16 vs float32 {label}: best head f32 -> f16; same?; layers whose best head changes",
+             f"L{c['best_head_float32'][0]}H{c['best_head_float32'][1]} {c['best_acc_float32']:.2f}% -> L{c['best_head_float16'][0]}H{c['best_head_float16'][1]} {c['best_acc_float16']:.2f}%; {fmt(c['best_head_same'])}; {c['layers_best_head_changed']}", "", ""),
         ]
     rows.append(("Peak RSS (MB)", fmt(peak_mb, 0), "", ""))
 
@@ -458,17 +490,20 @@ def main(argv=None) -> int:
     print("| Metric | Value | Target | Result |")
     print("|---|---|---|---|")
     for row in rows:
-        print("| " + " | ".join(row) + " |")
+        print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
 
     result = {
         "config": {
-            "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+            "command": " ".join(["python", "benchmarks/bench_extract.py"] + (argv if argv is not None else sys.argv[1:])),
             "n": args.n,
             "corpus": args.corpus,
             "model": MODEL_ENTRY,
             "model_shape": {"layers": n_layers, "heads": n_heads, "kind": kind},
             "threads": args.threads,
             "repeats": args.repeats,
+            "reps_mode": args.reps,
+            "reps_in_extract": reps_on,
+            "variants": variants,
             "workdir": str(work),
             "cpu_count": os.cpu_count(),
             "loadavg_at_end": list(os.getloadavg()),
@@ -491,10 +526,8 @@ def main(argv=None) -> int:
             "tokenize_s": t_tok,
             "extract_float16_s": t16,
             "tokens_per_s": tps,
-            "extract_over_bare_strict": ratio_strict,
-            "extract_over_bare_plus_tokenize": ratio_like,
-            "speedup_over_single_strict": speed_strict,
-            "speedup_over_single_plus_tokenize": speed_like,
+            "ratio_to_bare": ratios,
+            "speedup_over_single": speedups,
         },
         "disk": disk,
         "head_read": reads,

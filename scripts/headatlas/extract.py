@@ -55,6 +55,20 @@ def tokenize_records(
     return out, counts
 
 
+def storage_windows(lengths: np.ndarray, bytes_per_cell: int, budget: int) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of sequences whose n x n maps fit in ``budget`` bytes
+    (at least one sequence each)."""
+    size = np.asarray(lengths, dtype=np.int64) ** 2 * bytes_per_cell
+    out, start, acc = [], 0, 0
+    for i, b in enumerate(size):
+        if i > start and acc + b > budget:
+            out.append((start, i))
+            start, acc = i, 0
+        acc += b
+    out.append((start, len(size)))
+    return out
+
+
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
     """Positions grouped into batches of similar length (stable sort by length)."""
     order = np.argsort(np.asarray(lengths), kind="stable")
@@ -200,14 +214,18 @@ def extract(
     maps: bool = True,
     reps: bool = True,
     rep_position: str = "last",
+    buffer_bytes: int = 512 * 2**20,
 ) -> Counts:
     """Extract and store the attention maps (``maps``) and per-head representations
-    (``reps``) of ``records`` (one shard) for one model."""
+    (``reps``) of ``records`` (one shard) for one model.
+
+    Sequences are processed in windows of consecutive records whose maps fit in
+    ``buffer_bytes``; within a window, batches are bucketed by length."""
     if rep_position not in ("last", "past_last"):
         raise ValueError(f"rep_position must be 'last' or 'past_last', not {rep_position!r}")
     if not (maps or reps):
         raise ValueError("nothing to extract: maps and reps are both off")
-    t0 = time.time()
+    t0 = time.perf_counter()
     kind = model_kind(config, spec)
     bos = bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None
     tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, overflow, bos, first_index)
@@ -238,19 +256,34 @@ def extract(
     )
     ids = [records[t.record_index - first_index].id for t in tokenized]
     shapes = rep_shapes(model, n_layers, n_heads) if reps else None
+    lengths = np.array([len(t) for t in tokenized])
+    store_dtype = np.dtype(storage_dtype)
     with AttentionWriter(out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta, maps=maps, rep_shapes=shapes) as writer:
-        batches = forward_batches(model, tokenized, spec.batch_size, n_layers, n_heads, spec.name, pad_id, maps, reps, kind, rep_position)
-        for pos, layers, vectors in batches:
+        for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, buffer_bytes):
+            # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
+            window = tokenized[start:stop]
+            cell_off = writer.cell_offsets[start : stop + 1] - writer.cell_offsets[start]
+            buf = [np.empty((n_heads, int(cell_off[-1])), dtype=store_dtype) for _ in range(n_layers)] if maps else None
+            if reps:
+                head_buf = [np.empty((stop - start, n_heads, shapes[0]), dtype=np.float32) for _ in range(n_layers)]
+                hidden_buf = [np.empty((stop - start, shapes[1]), dtype=np.float32) for _ in range(n_layers)]
+            batches = forward_batches(model, window, spec.batch_size, n_layers, n_heads, spec.name, pad_id, maps, reps, kind, rep_position)
+            for pos, layers, vectors in batches:
+                for layer in range(n_layers):
+                    if maps:
+                        for b, p in enumerate(pos):
+                            n = int(lengths[start + p])
+                            buf[layer][:, cell_off[p] : cell_off[p + 1]] = layers[layer][b, :, :n, :n].reshape(n_heads, n * n)
+                    if reps:
+                        head_buf[layer][pos] = vectors[0][layer]
+                        hidden_buf[layer][pos] = vectors[1][layer]
             for layer in range(n_layers):
-                if layers is not None:
-                    a = layers[layer]
-                    for b, p in enumerate(pos):
-                        n = len(tokenized[p])
-                        writer.write(int(p), layer, a[b, :, :n, :n])
-                if vectors is not None:
-                    writer.write_reps(pos, layer, vectors[0][layer], vectors[1][layer])
+                if maps:
+                    writer.write_cells(start, stop, layer, buf[layer])
+                if reps:
+                    writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
     n_tok = sum(len(t) for t in tokenized)
-    dt = time.time() - t0
+    dt = time.perf_counter() - t0
     log.info("model %s: stored %d layers x %d heads for %d tokens in %.1f s (%.0f tokens/s)", spec.name, n_layers, n_heads, n_tok, dt, n_tok / max(dt, 1e-9))
     counts.add("tokens", n_tok)
     return counts

@@ -118,6 +118,14 @@ class AttentionWriter:
         self.files[layer]["attn"][:, a:b] = block.reshape(self.n_heads, n * n).astype(self.dtype, copy=False)
         self.written[layer, seq] = True
 
+    def write_cells(self, start: int, stop: int, layer: int, cells: np.ndarray) -> None:
+        """Store the concatenated maps of sequences start..stop-1: [heads, sum n^2] in storage order."""
+        a, b = self.cell_offsets[start], self.cell_offsets[stop]
+        if cells.shape != (self.n_heads, b - a):
+            raise ValueError(f"sequences {start}..{stop}, layer {layer}: block shape {cells.shape} != {(self.n_heads, b - a)}")
+        self.files[layer]["attn"][:, a:b] = cells.astype(self.dtype, copy=False)
+        self.written[layer, start:stop] = True
+
     def write_reps(self, seqs: np.ndarray, layer: int, head_vectors: np.ndarray, hidden: np.ndarray) -> None:
         """Store per-head vectors [B, H, d] and hidden states [B, D] of sequences ``seqs``."""
         order = np.argsort(seqs)
@@ -155,7 +163,11 @@ class AttentionWriter:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                self.abort()  # an incomplete store leaves no temporary directory behind
+                raise
         else:
             self.abort()
         return False
