@@ -13,7 +13,10 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/corpora.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/extract.smk"
-include: "workflow/rules/surface.smk"
+include: "workflow/rules/clark_surface.smk"
+include: "workflow/rules/pande.smk"
+include: "workflow/rules/jomyaeng.smk"
+include: "workflow/rules/clark_syntax.smk"
 
 
 rule all:

@@ -1,4 +1,4 @@
-"""Rule surface_stats: per-head surface statistics (Clark et al. Sec. 3) from stored maps."""
+"""Rule clark_surface_stats: per-head surface statistics (Clark et al. Sec. 3) from stored maps."""
 
 import sys
 
@@ -15,4 +15,4 @@ with AttentionStore(list(sm.input)) as store:
     table = surface_table(store, smoothing=sm.params.smoothing)
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-log.info("%d heads, %d sequences", len(table), len(store))
+log.info("%d heads, %d sequences, model kind %s", len(table), len(store), store.meta.get("model_kind"))

@@ -8,7 +8,10 @@ A model entry in the config names exactly one source:
 - ``{gguf: FILE}`` or ``{gguf: FILE, package: NAME}``: a GGUF file, dequantised once to an
   fp32 directory by its own rule;
 - ``{finetuned: {base: MODEL, task: TASK}}``: another config model fine-tuned on a bundled
-  task by its own rule (a derived model: same inputs, same analyses).
+  task by its own rule (a derived model: same inputs, same analyses);
+- ``{random_init: {base: MODEL, seed: N}}``: another config model with every weight
+  re-initialised (seeded) except its word and position embeddings, written by its own rule
+  (Clark et al.'s random-init baseline).
 
 Models are always loaded with eager attention, the only implementation that returns
 attention probabilities.
@@ -51,10 +54,10 @@ class ModelSpec:
 
     @property
     def source_kind(self) -> str:
-        for kind in ("finetuned", "gguf", "hub", "package", "path"):
+        for kind in ("finetuned", "random_init", "gguf", "hub", "package", "path"):
             if kind in self.source:
                 return kind
-        raise ModelError(f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf, finetuned")
+        raise ModelError(f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf, finetuned, random_init")
 
 
 def package_dir(package: str, model: str = "") -> Path:
@@ -82,7 +85,7 @@ def resolve(spec: ModelSpec, cache_dir: str | Path | None = None) -> tuple[str, 
     kind = spec.source_kind
     if kind == "hub":
         return spec.source["hub"], {"revision": spec.source.get("revision", "main")}
-    if kind in ("gguf", "finetuned"):
+    if kind in ("gguf", "finetuned", "random_init"):
         if cache_dir is None:
             raise ModelError(f"model {spec.name!r}: a {kind} model is read from the directory its own rule writes; none was given")
         return str(cache_dir), {}
@@ -186,6 +189,48 @@ def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
     return {"gguf": str(path), "model_type": config.model_type, "layers": config.num_hidden_layers}
+
+
+def embedding_parameters(model) -> list[str]:
+    """Names of the word and (learned, absolute) position embedding parameters."""
+    names = []
+    words = model.get_input_embeddings()
+    for name, module in model.named_modules():
+        if module is words or name.endswith(("position_embeddings", "wpe", "embed_positions")):
+            names += [f"{name}.{p}" if name else p for p, _ in module.named_parameters(recurse=False)]
+    return names
+
+
+def random_init_model(base: ModelSpec, base_dir: str | Path | None, seed: int, out_dir: str | Path) -> dict:
+    """Write ``base`` with every weight re-initialised (``torch.manual_seed(seed)``, the
+    architecture's own initialiser) except the word and position embeddings, which keep
+    their pretrained values (atomic ``save_pretrained`` directory with the tokenizer)."""
+    import json
+
+    import torch
+    from transformers import AutoModel
+
+    pretrained, tokenizer, config = load(base, base_dir, device="cpu")
+    keep = embedding_parameters(pretrained)
+    if not keep:
+        raise ModelError(f"model {base.name!r}: no word embeddings found to keep")
+    torch.manual_seed(seed)
+    fresh = AutoModel.from_config(config, attn_implementation="eager", dtype=pretrained.dtype)
+    state = pretrained.state_dict()
+    with torch.no_grad():
+        for name, p in fresh.named_parameters():
+            if name in keep:
+                p.copy_(state[name])
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    fresh.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    info = {"base": base.name, "seed": seed, "kept": keep, "model_type": config.model_type}
+    (tmp / "random_init.json").write_text(json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return info
 
 
 def package_versions() -> dict[str, str]:

@@ -11,6 +11,13 @@ def _check_config():
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         raise ValueError(f"config key models: duplicate model names {dups}")
+    for m in config["models"]:
+        for corpus in m.get("corpora", []):
+            if corpus not in config["corpora"]:
+                raise ValueError(
+                    f"config key models[{m['name']}].corpora: unknown corpus {corpus!r}; "
+                    f"known: {sorted(config['corpora'])}"
+                )
     for key, spec in config["analysis"].items():
         for corpus in spec.get("corpora", []):
             if corpus not in config["corpora"]:
@@ -23,26 +30,30 @@ def _check_config():
 _check_config()
 
 
+DERIVED_SOURCES = ("finetuned", "random_init")
+
+
 def _resolve_models(entries):
-    """Model entries by name; a fine-tuned model inherits its base's settings."""
+    """Model entries by name; a derived (fine-tuned, random-init) model inherits its base's settings."""
     models = {m["name"]: dict(m) for m in entries}
     for name, m in models.items():
-        ft = m["source"].get("finetuned")
-        if ft is None:
+        kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
+        if kind is None:
             continue
+        ft = m["source"][kind]
         base = models.get(ft["base"])
-        if base is None or "finetuned" in base["source"]:
+        if base is None or any(k in base["source"] for k in DERIVED_SOURCES):
             raise ValueError(
-                f"config key models[{name}].source.finetuned.base: {ft['base']!r} is not a "
-                "(non-fine-tuned) model of this config"
+                f"config key models[{name}].source.{kind}.base: {ft['base']!r} is not a "
+                "(non-derived) model of this config"
             )
-        if ft["task"] not in config.get("finetune_tasks", {}):
+        if kind == "finetuned" and ft["task"] not in config.get("finetune_tasks", {}):
             raise ValueError(
                 f"config key models[{name}].source.finetuned.task: {ft['task']!r} is not a key of finetune_tasks"
             )
         user = {k for k in entries[[e["name"] for e in entries].index(name)]}
         for key, value in base.items():
-            if key not in user and key not in ("name", "source"):
+            if key not in user and key not in ("name", "source", "corpora"):
                 m[key] = value
     return models
 
@@ -80,6 +91,8 @@ def model_dir(model):
         return f"results/models/gguf/{model}"
     if "finetuned" in source:
         return f"results/models/finetuned/{model}"
+    if "random_init" in source:
+        return f"results/models/random_init/{model}"
     return None
 
 
@@ -103,6 +116,26 @@ def finetune_params(wildcards):
     }
 
 
+def random_init_inputs(wildcards):
+    base = model_dir(MODELS[wildcards.model]["source"]["random_init"]["base"])
+    return {"base": [base] if base else []}
+
+
+def random_init_params(wildcards):
+    ri = MODELS[wildcards.model]["source"]["random_init"]
+    return {"base": MODELS[ri["base"]], "seed": ri.get("seed", 0)}
+
+
+def model_corpora(model):
+    """The corpora extracted for a model: its own `corpora` list, or all."""
+    return MODELS[model].get("corpora", list(CORPORA))
+
+
+def helper_models():
+    """Models with their own `corpora` list: baselines that get no analysis targets of their own."""
+    return {m for m, spec in MODELS.items() if "corpora" in spec}
+
+
 def extraction_params(wildcards):
     """Everything that changes a model's maps on one corpus (and nothing else)."""
     corpus = CORPORA[wildcards.corpus]
@@ -122,7 +155,10 @@ def uses_gpu(model):
 
 def extraction_targets():
     return [
-        d for model in MODELS for corpus in CORPORA for d in shard_dirs(model, corpus)
+        d
+        for model in MODELS
+        for corpus in model_corpora(model)
+        for d in shard_dirs(model, corpus)
     ]
 
 
@@ -138,4 +174,12 @@ def validate_section(key, schema):
 
 
 def all_targets():
-    return [t for f in TARGET_FUNCTIONS for t in f()]
+    """Every target; analysis targets of helper models are left out (what other targets
+    need from them is still built as their input)."""
+    helpers = helper_models()
+    return [
+        t
+        for f in TARGET_FUNCTIONS
+        for t in f()
+        if f is extraction_targets or not helpers.intersection(Path(t).parts)
+    ]

@@ -33,3 +33,22 @@ rule finetune_model:
         finetune=finetune_params,
     script:
         "../../scripts/finetune_model.py"
+
+
+rule random_init_model:
+    input:
+        unpack(random_init_inputs),
+    output:
+        directory("results/models/random_init/{model}"),
+    log:
+        "logs/random_init_model/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    params:
+        random_init=random_init_params,
+    script:
+        "../../scripts/random_init_model.py"

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# CI's cluster check: run the tiny config on a real single-node SLURM cluster (slurmctld + slurmd
+# + munge on localhost) with --profile profiles/slurm, and check that
+#   1. every job of the run was a SLURM job (its SLURM job id in snakemake's log, a SLURM log
+#      file per job id, and SLURM's own record of the job as COMPLETED);
+#   2. the results equal those of a local run (--profile profiles/default) of the same config;
+#   3. a failing job is reported as failed (SLURM state FAILED, snakemake exits non-zero), not hung.
+# Prints the wall time of both runs. Stops the daemons it started (by PID) on any exit.
+# Bound it from outside with SIGINT, which makes snakemake cancel its SLURM jobs:
+#   timeout -s INT -k 30 1500 bash .ci/slurm/run.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE="$ROOT/.ci/slurm"
+. "$HERE/common.sh"
+cd "$ROOT"
+if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi
+WORK=${HEADATLAS_SLURM_WORK:-$(mktemp -d /tmp/headatlas-slurm-ci.XXXXXX)}
+SHARDS=${HEADATLAS_SLURM_SHARDS:-2}
+# the analyses of the default config that the tiny config keeps (the others take too long for CI)
+ANALYSES=${HEADATLAS_SLURM_ANALYSES:-clark_surface}
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
+
+trap 'bash "$HERE/stop.sh"' EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+
+fail() {
+    echo "SLURM CHECK FAILED: $*" >&2
+    exit 1
+}
+# show_log FILE: the end of a run's log, for a failure message
+show_log() { tail -40 "$1" >&2; }
+now() { date +%s.%N; }
+secs() { python -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.0f}')" "$1" "$2"; }
+
+bash "$HERE/setup.sh"
+bash "$HERE/start.sh"
+
+say "building the tiny models and config in $WORK/tiny ($SHARDS shards per corpus, analyses: $ANALYSES)"
+python tests/tiny_workflow.py build "$WORK/tiny" --shards "$SHARDS" --analyses "$ANALYSES" > /dev/null 2> "$WORK/build.log" || {
+    show_log "$WORK/build.log"
+    fail "could not build the tiny config"
+}
+SM=(snakemake -s "$ROOT/Snakefile" --configfile "$WORK/tiny/config.yaml")
+
+say "local run (--profile profiles/default --cores 2)"
+t0=$(now)
+timeout -s INT -k 30 480 "${SM[@]}" -d "$WORK/local" --profile profiles/default --cores 2 > "$WORK/local.log" 2>&1 || {
+    show_log "$WORK/local.log"
+    fail "the local run failed (log $WORK/local.log)"
+}
+local_s=$(secs "$t0" "$(now)")
+
+say "SLURM run (--profile profiles/slurm)"
+t0=$(now)
+timeout -s INT -k 30 600 "${SM[@]}" -d "$WORK/slurm" --profile profiles/slurm \
+    --slurm-init-seconds-before-status-checks 8 --slurm-keep-successful-logs > "$WORK/slurm.log" 2>&1 || {
+    show_log "$WORK/slurm.log"
+    fail "the SLURM run failed or timed out (log $WORK/slurm.log)"
+}
+slurm_s=$(secs "$t0" "$(now)")
+
+# 1. every finished job but the local target rule was submitted with sbatch
+python - "$WORK/slurm.log" "$WORK/slurm/.snakemake/slurm_logs" > "$WORK/slurm_jobs.txt" << 'EOF' || fail "$(cat "$WORK/slurm_jobs.txt")"
+import re, sys
+from pathlib import Path
+
+log = Path(sys.argv[1]).read_text()
+finished = dict(re.findall(r"Finished jobid: (\d+) \(Rule: (\w+)\)", log))
+submitted = dict(re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", log))
+local = set(re.findall(r"^localrule (\w+):", log, re.M))
+remote = {j: r for j, r in finished.items() if r not in local}
+missing = sorted(f"{j} ({r})" for j, r in remote.items() if j not in submitted)
+if not remote or missing:
+    print(f"jobs that did not run as SLURM jobs: {missing or 'none ran at all'}")
+    sys.exit(1)
+no_log = sorted(submitted[j] for j in remote if not list(Path(sys.argv[2]).rglob(f"{submitted[j]}.log")))
+if no_log:
+    print(f"SLURM jobs without a SLURM log file: {no_log}")
+    sys.exit(1)
+for j, r in sorted(remote.items(), key=lambda x: int(submitted[x[0]])):
+    print(submitted[j], r)
+EOF
+ids=$(cut -d' ' -f1 "$WORK/slurm_jobs.txt" | paste -sd,)
+squeue -h -t all -j "$ids" -o "%i %T" > "$WORK/slurm_states.txt"
+n_jobs=$(wc -l < "$WORK/slurm_jobs.txt")
+n_done=$(grep -c " COMPLETED$" "$WORK/slurm_states.txt" || true)
+[ "$n_done" -eq "$n_jobs" ] || fail "SLURM does not report all $n_jobs jobs COMPLETED: $(tr '\n' ' ' < "$WORK/slurm_states.txt")"
+say "all $n_jobs jobs ran as SLURM jobs (ids $ids), all COMPLETED:"
+sed 's/^/    SLURM job /' "$WORK/slurm_jobs.txt"
+
+# 2. the same results as the local run
+python tests/tiny_workflow.py compare "$WORK/local/results" "$WORK/slurm/results" > "$WORK/compare.txt" \
+    || fail "SLURM and local results differ: $(cat "$WORK/compare.txt")"
+say "$(tail -1 "$WORK/compare.txt")"
+
+# 3. a failing job: a model whose directory holds a broken config.json; its extraction job must
+#    end as FAILED and snakemake must exit non-zero well before the time limit
+mkdir -p "$WORK/broken/model"
+echo '{"model_type": "bert", ' > "$WORK/broken/model/config.json"
+python - "$WORK/tiny/config.yaml" "$WORK/broken" << 'EOF'
+import sys, yaml
+cfg = yaml.safe_load(open(sys.argv[1]))
+cfg["models"].append({"name": "broken", "source": {"path": sys.argv[2] + "/model"}, "device": "cpu"})
+yaml.safe_dump(cfg, open(sys.argv[2] + "/config.yaml", "w"), sort_keys=False)
+EOF
+corpus=$(python -c "import sys, yaml; print(next(iter(yaml.safe_load(open(sys.argv[1]))['corpora'])))" "$WORK/tiny/config.yaml")
+target="results/attention/broken/$corpus/shard0of$SHARDS"
+say "failing job: $target"
+t0=$(now)
+rc=0
+timeout -s INT -k 30 150 snakemake -s "$ROOT/Snakefile" --configfile "$WORK/broken/config.yaml" -d "$WORK/slurm" \
+    --profile profiles/slurm --slurm-init-seconds-before-status-checks 8 "$target" > "$WORK/failing.log" 2>&1 || rc=$?
+fail_s=$(secs "$t0" "$(now)")
+[ "$rc" -ne 0 ] || fail "a broken model's extraction was reported as successful"
+[ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "the failing job was not reported within 150 s (hung)"
+grep -q "SLURM status is: 'FAILED'" "$WORK/failing.log" || {
+    show_log "$WORK/failing.log"
+    fail "snakemake did not report the SLURM job as FAILED"
+}
+[ ! -e "$WORK/slurm/$target" ] || fail "the failed job left its output $target"
+say "the failing job was reported as FAILED (snakemake exit code $rc after $fail_s s)"
+
+cat > "$WORK/times.txt" << EOF
+jobs: $n_jobs (shards per corpus: $SHARDS), node CPUs: $(getconf _NPROCESSORS_ONLN)
+local run (--profile profiles/default --cores 2): $local_s s
+SLURM run (--profile profiles/slurm): $slurm_s s
+EOF
+say "wall times:"
+sed 's/^/    /' "$WORK/times.txt"
+say "SLURM check passed (work directory $WORK)"

@@ -1,0 +1,18 @@
+"""Rule clark_behaviour: Clark et al.'s behaviour label per head (thresholds from the config)."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+import pandas as pd  # noqa: E402
+
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+from headatlas.surface import behaviour_table  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+table = behaviour_table(pd.read_csv(sm.input[0], sep="\t"), **sm.params.thresholds)
+with atomic_path(sm.output[0]) as tmp:
+    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+log.info("labels: %s", table["label"].value_counts().to_dict())

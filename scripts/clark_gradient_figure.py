@@ -1,0 +1,17 @@
+"""Rule clark_gradient_figure: Clark et al. Fig. 3 from the gradient table."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+import pandas as pd  # noqa: E402
+
+from headatlas.clark_figures import fig3_gradients, save  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+table = pd.read_csv(sm.input[0], sep="\t", keep_default_na=True)
+table["reason"] = table["reason"].fillna("")
+save(fig3_gradients(table, sm.wildcards.model, sm.wildcards.corpus), sm.output.png, sm.output.svg)
+log.info("status %s", table["status"].iloc[0])

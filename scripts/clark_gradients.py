@@ -1,0 +1,33 @@
+"""Rule clark_gradients: mean |dL/d attention| per layer and key type (Clark et al. Fig. 3).
+
+A model without an LM head is skipped with a logged reason; its table says so."""
+
+import sys
+import time
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.data import load_records  # noqa: E402
+from headatlas.gradients import gradient_table  # noqa: E402
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.models import ModelSpec  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+g = sm.params.gradients
+t0 = time.time()
+spec = ModelSpec.from_config(sm.params.model)
+table = gradient_table(
+    spec,
+    load_records(sm.input.corpus),
+    cache_dir=sm.input.model[0] if sm.input.model else None,
+    overflow=sm.params.overflow,
+    n_segments=g["n_segments"],
+    mask_prob=g["mask_prob"],
+    seed=g["seed"],
+    batch_size=g["batch_size"],
+)
+with atomic_path(sm.output[0]) as tmp:
+    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+log.info("status %s, %.1f s", table["status"].iloc[0], time.time() - t0)

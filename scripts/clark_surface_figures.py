@@ -1,0 +1,18 @@
+"""Rule clark_surface_figures: Clark et al. Fig. 2 (surface patterns) and Fig. 4 (entropy)."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+import pandas as pd  # noqa: E402
+
+from headatlas.clark_figures import fig2_surface, fig4_entropy, save  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+table = pd.read_csv(sm.input[0], sep="\t")
+model, corpus = sm.wildcards.model, sm.wildcards.corpus
+save(fig2_surface(table, model, corpus), sm.output.fig2, sm.output.fig2_svg)
+save(fig4_entropy(table, model, corpus, sm.params.broad_entropy), sm.output.fig4, sm.output.fig4_svg)
+log.info("figures for %d heads", len(table))

@@ -1,0 +1,39 @@
+"""Rule clark_syntax_examples: Fig. 5-style panels of the best syntactic heads and the coreference head."""
+
+import sys
+
+import pandas as pd
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.clark_tables import coref_example, plot_examples, save, syntax_example  # noqa: E402
+from headatlas.data import load_records  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+from headatlas.store import AttentionStore  # noqa: E402
+
+sm = snakemake  # noqa: F821
+
+
+def dirs(x):
+    """A named input of one shard directory comes back as a string."""
+    return [x] if isinstance(x, str) else list(x)
+
+
+log = setup(sm)
+p = sm.params
+best = pd.read_csv(sm.input.relations, sep="\t").set_index("relation")
+panels = []
+records = load_records(sm.input.syntax_corpus)
+with AttentionStore(dirs(sm.input.syntax_maps)) as store:
+    for rel in p.relations:
+        if rel not in best.index:
+            log.info("relation %s: not among the reported relations; no panel", rel)
+            continue
+        b = best.loc[rel]
+        panels.append(syntax_example(store, records, rel, int(b["layer"]), int(b["head"]), b["direction"], p.max_words, p.word_mode))
+t2 = pd.read_csv(sm.input.table2, sep="\t").set_index("system")
+records = load_records(sm.input.coref_corpus)
+with AttentionStore(dirs(sm.input.coref_maps)) as store:
+    panels.append(coref_example(store, records, int(t2.loc["Best head", "layer"]), int(t2.loc["Best head", "head"]), mode=p.word_mode))
+save(plot_examples(panels, sm.wildcards.model), sm.output.png, sm.output.svg)
+log.info("%d panels (%d without an example)", sum(x is not None for x in panels), sum(x is None for x in panels))

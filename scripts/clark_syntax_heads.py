@@ -1,0 +1,41 @@
+"""Rule clark_syntax_heads: every head as a dependency parser, best heads and offset baselines (Clark Table 1)."""
+
+import sys
+import time
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.data import load_records  # noqa: E402
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.syntax import baseline_table, best_table, head_table, relation_masks, store_correctness, table1  # noqa: E402
+
+sm = snakemake  # noqa: F821
+
+
+def dirs(x):
+    """A named input of one shard directory comes back as a string."""
+    return [x] if isinstance(x, str) else list(x)
+
+
+log = setup(sm)
+p = sm.params
+t0 = time.time()
+records = load_records(sm.input.data_corpus)
+with AttentionStore(dirs(sm.input.data_maps)) as store:
+    model = store.meta["model"]
+    c = store_correctness(store, records, p.word_mode, tuple(p.offsets), p.poss_rule)
+log.info("%s on %s: %d dependents in %d sentences, %d words without pieces (%.1f s)", model, p.corpus, len(c.relation), len(store), c.n_missing, time.time() - t0)
+masks = relation_masks(c, p.min_count)
+best = best_table(c, masks, model, p.bootstrap, p.seed)
+outputs = {
+    "heads": head_table(c, masks, model),
+    "baselines": baseline_table(c, masks, model),
+    "relations": best,
+    "table1": table1(best),
+}
+for key, frame in outputs.items():
+    with atomic_path(sm.output[key]) as tmp:
+        frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+log.info("best heads:\n%s", best.to_string(index=False))

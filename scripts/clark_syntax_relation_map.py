@@ -1,0 +1,15 @@
+"""Rule clark_syntax_relation_map: Clark et al.'s Table 1 relations (PTB, Stanford Dependencies) -> UD."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+from headatlas.syntax import RELATION_MAP  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+with atomic_path(sm.output[0]) as tmp:
+    RELATION_MAP.to_csv(tmp, sep="\t", index=False)
+log.info("%d relation rows", len(RELATION_MAP))

@@ -1,0 +1,23 @@
+"""Rule clark_syntax_table3: Table 3 analogue (probe UAS beside the paper's) and its figure."""
+
+import sys
+
+import pandas as pd
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.clark_tables import plot_table3, save  # noqa: E402
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.parsing_probe import table3  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+model = sm.wildcards.model
+uas = pd.read_csv(sm.input.uas, sep="\t")
+random_uas = pd.read_csv(sm.input.random, sep="\t") if "random" in sm.input.keys() else None
+t = table3(uas, random_uas, model, sm.params.random_model)
+with atomic_path(sm.output.table) as tmp:
+    t.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+save(plot_table3(t, model), sm.output.png, sm.output.svg)
+log.info("table 3:\n%s", t.to_string(index=False))

@@ -1,0 +1,268 @@
+"""Per-head hypothesis tests of Pande et al. 2021 (shared methods §1.4), and a rigorous companion.
+
+Faithful (the reference code): for each head x role, a one-sided one-sample t-test of
+H0: mean <= tau against H1: mean > tau on the sentence scores, with the population standard
+deviation (ddof 0), df = n - 1, tau = 3, alpha = 0.05 and no correction for the many tests.
+
+Rigorous (reported alongside, not in the paper):
+- Benjamini-Hochberg (or any ``statsmodels`` ``multipletests`` method, always passed
+  explicitly) over the whole family of heads x roles of one model;
+- the effect size mean / tau with a seeded percentile bootstrap CI over sentences;
+- optionally a seeded sign-flip permutation test of the same hypothesis (null: the scores are
+  symmetric about tau) or a one-sided Wilcoxon signed-rank test, also FDR-adjusted.
+
+Everything is vectorised over heads: a role's heads share the same sentences (a sentence
+enters a role when it has a query, or a pair, for it), so one resampling matrix serves all.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+log = logging.getLogger("headatlas.hypothesis")
+
+NONPARAMETRIC = ("none", "sign_flip", "wilcoxon")
+COLUMNS = [
+    "model", "layer", "head", "role", "n", "mean", "sd", "ci_low", "ci_high", "effect", "effect_ci_low",
+    "effect_ci_high", "tau", "statistic", "df", "p", "p_adj", "p_nonparam", "p_nonparam_adj",
+    "significant_faithful", "significant_fdr", "significant_nonparam_fdr", "note",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HypothesisSettings:
+    tau: float = 3.0
+    alpha: float = 0.05
+    ddof: int = 0
+    fdr_method: str = "fdr_bh"
+    bootstrap: int = 1000
+    ci: float = 0.95
+    nonparametric: str = "sign_flip"
+    permutations: int = 1000
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.ddof not in (0, 1):
+            raise ValueError(f"ddof must be 0 (reference code) or 1 (scipy), not {self.ddof}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must lie in (0, 1), not {self.alpha}")
+        if not 0 < self.ci < 1:
+            raise ValueError(f"ci must lie in (0, 1), not {self.ci}")
+        if self.nonparametric not in NONPARAMETRIC:
+            raise ValueError(f"nonparametric must be one of {NONPARAMETRIC}, not {self.nonparametric!r}")
+
+    @classmethod
+    def from_config(cls, section: dict) -> "HypothesisSettings":
+        keys = ("tau", "alpha", "ddof", "fdr_method", "bootstrap", "ci", "nonparametric", "permutations", "seed")
+        return cls(**{k: section[k] for k in keys if k in section})
+
+
+def one_sided_t(x: np.ndarray, tau: float, ddof: int = 0) -> dict[str, np.ndarray]:
+    """One-sided one-sample t-test of H0 mean <= tau per column of x [N, C] (NaN = absent).
+
+    t = (mean - tau) / (sd / sqrt(n)) with sd on ``ddof``, df = n - 1, p = P(T_df >= t).
+    A column with zero spread (up to rounding) gets t = +-inf (p = 0 or 1), or NaN when its mean is tau;
+    fewer than two values give NaN.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    ok = ~np.isnan(x)
+    n = ok.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(ok, x, 0.0).sum(0) / n
+        ss = np.where(ok, (x - mean) ** 2, 0.0).sum(0)
+        sd = np.sqrt(ss / (n - ddof))
+        diff = mean - tau
+        t = diff / (sd / np.sqrt(n))
+        flat = sd <= 1e-12 * np.maximum(1.0, np.abs(mean))  # rounding noise of a constant sample
+        diff = np.where(flat & (np.abs(diff) <= 1e-12 * np.maximum(1.0, abs(tau))), 0.0, diff)
+        t = np.where(~flat, t, np.where(diff > 0, np.inf, np.where(diff < 0, -np.inf, np.nan)))
+    t = np.where(n >= 2, t, np.nan)
+    df = np.where(n >= 2, n - 1, np.nan)
+    p = np.full(t.shape, np.nan)
+    good = ~np.isnan(t)
+    p[good] = stats.t.sf(t[good], df[good])
+    return {"n": n, "mean": np.where(n > 0, mean, np.nan), "sd": np.where(n > 0, sd, np.nan), "t": t, "df": df, "p": p}
+
+
+def nan_patterns(x: np.ndarray):
+    """Yield (rows present, columns) for each distinct pattern of present values in x [N, C]."""
+    valid = ~np.isnan(x)
+    if (valid == valid[:, :1]).all():  # the usual case: every head of a role has the same sentences
+        yield valid[:, 0], np.arange(x.shape[1])
+        return
+    packed = np.packbits(valid, axis=0).T.copy()  # one byte string per column
+    _, first, inverse = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel(), return_index=True, return_inverse=True)
+    for g, c in enumerate(first):
+        yield valid[:, c], np.flatnonzero(inverse.ravel() == g)
+
+
+def scipy_t_pvalues(x: np.ndarray, tau: float, ddof: int = 0) -> np.ndarray:
+    """The same p-values computed independently with ``scipy.stats.ttest_1samp`` (ddof 1),
+    rescaled to ``ddof``: t_ddof = t_1 * sqrt((n - ddof) / (n - 1)). Columns with the same
+    present rows go to scipy together."""
+    x = np.asarray(x, dtype=np.float64)
+    p = np.full(x.shape[1], np.nan)
+    for rows, cols in nan_patterns(x):
+        v = x[rows][:, cols]
+        n = len(v)
+        if n < 2:
+            continue
+        live = np.ptp(v, axis=0) > 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t1 = stats.ttest_1samp(v[:, live], tau, alternative="greater", axis=0).statistic
+        p[cols[live]] = stats.t.sf(t1 * np.sqrt((n - ddof) / (n - 1)), n - 1)
+    return p
+
+
+def adjust(p: np.ndarray, alpha: float, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """Multiple-testing adjustment over the finite p-values (the family); NaN stays NaN."""
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(p, dtype=np.float64)
+    adj = np.full(p.shape, np.nan)
+    reject = np.zeros(p.shape, dtype=bool)
+    fin = np.isfinite(p)
+    if fin.any():
+        r, a, _, _ = multipletests(p[fin], alpha=alpha, method=method)
+        adj[fin], reject[fin] = a, r
+    return adj, reject
+
+
+def _rng(seed: int, role: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(role.encode())])
+
+
+def resample_counts(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
+    """[b, n] bootstrap counts: how often each of n sentences is drawn in each resample."""
+    idx = rng.integers(0, n, size=(b, n), dtype=np.int64)
+    idx += n * np.arange(b, dtype=np.int64)[:, None]
+    return np.bincount(idx.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
+
+
+def bootstrap_ci(x: np.ndarray, b: int, ci: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap CI of the mean of each column of a complete x [n, C]."""
+    n = len(x)
+    means = resample_counts(rng, n, b) @ x / n  # [b, C]
+    q = (1 - ci) / 2
+    lo, hi = np.quantile(means, [q, 1 - q], axis=0)
+    return lo, hi
+
+
+def sign_flip_p(x: np.ndarray, tau: float, b: int, rng: np.random.Generator) -> np.ndarray:
+    """One-sided sign-flip permutation p-value of mean(x - tau) > 0 per column (x complete)."""
+    d = x - tau
+    obs = d.mean(0)
+    bits = np.unpackbits(np.frombuffer(rng.bytes((b * len(d) + 7) // 8), dtype=np.uint8))[: b * len(d)]
+    signs = bits.reshape(b, len(d)).astype(np.float64) * 2 - 1
+    null = signs @ d / len(d)
+    tol = 1e-12 * np.maximum(1.0, np.abs(obs))
+    return (1 + (null >= obs - tol).sum(0)) / (b + 1)
+
+
+def wilcoxon_p(x: np.ndarray, tau: float) -> np.ndarray:
+    """One-sided Wilcoxon signed-rank p-value of a median above tau, per column."""
+    d = x - tau
+    out = np.full(d.shape[1], np.nan)
+    live = np.any(d != 0, axis=0)
+    if live.any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out[live] = stats.wilcoxon(d[:, live], alternative="greater", zero_method="wilcox", axis=0).pvalue
+    return out
+
+
+def head_table(scores: np.ndarray, roles: list[str], model: str, settings: HypothesisSettings, notes: dict | None = None) -> pd.DataFrame:
+    """The tidy per head x role table of one model.
+
+    ``scores`` [N, L, H, R]: sentence scores pooled over the analysed corpora (NaN where a
+    sentence has no query or pair for a role). ``notes``: role -> why it has no sentence.
+    """
+    notes = dict(notes or {})
+    n_seq, n_layers, n_heads, n_roles = scores.shape
+    if n_roles != len(roles):
+        raise ValueError(f"scores have {n_roles} roles, names given for {len(roles)}")
+    s = settings
+    x = scores.reshape(n_seq, n_layers * n_heads, n_roles).astype(np.float64)
+    res = {k: np.full((n_layers * n_heads, n_roles), np.nan) for k in ("mean", "sd", "t", "df", "p", "lo", "hi", "pnp")}
+    res["n"] = np.zeros((n_layers * n_heads, n_roles), dtype=np.int64)
+    bad_tau = not s.tau > 0
+    if bad_tau:
+        log.error("tau = %r: the test of mean > tau and the effect size mean / tau need tau > 0; no test is run", s.tau)
+    for r, role in enumerate(roles):
+        col = x[:, :, r]
+        if bad_tau:
+            notes[role] = f"tau = {s.tau} is not > 0: no test"
+            continue
+        t = one_sided_t(col, s.tau, s.ddof)
+        for key in ("n", "mean", "sd", "t", "df", "p"):
+            res[key][:, r] = t[key]
+        if not t["n"].any():
+            notes.setdefault(role, "no sentence")
+            log.warning("role %s: n = 0 (%s)", role, notes[role])
+            continue
+        rng = _rng(s.seed, role)
+        for pattern, cols in nan_patterns(col):
+            if pattern.sum() < 2:
+                continue
+            v = col[pattern][:, cols]
+            if s.bootstrap > 0:
+                res["lo"][cols, r], res["hi"][cols, r] = bootstrap_ci(v, s.bootstrap, s.ci, rng)
+            if s.nonparametric == "sign_flip":
+                res["pnp"][cols, r] = sign_flip_p(v, s.tau, s.permutations, rng)
+            elif s.nonparametric == "wilcoxon":
+                res["pnp"][cols, r] = wilcoxon_p(v, s.tau)
+    p_adj, rej = adjust(res["p"].ravel(), s.alpha, s.fdr_method)
+    pnp_adj, rej_np = adjust(res["pnp"].ravel(), s.alpha, s.fdr_method)
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    tau = s.tau if s.tau > 0 else np.nan
+    frame = pd.DataFrame(
+        {
+            "model": model,
+            "layer": np.repeat(layer, n_roles),
+            "head": np.repeat(head, n_roles),
+            "role": np.tile(roles, n_layers * n_heads),
+            "n": res["n"].ravel(),
+            "mean": res["mean"].ravel(),
+            "sd": res["sd"].ravel(),
+            "ci_low": res["lo"].ravel(),
+            "ci_high": res["hi"].ravel(),
+            "effect": res["mean"].ravel() / tau,
+            "effect_ci_low": res["lo"].ravel() / tau,
+            "effect_ci_high": res["hi"].ravel() / tau,
+            "tau": s.tau,
+            "statistic": res["t"].ravel(),
+            "df": res["df"].ravel(),
+            "p": res["p"].ravel(),
+            "p_adj": p_adj,
+            "p_nonparam": res["pnp"].ravel(),
+            "p_nonparam_adj": pnp_adj,
+            "significant_faithful": np.nan_to_num(res["p"].ravel(), nan=1.0) < s.alpha,
+            "significant_fdr": rej,
+            "significant_nonparam_fdr": rej_np,
+        }
+    )
+    frame["note"] = frame["role"].map(notes).fillna("")
+    few = (frame["n"] == 1) & (frame["note"] == "")
+    frame.loc[few, "note"] = "one sentence: no test"
+    flat = (frame["n"] >= 2) & ~np.isfinite(frame["statistic"]) & (frame["note"] == "")
+    frame.loc[flat, "note"] = "zero variance"
+    return frame[COLUMNS]
+
+
+def pooled_notes(per_corpus: list[dict], roles: list[str], pooled_n: dict[str, int]) -> dict[str, str]:
+    """Notes of roles that have no sentence in any corpus (joined per-corpus reasons)."""
+    out = {}
+    for role in roles:
+        if pooled_n.get(role, 0):
+            continue
+        reasons = [d[role] for d in per_corpus if role in d]
+        out[role] = "; ".join(reasons) if reasons else "no sentence"
+    return out

@@ -1,0 +1,354 @@
+"""Single attention heads as dependency parsers (Clark et al. 2019, Sec. 4.2, Table 1).
+
+Word-level maps (Clark's aggregation, :func:`headatlas.store.word_level`) of every head are
+read once per sentence. Restricted to the words (special tokens removed), a head predicts the
+head word of dependent d in two directions:
+
+- ``dep->head``: the word d attends to most, argmax_j A[d, j];
+- ``head->dep``: the word that attends most to d, argmax_j A[j, d].
+
+Self is excluded and ROOT is never predicted, so root words always count as wrong; "All"
+counts every word, punctuation and root included (as Clark's notebook). A row with no
+positive weight on any other word (the first word of a causal model in ``dep->head``)
+predicts nothing and counts as wrong. Possessives (Clark's ``poss`` rule): when a
+``nmod:poss`` dependent is followed by ``'s``, the prediction of ``'s`` is used instead.
+
+The fixed-offset baseline predicts word d + k for k in ``offsets``; a position outside the
+sentence predicts nothing (Clark's notebook clips it to ROOT or the last word instead; we do
+not, so that, like a head, the baseline never predicts ROOT, and a head that attends to the
+word at offset k, or to a special token when there is none, matches it exactly).
+
+Confidence intervals are percentile bootstraps that resample sentences (the dependents of
+one sentence are not independent), with a generator seeded per relation.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .data import SPECIAL_NONE, Record
+from .store import AttentionStore, word_units
+
+DIRECTIONS = ("dep->head", "head->dep")
+DEFAULT_OFFSETS = (-3, -2, -1, 0, 1, 2)
+POSS_RELATIONS = ("nmod:poss",)
+POSS_MARKERS = ("'s", "'", "s'", "\u2019s", "\u2019")
+ALL = "All"
+
+# Clark et al. Table 1 relation (Stanford Dependencies on the PTB) -> UD English EWT relation(s).
+RELATION_MAP = pd.DataFrame(
+    [
+        ("All", "All", "exact", "every word; punctuation and root included"),
+        ("prep", "case", "different arc", "SD attaches a preposition to the word its phrase modifies; UD attaches it (case) to its own noun"),
+        ("pobj", "obl", "different arc", "SD: noun -> its preposition; UD has no pobj: the noun attaches to the verb (obl) or noun (nmod) the phrase modifies"),
+        ("pobj", "nmod", "different arc", "as obl, for prepositional phrases inside noun phrases"),
+        ("det", "det", "same", ""),
+        ("nn", "compound", "same", "noun compound modifier"),
+        ("nsubj", "nsubj", "same", ""),
+        ("amod", "amod", "same", ""),
+        ("dobj", "obj", "same", ""),
+        ("advmod", "advmod", "same", ""),
+        ("aux", "aux", "close", "UD aux excludes the copula (cop) and passive auxiliaries, as SD"),
+        ("poss", "nmod:poss", "same", "the 's rule applies, as Clark"),
+        ("auxpass", "aux:pass", "same", ""),
+        ("ccomp", "ccomp", "close", "UD heads a copular clause by its predicate, SD by the verb"),
+        ("mark", "mark", "close", "UD mark also covers infinitival 'to' (SD aux)"),
+        ("prt", "compound:prt", "same", "verb particle"),
+    ],
+    columns=["paper_relation", "relation", "correspondence", "note"],
+)
+
+# Clark et al. 2019 Table 1 (BERT-base, PTB dev): head 1-based "layer-head", accuracy, best offset baseline.
+PAPER_TABLE1 = pd.DataFrame(
+    [
+        ("All", "7-6", 34.5, 26.3, "1"),
+        ("prep", "7-4", 66.7, 61.8, "-1"),
+        ("pobj", "9-6", 76.3, 34.6, "-2"),
+        ("det", "8-11", 94.3, 51.7, "1"),
+        ("nn", "4-10", 70.4, 70.2, "1"),
+        ("nsubj", "8-2", 58.5, 45.5, "1"),
+        ("amod", "4-10", 75.6, 68.3, "1"),
+        ("dobj", "8-10", 86.8, 40.0, "-2"),
+        ("advmod", "7-6", 48.8, 40.2, "1"),
+        ("aux", "4-10", 81.1, 71.5, "1"),
+        ("poss", "7-6", 80.5, 47.7, "1"),
+        ("auxpass", "4-10", 82.5, 40.5, "1"),
+        ("ccomp", "8-1", 48.8, 12.4, "-2"),
+        ("mark", "8-2", 50.7, 14.5, "2"),
+        ("prt", "6-7", 99.1, 91.4, "-1"),
+    ],
+    columns=["paper_relation", "paper_head", "paper_accuracy", "paper_baseline", "paper_offset"],
+)
+
+
+def head_label(layer: int, head: int) -> str:
+    """Clark's printed 1-based "layer-head" label of a 0-based head."""
+    return f"{layer + 1}-{head + 1}"
+
+
+@dataclass(frozen=True)
+class WordMaps:
+    """Word-level maps of all heads of one sequence: [L*H, U, U] over units (words and
+    special tokens, each its own unit), with each unit's record word (-1 for specials)."""
+
+    k: int  # sequence index in the store
+    maps: np.ndarray
+    unit_word: np.ndarray
+    unit_special: np.ndarray
+
+    def words(self) -> "WordBlock":
+        return word_block(self)
+
+
+@dataclass(frozen=True)
+class WordBlock:
+    maps: np.ndarray  # [K, W, W] among the words that have units
+    word: np.ndarray  # [W] record word index of each row
+    position: np.ndarray  # [n_words] row of each record word, -1 for words without pieces
+    unit: np.ndarray  # [W] unit index of each row in the full word-level maps
+
+
+def word_block(wm: WordMaps, n_words: int | None = None) -> WordBlock:
+    sel = np.flatnonzero(wm.unit_special == SPECIAL_NONE)
+    word = wm.unit_word[sel]
+    n = int(word.max()) + 1 if n_words is None else n_words
+    position = np.full(n, -1, dtype=np.int64)
+    keep = word < n
+    sel, word = sel[keep], word[keep]
+    position[word] = np.arange(len(word))
+    return WordBlock(wm.maps[:, sel][:, :, sel], word, position, sel)
+
+
+def word_level(maps: np.ndarray, word: np.ndarray, special: np.ndarray, mode: str = "mean"):
+    """Clark's token-to-word aggregation of [K, n, n] maps, as :func:`headatlas.store.word_level`
+    (columns of a word's pieces summed, rows averaged or the first piece's row), by two
+    matrix products: frm [U, n] @ maps @ to [n, U]."""
+    if mode not in ("mean", "first"):
+        raise ValueError(f"mode must be 'mean' or 'first', not {mode!r}")
+    unit, unit_word, unit_special = word_units(word, special)
+    n, u = len(unit), len(unit_word)
+    to = np.zeros((n, u), dtype=np.float32)
+    to[np.arange(n), unit] = 1.0
+    if mode == "mean":
+        frm = np.ascontiguousarray((to / to.sum(axis=0)).T)
+    else:
+        first = np.full(u, n)
+        np.minimum.at(first, unit, np.arange(n))
+        frm = np.zeros((u, n), dtype=np.float32)
+        frm[np.arange(u), first] = 1.0
+    return frm @ maps.astype(np.float32, copy=False) @ to, unit_word, unit_special
+
+
+def iter_word_maps(store: AttentionStore, mode: str = "mean", chunk: int = 32, ks: Sequence[int] | None = None) -> Iterator[WordMaps]:
+    """Word-level maps of every head, sequence by sequence (store order, or the runs of ``ks``).
+
+    Each sequence's [L*H, n, n] maps are aggregated at once (:func:`word_level`); sequences
+    are read ``chunk`` at a time, one read per layer.
+    """
+    ks = np.arange(len(store)) if ks is None else np.asarray(ks, dtype=np.int64)
+    L, H = store.n_layers, store.n_heads
+    for start in range(0, len(ks), chunk):
+        part = ks[start : start + chunk]
+        runs = np.split(part, np.flatnonzero(np.diff(part) != 1) + 1)
+        for run in runs:
+            per_layer = [store.layer_maps(layer, int(run[0]), int(run[-1]) + 1) for layer in range(L)]
+            for i, k in enumerate(run):
+                t = store.tokens(int(k))
+                n = int(store.lengths[k])
+                stacked = np.stack([per_layer[layer][i] for layer in range(L)]).reshape(L * H, n, n)
+                maps, unit_word, unit_special = word_level(stacked, t["word"], t["special"], mode)
+                yield WordMaps(int(k), maps, unit_word, unit_special)
+
+
+def head_predictions(maps: np.ndarray) -> np.ndarray:
+    """[2, K, W] predicted rows (-1 = none) of [K, W, W] word maps, self excluded:
+    [0] dep->head (argmax over row d), [1] head->dep (argmax over column d)."""
+    k, w, _ = maps.shape
+    eye = np.eye(w, dtype=bool)
+    out = np.full((2, k, w), -1, dtype=np.int64)
+    for i, m in enumerate((maps, maps.transpose(0, 2, 1))):
+        s = np.where(eye, -np.inf, m)
+        if w > 1:
+            best = s.argmax(-1)
+            ok = np.take_along_axis(s, best[..., None], -1)[..., 0] > 0
+            out[i] = np.where(ok, best, -1)
+    return out
+
+
+def offset_predictions(n: int, offsets: Sequence[int]) -> np.ndarray:
+    """[len(offsets), n] predicted head word of each word; -2 (nothing) outside the sentence."""
+    pos = np.arange(n)[None, :] + np.asarray(offsets)[:, None]
+    return np.where((pos >= 0) & (pos < n), pos, -2)
+
+
+def apply_poss_rule(pred: np.ndarray, record: Record, block: WordBlock, poss_relations=POSS_RELATIONS) -> np.ndarray:
+    """Clark's possessive rule: a nmod:poss dependent followed by 's takes the 's word's prediction."""
+    n = len(block.position)
+    nxt = block.word + 1
+    has_next = nxt < n
+    nxt_row = np.where(has_next, block.position[np.minimum(nxt, n - 1)], -1)
+    marker = np.array([has_next[i] and record.words[d + 1].lower() in POSS_MARKERS for i, d in enumerate(block.word)], dtype=bool)
+    poss = np.isin(np.asarray(record.deprel)[block.word], poss_relations)
+    rows = np.flatnonzero(poss & marker & (nxt_row >= 0))
+    pred = pred.copy()
+    pred[..., rows] = pred[..., nxt_row[rows]]
+    return pred
+
+
+@dataclass
+class Correctness:
+    """Per dependent (a word with pieces): relation, sentence, correctness of every head in
+    both directions ([D, 2, K]) and of every offset baseline ([D, n_offsets])."""
+
+    relation: np.ndarray
+    sentence: np.ndarray
+    heads: np.ndarray
+    offsets: np.ndarray
+    offset_values: tuple[int, ...]
+    n_layers: int
+    n_heads: int
+    n_missing: int = 0  # words without pieces (not evaluated)
+
+
+def sentence_correctness(wm: WordMaps, record: Record, n_words: int, offsets: Sequence[int], poss_rule: bool = True):
+    """(relations [W], head correctness [W, 2, K], offset correctness [W, n_offsets]) of one sentence."""
+    block = word_block(wm, n_words)
+    gold = np.asarray(record.head[:n_words])
+    gold = np.where(gold >= n_words, -2, gold)  # a head past the kept words is never predicted
+    gold_row = np.where(gold >= 0, block.position[np.clip(gold, 0, None)], -2)
+    gold_row = np.where(gold_row < 0, -2, gold_row)  # ROOT, or a head without pieces: never right
+    pred = head_predictions(block.maps)
+    if poss_rule:
+        pred = apply_poss_rule(pred, record, block)
+    dep = block.word
+    heads = (pred == gold_row[dep][None, None, :]).transpose(2, 0, 1)
+    base = offset_predictions(n_words, offsets)[:, dep] == gold[dep][None, :]
+    return np.asarray(record.deprel)[dep], heads, base.T
+
+
+def collect_correctness(items: Iterable[tuple[WordMaps, Record, int]], n_layers: int, n_heads: int, offsets=DEFAULT_OFFSETS, poss_rule: bool = True) -> Correctness:
+    """Gather per-dependent correctness over (word maps, record, words kept) triples."""
+    rel, sent, heads, base = [], [], [], []
+    missing = 0
+    for s, (wm, record, n_words) in enumerate(items):
+        if not record.head:
+            raise ValueError(f"record {record.id!r} has no dependency heads; Table 1 needs a conllu corpus")
+        r, h, b = sentence_correctness(wm, record, n_words, offsets, poss_rule)
+        missing += n_words - len(r)
+        rel.append(r)
+        sent.append(np.full(len(r), s))
+        heads.append(h)
+        base.append(b)
+    if not rel:
+        raise ValueError("no sentence to evaluate")
+    return Correctness(
+        np.concatenate(rel), np.concatenate(sent), np.concatenate(heads), np.concatenate(base), tuple(offsets), n_layers, n_heads, missing
+    )
+
+
+def store_correctness(store: AttentionStore, records: Sequence[Record], mode: str = "mean", offsets=DEFAULT_OFFSETS, poss_rule: bool = True, chunk: int = 32) -> Correctness:
+    items = ((wm, records[store.record_index[wm.k]], int(store.n_words[wm.k])) for wm in iter_word_maps(store, mode, chunk))
+    return collect_correctness(items, store.n_layers, store.n_heads, offsets, poss_rule)
+
+
+def relation_masks(c: Correctness, min_count: int) -> dict[str, np.ndarray]:
+    """"All" and every relation (except root, never predicted) with at least ``min_count`` dependents."""
+    names, counts = np.unique(c.relation, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    out = {ALL: np.ones(len(c.relation), dtype=bool)}
+    for i in order:
+        if counts[i] >= min_count and names[i] != "root":
+            out[str(names[i])] = c.relation == names[i]
+    return out
+
+
+def head_table(c: Correctness, masks: dict[str, np.ndarray], model: str) -> pd.DataFrame:
+    """Tidy per-head accuracies: one row per (layer, head, relation, direction)."""
+    frames = []
+    layer, head = np.divmod(np.arange(c.n_layers * c.n_heads), c.n_heads)
+    for name, m in masks.items():
+        acc = c.heads[m].mean(0)  # [2, K]
+        for d, direction in enumerate(DIRECTIONS):
+            frames.append(pd.DataFrame({"model": model, "layer": layer, "head": head, "relation": name, "direction": direction, "n": int(m.sum()), "accuracy": acc[d]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def baseline_table(c: Correctness, masks: dict[str, np.ndarray], model: str) -> pd.DataFrame:
+    rows = []
+    for name, m in masks.items():
+        acc = c.offsets[m].mean(0)
+        for k, a in zip(c.offset_values, acc):
+            rows.append({"model": model, "relation": name, "offset": k, "n": int(m.sum()), "accuracy": a})
+    return pd.DataFrame(rows)
+
+
+def bootstrap_ci(correct: np.ndarray, cluster: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the mean of ``correct`` resampling whole clusters (sentences)."""
+    if n_boot <= 0 or len(correct) == 0:
+        return float("nan"), float("nan")
+    _, inv = np.unique(cluster, return_inverse=True)
+    hits = np.bincount(inv, weights=correct.astype(np.float64))
+    total = np.bincount(inv).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(total), size=(n_boot, len(total)))
+    acc = hits[draws].sum(1) / total[draws].sum(1)
+    lo, hi = np.quantile(acc, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def relation_seed(seed: int, relation: str) -> int:
+    return seed * 1_000_003 + zlib.crc32(relation.encode())
+
+
+def best_table(c: Correctness, masks: dict[str, np.ndarray], model: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per relation: the best head and direction (ties: lower layer, head, dep->head first)
+    with a sentence-bootstrap CI, and the best offset baseline."""
+    rows = []
+    for name, m in masks.items():
+        acc = c.heads[m].mean(0)  # [2, K]
+        flat = acc.T.reshape(-1)  # head-major: (k, direction)
+        best = int(np.argmax(flat))
+        k, d = divmod(best, 2)
+        layer, head = divmod(k, c.n_heads)
+        lo, hi = bootstrap_ci(c.heads[m][:, d, k], c.sentence[m], n_boot, relation_seed(seed, name))
+        base = c.offsets[m].mean(0)
+        b = int(np.argmax(base))
+        rows.append(
+            {
+                "model": model,
+                "relation": name,
+                "n": int(m.sum()),
+                "layer": layer,
+                "head": head,
+                "label": head_label(layer, head),
+                "direction": DIRECTIONS[d],
+                "accuracy": float(acc[d, k]),
+                "ci_low": lo,
+                "ci_high": hi,
+                "baseline_offset": c.offset_values[b],
+                "baseline_accuracy": float(base[b]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def table1(best: pd.DataFrame) -> pd.DataFrame:
+    """Clark's Table 1 rows (through :data:`RELATION_MAP`) beside the paper's numbers;
+    UD relations rarer than the threshold appear with n = 0."""
+    t = RELATION_MAP.merge(PAPER_TABLE1, on="paper_relation", how="left")
+    t = t.merge(best, on="relation", how="left")
+    t["model"] = t["model"].fillna(best["model"].iloc[0] if len(best) else "")
+    t["n"] = t["n"].fillna(0).astype(int)
+    cols = [
+        "model", "paper_relation", "relation", "correspondence", "n", "layer", "head", "label", "direction",
+        "accuracy", "ci_low", "ci_high", "baseline_offset", "baseline_accuracy",
+        "paper_head", "paper_accuracy", "paper_baseline", "paper_offset", "note",
+    ]
+    for col in ("layer", "head", "baseline_offset"):
+        t[col] = t[col].astype("Int64")
+    return t[cols]

@@ -1,0 +1,34 @@
+"""Rule jomyaeng_probe: every probe of one model x task (heads, controls, layers, top-n)."""
+
+import sys
+import time
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.jomyaeng import probe_task, task_data, task_features  # noqa: E402
+from headatlas.probes import ProbeConfig  # noqa: E402
+from headatlas.probing_tasks import read_table  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+from headatlas.store import AttentionStore  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+t0 = time.time()
+task, spec = sm.wildcards.task, sm.params.task
+table = read_table(sm.input.table)
+items = table[table["task"] == task]
+if items.empty:
+    raise ValueError(f"{sm.input.table}: no item of task {task!r}")
+with AttentionStore(list(sm.input.shards)) as store:
+    kind = "classification" if spec["kind"] == "probing" else spec["kind"]
+    data = task_data(items, list(store.record_id), kind, tuple(spec.get("score_range", (1, 5))))
+    heads, layers = task_features(store, data)
+log.info("task %s: %d items (%d dropped: records not in the store), features %s, read in %.1f s", task, len(data.split), data.dropped, heads.shape, time.time() - t0)
+result = probe_task(
+    heads, layers, data, ProbeConfig.from_params(sm.params.probe),
+    n_top=sm.params.top_n or None, n_curve=sm.params.n_curve, model=sm.wildcards.model, task=task,
+)  # fmt: skip
+with atomic_path(sm.output[0]) as tmp:
+    result.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+log.info("task %s: %d probes written in %.1f s", task, len(result), time.time() - t0)

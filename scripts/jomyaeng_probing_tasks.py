@@ -1,0 +1,25 @@
+"""Rule jomyaeng_probing_tasks: SentEval's ten probing tasks from the bundled treebanks."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.data import write_records  # noqa: E402
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.probing_tasks import GeneratorConfig, generate, load_sources, task_stats  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+cfg = GeneratorConfig.from_params(sm.params.generator)
+sources = load_sources(sm.params.sources["treebanks"], sm.params.sources["trees"])
+log.info("%d source sentences", len(sources))
+records, table = generate(sources, cfg)
+stats = task_stats(table)
+with atomic_path(sm.output.sentences) as tmp:
+    write_records(records, tmp)
+with atomic_path(sm.output.table) as tmp:
+    table.to_csv(tmp, sep="\t", index=False)
+with atomic_path(sm.output.stats) as tmp:
+    stats.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
+log.info("%d items over %d tasks, %d distinct sentences, %d words", len(table), table["task"].nunique(), len(records), sum(len(r.words) for r in records))

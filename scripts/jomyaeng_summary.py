@@ -1,0 +1,18 @@
+"""Rule jomyaeng_summary: last layer / best layer / top-n of every model, with the paper's BERT-base."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+import pandas as pd  # noqa: E402
+
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.jomyaeng import with_paper  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+summary = with_paper(pd.concat([pd.read_csv(p, sep="\t") for p in sm.input], ignore_index=True))
+with atomic_path(sm.output[0]) as tmp:
+    summary.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+log.info("%d rows", len(summary))

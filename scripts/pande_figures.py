@@ -1,0 +1,13 @@
+"""Rule pande_figures: role grid, co-location, layer distribution, p-values and heat maps of one model."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.pande import figures  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+summary = figures(sm.input[0], dict(sm.output), near=sm.params.near_p)
+log.info("summary %s", summary)

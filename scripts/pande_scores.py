@@ -1,0 +1,28 @@
+"""Rule pande_scores: sentence-level sieve scores of every head and role on one corpus."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.data import load_records  # noqa: E402
+from headatlas.parse import trees_of  # noqa: E402
+from headatlas.pande import save_scores  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+from headatlas.sieves import SieveSettings, score_store  # noqa: E402
+from headatlas.store import AttentionStore  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+settings = SieveSettings.from_config(sm.params.sieves)
+records = load_records(sm.input.corpus)
+records = trees_of(records, load_records(sm.input.trees[0]) if sm.input.trees else None)
+with AttentionStore(list(sm.input.shards)) as store:
+    result = score_store(store, records, settings, threads=sm.threads)
+    meta = {"model": store.meta["model"], "model_kind": store.meta.get("model_kind"), "corpus": sm.wildcards.corpus}
+meta["trees"] = "spacy" if sm.input.trees else "gold"
+save_scores(sm.output[0], result, meta)
+n = (~__import__("numpy").isnan(result["scores"][:, 0, 0, :])).sum(0)
+log.info("%s on %s: %d sequences; sentences per role %s", meta["model"], meta["corpus"], len(result["record_id"]), dict(zip(result["roles"], n.tolist())))
+log.info("dependency pairs per relation (then the union): %s", dict(zip(result["relations"] + ["all"], result["pair_counts"].sum(0).tolist())))
+for role, why in result["notes"].items():
+    log.warning("role %s has no sentence: %s", role, why)

@@ -1,0 +1,17 @@
+"""Rule pande_test: the per head x role tests of one model, pooled over the analysed corpora."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.hypothesis import HypothesisSettings  # noqa: E402
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.pande import model_table, write_table  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+settings = HypothesisSettings.from_config(sm.params.tests)
+table = model_table(list(sm.input), sm.wildcards.model, settings, threads=sm.threads)
+with atomic_path(sm.output[0]) as tmp:
+    write_table(table, tmp)

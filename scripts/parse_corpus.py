@@ -1,0 +1,19 @@
+"""Rule parse_corpus: dependency-parse a raw-text corpus with the packaged spaCy parser."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.data import load_records, write_records  # noqa: E402
+from headatlas.io import atomic_path  # noqa: E402
+from headatlas.parse import load_parser, parse_records, parser_info  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+records = load_records(sm.input[0])
+nlp = load_parser(sm.params.parser)
+parsed = parse_records(records, nlp)
+with atomic_path(sm.output[0]) as tmp:
+    write_records(parsed, tmp)
+log.info("parsed %d records (%d words) of %s with %s", len(parsed), sum(len(r.words) for r in parsed), sm.input[0], parser_info(nlp))

@@ -1,0 +1,15 @@
+"""Rule random_init_model: a config model re-initialised except its word/position embeddings."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.models import ModelSpec, random_init_model  # noqa: E402
+from headatlas.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+p = sm.params.random_init
+base = ModelSpec.from_config(p["base"])
+info = random_init_model(base, sm.input.base[0] if sm.input.base else None, p["seed"], sm.output[0])
+log.info("model %s: random init of %s with seed %d, kept %s", sm.wildcards.model, base.name, p["seed"], info["kept"])

@@ -1,0 +1,219 @@
+"""Shared fixtures: tiny random models built locally (no network), bundled corpora paths.
+
+Every model is written with ``save_pretrained`` (with its tokenizer) into a session
+temporary directory and loaded back through :func:`headatlas.models.load`, the same path
+the workflow uses.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Never reach the Hugging Face hub from the tests (the tiny models are local directories).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+RESOURCES = REPO / "resources"
+EWT_DEV = RESOURCES / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
+WIKI_TEST = RESOURCES / "wikitext2_raw" / "wiki.test.raw"
+SICK_TEST = RESOURCES / "sick" / "sicktest-ent.tsv"
+
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BPE_SPECIAL = "<|endoftext|>"
+TINY_NAMES = ("bert", "electra", "gpt2", "llama")
+
+
+def first_conllu_sentences(path: Path, n: int) -> str:
+    """The text of the first ``n`` sentences of a CoNLL-U file (comments included)."""
+    lines: list[str] = []
+    done = 0
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            lines.append(line)
+            if not line.strip():
+                done += 1
+                if done == n:
+                    break
+    return "".join(lines)
+
+
+def tiny_spec(name: str, directory: Path, **overrides):
+    from headatlas.models import ModelSpec
+
+    entry = {"name": name, "source": {"path": str(directory)}, "max_length": 64, "batch_size": 4}
+    entry.update(overrides)
+    return ModelSpec.from_config(entry)
+
+
+def load_tiny(name: str, directory: Path, **overrides):
+    """(spec, model, tokenizer, config) of a tiny model, on the CPU."""
+    from headatlas.models import load
+
+    spec = tiny_spec(name, directory, **overrides)
+    model, tokenizer, config = load(spec, device="cpu")
+    return spec, model, tokenizer, config
+
+
+@pytest.fixture(scope="session")
+def ewt_head_file(tmp_path_factory) -> Path:
+    """The first 40 sentences of the bundled EWT dev file."""
+    path = tmp_path_factory.mktemp("ewt") / "ewt_head.conllu"
+    path.write_text(first_conllu_sentences(EWT_DEV, 40), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ewt_records(ewt_head_file):
+    from headatlas.corpora import read_conllu, sentence_records
+
+    return sentence_records(read_conllu(ewt_head_file))
+
+
+@pytest.fixture(scope="session")
+def bert_vocab_file(tmp_path_factory, ewt_records) -> Path:
+    """A WordPiece vocabulary from EWT words; long words only as prefix + '##' pieces."""
+    vocab = list(BERT_SPECIALS)
+    seen = set(vocab)
+
+    def add(piece: str) -> None:
+        if piece not in seen:
+            seen.add(piece)
+            vocab.append(piece)
+
+    words = sorted({w.lower() for r in ewt_records for w in r.words})
+    for w in words:
+        if len(w) >= 7 and w.isalpha():
+            add(w[:4])
+            add("##" + w[4:])
+        else:
+            add(w)
+    for c in sorted({c for w in words for c in w}):
+        add(c)
+        add("##" + c)
+    path = tmp_path_factory.mktemp("wordpiece") / "vocab.txt"
+    path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer_object():
+    """A byte-level BPE tokenizer (vocabulary 500) trained on WikiText-2 test lines."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    lines = []
+    with open(WIKI_TEST, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                lines.append(line.strip())
+            if len(lines) >= 300:
+                break
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(lines, vocab_size=500, min_frequency=2, show_progress=False, special_tokens=[BPE_SPECIAL])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer,
+        bos_token=BPE_SPECIAL,
+        eos_token=BPE_SPECIAL,
+        unk_token=BPE_SPECIAL,
+        pad_token=BPE_SPECIAL,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict[str, Path]:
+    """name -> save_pretrained directory of tiny random BERT, ELECTRA, GPT-2 and Llama."""
+    import torch
+    from transformers import (
+        BertConfig,
+        BertModel,
+        BertTokenizerFast,
+        ElectraConfig,
+        ElectraModel,
+        GPT2Config,
+        GPT2Model,
+        LlamaConfig,
+        LlamaModel,
+    )
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    dirs = {name: root / name for name in TINY_NAMES}
+
+    wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)
+    n_wp = len(wp)
+    torch.manual_seed(0)
+    bert = BertModel(
+        BertConfig(vocab_size=n_wp, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=256)
+    )
+    bert.save_pretrained(dirs["bert"])
+    wp.save_pretrained(dirs["bert"])
+
+    torch.manual_seed(1)
+    electra = ElectraModel(
+        ElectraConfig(
+            vocab_size=n_wp,
+            embedding_size=32,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=256,
+        )
+    )
+    electra.save_pretrained(dirs["electra"])
+    wp.save_pretrained(dirs["electra"])
+
+    bpe = bpe_tokenizer_object
+    n_bpe, eot = len(bpe), bpe.convert_tokens_to_ids(BPE_SPECIAL)
+    torch.manual_seed(2)
+    gpt2 = GPT2Model(
+        GPT2Config(vocab_size=n_bpe, n_layer=2, n_head=4, n_embd=32, n_positions=256, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+    )
+    gpt2.save_pretrained(dirs["gpt2"])
+    bpe.save_pretrained(dirs["gpt2"])
+
+    torch.manual_seed(3)
+    llama = LlamaModel(
+        LlamaConfig(
+            vocab_size=n_bpe,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=256,
+            bos_token_id=eot,
+            eos_token_id=eot,
+            pad_token_id=eot,
+        )
+    )
+    llama.save_pretrained(dirs["llama"])
+    bpe.save_pretrained(dirs["llama"])
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_models):
+    """name -> (spec, model, tokenizer, config), loaded once per session through headatlas.models.load."""
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = load_tiny(name, tiny_models[name])
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer(tiny_loaded):
+    return tiny_loaded("bert")[2]
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(tiny_loaded):
+    return tiny_loaded("gpt2")[2]

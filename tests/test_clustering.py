@@ -1,0 +1,111 @@
+"""Jensen-Shannon head distances, layer clustering and MDS on hand-built maps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import jensenshannon
+
+from headatlas.clustering import (
+    distance_long,
+    distance_square,
+    js_sums,
+    layer_clustering,
+    mds_embedding,
+    smoothed_cells,
+    within_between,
+)
+
+
+def random_maps(h: int, n: int, seed: int = 0, causal: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(h, n, n)) * 3
+    if causal:
+        logits = np.where(np.tril(np.ones((n, n), bool)), logits, -np.inf)
+    a = np.exp(logits - logits.max(-1, keepdims=True))
+    return a / a.sum(-1, keepdims=True)
+
+
+def reference_js(maps: np.ndarray, causal: bool, eps: float) -> np.ndarray:
+    """Row-by-row JS with scipy (jensenshannon returns the square root of the divergence)."""
+    h, n, _ = maps.shape
+    d = np.zeros((h, h))
+    for a in range(h):
+        for b in range(h):
+            for i in range(n):
+                k = i + 1 if causal else n
+                p = (1 - eps) * maps[a, i, :k] + eps / k
+                q = (1 - eps) * maps[b, i, :k] + eps / k
+                d[a, b] += jensenshannon(p, q) ** 2
+    return d
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_js_matches_scipy_row_by_row(causal):
+    maps = random_maps(5, 7, causal=causal)
+    cells = smoothed_cells(maps, causal, 1e-3)
+    got = js_sums(cells.astype(np.float64), max_elements=2000)  # forces several blocks
+    np.testing.assert_allclose(got, reference_js(maps, causal, 1e-3), rtol=1e-6, atol=1e-9)
+
+
+def test_js_of_a_head_with_itself_is_zero_and_symmetric():
+    maps = random_maps(4, 9, seed=1)
+    maps = np.concatenate([maps, maps[:1]])  # head 4 is a copy of head 0
+    d = js_sums(smoothed_cells(maps, False, 1e-3).astype(np.float32))
+    assert np.all(np.diag(d) == 0.0)
+    assert d[0, 4] == pytest.approx(0.0, abs=1e-5)
+    np.testing.assert_array_equal(d, d.T)
+    assert (d[np.triu_indices(4, 1)] > 0.01).all()
+
+
+def test_js_of_disjoint_one_hot_heads_is_ln2_per_row():
+    n = 6
+    nxt = np.zeros((n, n))
+    nxt[np.arange(n), (np.arange(n) + 1) % n] = 1
+    prv = np.zeros((n, n))
+    prv[np.arange(n), (np.arange(n) - 1) % n] = 1
+    d = js_sums(smoothed_cells(np.stack([nxt, prv]), False, 0.0))
+    assert d[0, 1] == pytest.approx(n * np.log(2))
+
+
+def test_causal_cells_are_the_lower_triangle():
+    maps = random_maps(2, 4, causal=True)
+    cells = smoothed_cells(maps, True, 0.0)
+    assert cells.shape == (2, 10)
+    np.testing.assert_allclose(cells.sum(-1), 4.0)  # four rows, each summing to 1
+
+
+def test_distance_round_trip_through_the_long_table():
+    d = js_sums(smoothed_cells(random_maps(6, 5), False, 1e-3))
+    long = distance_long(d, 2, 3, "m", n_tokens=10)
+    back, n_layers, n_heads = distance_square(long)
+    assert (n_layers, n_heads) == (2, 3)
+    np.testing.assert_allclose(back, d / 10)
+    assert len(long) == 6 * 7 // 2
+
+
+def test_within_between_and_permutation_test():
+    rng = np.random.default_rng(0)
+    layers = np.repeat(np.arange(4), 5)
+    centres = rng.normal(size=(4, 2)) * 10
+    pts = centres[layers] + rng.normal(size=(20, 2)) * 0.1
+    d = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+    within, between = within_between(d, layers)
+    assert within < between
+    stats = layer_clustering(d, layers, permutations=200, seed=0)
+    assert stats["p_value"] == pytest.approx(1 / 201)
+    assert stats["ratio"] > 5
+    # no structure: layer labels unrelated to position
+    flat = np.linalg.norm(rng.normal(size=(20, 2))[:, None] - rng.normal(size=(20, 2))[None], axis=-1)
+    flat = (flat + flat.T) / 2
+    np.fill_diagonal(flat, 0)
+    assert layer_clustering(flat, layers, permutations=200, seed=0)["p_value"] > 0.01
+
+
+def test_mds_recovers_planar_distances():
+    rng = np.random.default_rng(1)
+    pts = rng.normal(size=(12, 2))
+    d = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+    coords, stress = mds_embedding(d, seed=0, n_init=2, max_iter=500)
+    got = np.linalg.norm(coords[:, None] - coords[None], axis=-1)
+    np.testing.assert_allclose(got, d, atol=1e-3)

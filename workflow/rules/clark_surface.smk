@@ -1,0 +1,299 @@
+CLARK = validate_section("clark_surface", "../schemas/clark_surface.schema.yaml")
+CLARK_THRESHOLDS = {
+    "broad_entropy": CLARK["broad_entropy"],
+    "offset_threshold": CLARK["offset_threshold"],
+    "special_threshold": CLARK["special_threshold"],
+}
+
+
+CLARK_FILES = [
+    "surface.tsv",
+    "behaviour.tsv",
+    "fig2_surface.png",
+    "fig4_entropy.png",
+    "gradients.tsv",
+    "fig3_gradients.png",
+    "js_distance.tsv",
+    "mds.tsv",
+    "layer_clustering.tsv",
+    "fig6_mds.png",
+    "examples.tsv",
+    "fig1_examples.png",
+    "headlines.tsv",
+]
+TARGET_FUNCTIONS.append(
+    lambda: expand(
+        "results/clark/{model}/{corpus}/{name}",
+        model=MODELS,
+        corpus=CLARK["corpora"],
+        name=CLARK_FILES,
+    )
+)
+
+
+rule clark_surface_stats:
+    input:
+        lambda wc: shard_dirs(wc.model, wc.corpus),
+    output:
+        report(
+            "results/clark/{model}/{corpus}/surface.tsv",
+            caption="../report/clark_surface.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "surface statistics (table)", "corpus": "{corpus}"},
+        ),
+    log:
+        "logs/clark_surface_stats/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        smoothing=CLARK["smoothing"],
+    script:
+        "../../scripts/surface_stats.py"
+
+
+rule clark_behaviour:
+    input:
+        "results/clark/{model}/{corpus}/surface.tsv",
+    output:
+        report(
+            "results/clark/{model}/{corpus}/behaviour.tsv",
+            caption="../report/clark_behaviour.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "behaviour labels (table)", "corpus": "{corpus}"},
+        ),
+    log:
+        "logs/clark_behaviour/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        thresholds=CLARK_THRESHOLDS,
+    script:
+        "../../scripts/clark_behaviour.py"
+
+
+rule clark_surface_figures:
+    input:
+        "results/clark/{model}/{corpus}/surface.tsv",
+    output:
+        fig2=report(
+            "results/clark/{model}/{corpus}/fig2_surface.png",
+            caption="../report/clark_fig2.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "Fig. 2 surface patterns", "corpus": "{corpus}"},
+        ),
+        fig2_svg="results/clark/{model}/{corpus}/fig2_surface.svg",
+        fig4=report(
+            "results/clark/{model}/{corpus}/fig4_entropy.png",
+            caption="../report/clark_fig4.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "Fig. 4 entropy", "corpus": "{corpus}"},
+        ),
+        fig4_svg="results/clark/{model}/{corpus}/fig4_entropy.svg",
+    log:
+        "logs/clark_surface_figures/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        broad_entropy=CLARK["broad_entropy"],
+    script:
+        "../../scripts/clark_surface_figures.py"
+
+
+rule clark_gradients:
+    input:
+        corpus="results/corpora/{corpus}.jsonl.gz",
+        model=model_cache,
+    output:
+        report(
+            "results/clark/{model}/{corpus}/gradients.tsv",
+            caption="../report/clark_gradients.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={
+                "figure": "Fig. 3 gradient importance (table)",
+                "corpus": "{corpus}",
+            },
+        ),
+    log:
+        "logs/clark_gradients/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: CLARK["gradients"]["threads"]
+    resources:
+        mem_mb=6000,
+        runtime=60,
+        gpu=lambda wc: uses_gpu(wc.model),
+    params:
+        model=lambda wc: MODELS[wc.model],
+        overflow=lambda wc: CORPORA[wc.corpus].get("overflow", EXTRACTION["overflow"]),
+        gradients=CLARK["gradients"],
+    script:
+        "../../scripts/clark_gradients.py"
+
+
+rule clark_gradient_figure:
+    input:
+        "results/clark/{model}/{corpus}/gradients.tsv",
+    output:
+        png=report(
+            "results/clark/{model}/{corpus}/fig3_gradients.png",
+            caption="../report/clark_gradients.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "Fig. 3 gradient importance", "corpus": "{corpus}"},
+        ),
+        svg="results/clark/{model}/{corpus}/fig3_gradients.svg",
+    log:
+        "logs/clark_gradient_figure/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../../scripts/clark_gradient_figure.py"
+
+
+rule clark_js_distances:
+    input:
+        lambda wc: shard_dirs(wc.model, wc.corpus),
+    output:
+        "results/clark/{model}/{corpus}/js_distance.tsv",
+    log:
+        "logs/clark_js_distances/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        n_segments=CLARK["clustering"]["n_segments"],
+        smoothing=CLARK["clustering"]["smoothing"],
+        max_elements=CLARK["clustering"]["max_elements"],
+    script:
+        "../../scripts/clark_js_distances.py"
+
+
+rule clark_mds:
+    input:
+        distances="results/clark/{model}/{corpus}/js_distance.tsv",
+        behaviour="results/clark/{model}/{corpus}/behaviour.tsv",
+    output:
+        heads=report(
+            "results/clark/{model}/{corpus}/mds.tsv",
+            caption="../report/clark_mds.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "Fig. 6 MDS coordinates (table)", "corpus": "{corpus}"},
+        ),
+        layers=report(
+            "results/clark/{model}/{corpus}/layer_clustering.tsv",
+            caption="../report/clark_mds.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={
+                "figure": "within vs between layer distance",
+                "corpus": "{corpus}",
+            },
+        ),
+        png=report(
+            "results/clark/{model}/{corpus}/fig6_mds.png",
+            caption="../report/clark_mds.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "Fig. 6 MDS of heads", "corpus": "{corpus}"},
+        ),
+        svg="results/clark/{model}/{corpus}/fig6_mds.svg",
+    log:
+        "logs/clark_mds/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=15,
+    params:
+        seed=CLARK["clustering"]["seed"],
+        n_init=CLARK["clustering"]["mds_n_init"],
+        max_iter=CLARK["clustering"]["mds_max_iter"],
+        eps=CLARK["clustering"]["mds_eps"],
+        permutations=CLARK["clustering"]["permutations"],
+    script:
+        "../../scripts/clark_mds.py"
+
+
+rule clark_examples:
+    input:
+        maps=lambda wc: shard_dirs(wc.model, wc.corpus),
+        behaviour="results/clark/{model}/{corpus}/behaviour.tsv",
+    output:
+        table="results/clark/{model}/{corpus}/examples.tsv",
+        png=report(
+            "results/clark/{model}/{corpus}/fig1_examples.png",
+            caption="../report/clark_examples.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={"figure": "Fig. 1 example heads", "corpus": "{corpus}"},
+        ),
+        svg="results/clark/{model}/{corpus}/fig1_examples.svg",
+    log:
+        "logs/clark_examples/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+    params:
+        n_tokens=CLARK["examples"]["n_tokens"],
+        min_weight=CLARK["examples"]["min_weight"],
+    script:
+        "../../scripts/clark_examples.py"
+
+
+rule clark_headlines:
+    input:
+        behaviour="results/clark/{model}/{corpus}/behaviour.tsv",
+        layers="results/clark/{model}/{corpus}/layer_clustering.tsv",
+        gradients="results/clark/{model}/{corpus}/gradients.tsv",
+    output:
+        report(
+            "results/clark/{model}/{corpus}/headlines.tsv",
+            caption="../report/clark_headlines.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+            labels={
+                "figure": "claims of the paper vs this model",
+                "corpus": "{corpus}",
+            },
+        ),
+    log:
+        "logs/clark_headlines/{model}/{corpus}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        broad_entropy=CLARK["broad_entropy"],
+    script:
+        "../../scripts/clark_headlines.py"

@@ -1,0 +1,297 @@
+# The analysis runs when the config has an analysis.clark_syntax section (its corpora must exist).
+CLARK_SYNTAX_ON = "clark_syntax" in config["analysis"]
+CLARK_SYNTAX = validate_section("clark_syntax", "../schemas/clark_syntax.schema.yaml")
+
+
+def _check_clark():
+    named = {"syntax_corpus": [CLARK_SYNTAX["syntax_corpus"]], "probe_train": [CLARK_SYNTAX["probe_train"]]}
+    named["coref_corpora"] = list(CLARK_SYNTAX["coref_corpora"].values())
+    named["probe_eval"] = list(CLARK_SYNTAX["probe_eval"].values())
+    for key, corpora in named.items():
+        for c in corpora:
+            if c not in CORPORA:
+                raise ValueError(
+                    f"config key analysis.clark_syntax.{key}: unknown corpus {c!r}; known: {sorted(CORPORA)}"
+                )
+    for base, rnd in CLARK_SYNTAX["random_baseline"].items():
+        if base in MODELS and rnd not in MODELS:
+            raise ValueError(
+                f"config key analysis.clark_syntax.random_baseline.{base}: {rnd!r} is not a model of this config"
+            )
+
+
+def clark_random_model(model):
+    """The random-init baseline of a model, or None (entries for absent models are ignored)."""
+    return CLARK_SYNTAX["random_baseline"].get(model)
+
+
+if CLARK_SYNTAX_ON:
+    _check_clark()
+CLARK_SYNTAX_MODELS = (
+    [m for m in MODELS if m not in helper_models()] if CLARK_SYNTAX_ON else []
+)
+
+
+def clark_split_inputs(splits):
+    def inputs(wildcards):
+        out = {}
+        for split, corpus in splits.items():
+            out[f"{split}_corpus"] = f"results/corpora/{corpus}.jsonl.gz"
+            out[f"{split}_maps"] = shard_dirs(wildcards.model, corpus)
+        return out
+
+    return inputs
+
+
+def clark_table3_inputs(wildcards):
+    out = {"uas": f"results/clark/{wildcards.model}/probes/uas.tsv"}
+    rnd = clark_random_model(wildcards.model)
+    if rnd:
+        out["random"] = f"results/clark/{rnd}/probes/uas.tsv"
+    return out
+
+
+def clark_targets():
+    files = [
+        "syntax/heads.tsv",
+        "syntax/baselines.tsv",
+        "syntax/table1.tsv",
+        "syntax/table1.png",
+        "syntax/heads.png",
+        "coref/heads.tsv",
+        "coref/table2.tsv",
+        "coref/table2.png",
+        "coref/heads.png",
+        "probes/attn_weights.tsv",
+        "probes/table3.tsv",
+        "probes/table3.png",
+        "examples/fig5.png",
+    ]
+    out = expand("results/clark/{model}/{f}", model=CLARK_SYNTAX_MODELS, f=files)
+    return out + (["results/clark/relation_map.tsv"] if CLARK_SYNTAX_ON else [])
+
+
+TARGET_FUNCTIONS.append(clark_targets)
+
+
+rule clark_syntax_relation_map:
+    output:
+        report(
+            "results/clark/relation_map.tsv",
+            caption="../report/clark_syntax_relation_map.rst",
+            category="Clark et al. 2019",
+            subcategory="Table 1",
+        ),
+    log:
+        "logs/clark_syntax_relation_map.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    script:
+        "../../scripts/clark_syntax_relation_map.py"
+
+
+rule clark_syntax_heads:
+    input:
+        unpack(clark_split_inputs({"data": CLARK_SYNTAX["syntax_corpus"]})),
+    output:
+        heads="results/clark/{model}/syntax/heads.tsv",
+        baselines="results/clark/{model}/syntax/baselines.tsv",
+        relations="results/clark/{model}/syntax/relations.tsv",
+        table1=report(
+            "results/clark/{model}/syntax/table1.tsv",
+            caption="../report/clark_syntax_table1.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+    log:
+        "logs/clark_syntax_heads/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        corpus=CLARK_SYNTAX["syntax_corpus"],
+        word_mode=CLARK_SYNTAX["word_mode"],
+        min_count=CLARK_SYNTAX["min_count"],
+        offsets=CLARK_SYNTAX["offsets"],
+        bootstrap=CLARK_SYNTAX["bootstrap"],
+        seed=CLARK_SYNTAX["seed"],
+        poss_rule=CLARK_SYNTAX["poss_rule"],
+    script:
+        "../../scripts/clark_syntax_heads.py"
+
+
+rule clark_syntax_coref:
+    input:
+        unpack(clark_split_inputs(CLARK_SYNTAX["coref_corpora"])),
+    output:
+        heads="results/clark/{model}/coref/heads.tsv",
+        baselines="results/clark/{model}/coref/baselines.tsv",
+        anaphors="results/clark/{model}/coref/anaphors.tsv",
+        table2=report(
+            "results/clark/{model}/coref/table2.tsv",
+            caption="../report/clark_syntax_table2.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+    log:
+        "logs/clark_syntax_coref/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    params:
+        splits=CLARK_SYNTAX["coref_corpora"],
+        word_mode=CLARK_SYNTAX["word_mode"],
+        bootstrap=CLARK_SYNTAX["bootstrap"],
+        seed=CLARK_SYNTAX["seed"],
+    script:
+        "../../scripts/clark_syntax_coref.py"
+
+
+rule clark_syntax_probe:
+    input:
+        unpack(clark_split_inputs({"train": CLARK_SYNTAX["probe_train"], **CLARK_SYNTAX["probe_eval"]})),
+    output:
+        uas="results/clark/{model}/probes/uas.tsv",
+        weights="results/clark/{model}/probes/attn_weights.tsv",
+        history="results/clark/{model}/probes/history.tsv",
+    log:
+        "logs/clark_syntax_probe/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: CLARK_SYNTAX["probe"]["threads"]
+    resources:
+        mem_mb=6000,
+        runtime=60,
+    params:
+        eval_splits=list(CLARK_SYNTAX["probe_eval"]),
+        word_mode=CLARK_SYNTAX["word_mode"],
+        probe=CLARK_SYNTAX["probe"],
+    script:
+        "../../scripts/clark_syntax_probe.py"
+
+
+rule clark_syntax_table3:
+    input:
+        unpack(clark_table3_inputs),
+    output:
+        table=report(
+            "results/clark/{model}/probes/table3.tsv",
+            caption="../report/clark_syntax_table3.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+        png=report(
+            "results/clark/{model}/probes/table3.png",
+            caption="../report/clark_syntax_table3.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+        svg="results/clark/{model}/probes/table3.svg",
+    log:
+        "logs/clark_syntax_table3/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        random_model=lambda wc: clark_random_model(wc.model),
+    script:
+        "../../scripts/clark_syntax_table3.py"
+
+
+rule clark_syntax_figures:
+    input:
+        table1="results/clark/{model}/syntax/table1.tsv",
+        syntax_heads="results/clark/{model}/syntax/heads.tsv",
+        table2="results/clark/{model}/coref/table2.tsv",
+        coref_heads="results/clark/{model}/coref/heads.tsv",
+    output:
+        table1=report(
+            "results/clark/{model}/syntax/table1.png",
+            caption="../report/clark_syntax_table1.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+        table1_svg="results/clark/{model}/syntax/table1.svg",
+        heads=report(
+            "results/clark/{model}/syntax/heads.png",
+            caption="../report/clark_syntax_heads.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+        heads_svg="results/clark/{model}/syntax/heads.svg",
+        table2=report(
+            "results/clark/{model}/coref/table2.png",
+            caption="../report/clark_syntax_table2.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+        table2_svg="results/clark/{model}/coref/table2.svg",
+        coref_heads=report(
+            "results/clark/{model}/coref/heads.png",
+            caption="../report/clark_syntax_coref_heads.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+        coref_heads_svg="results/clark/{model}/coref/heads.svg",
+    log:
+        "logs/clark_syntax_figures/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        syntax_corpus=CLARK_SYNTAX["syntax_corpus"],
+        coref_corpora=CLARK_SYNTAX["coref_corpora"],
+    script:
+        "../../scripts/clark_syntax_figures.py"
+
+
+rule clark_syntax_examples:
+    input:
+        unpack(
+            clark_split_inputs(
+                {
+                    "syntax": CLARK_SYNTAX["syntax_corpus"],
+                    "coref": next(iter(CLARK_SYNTAX["coref_corpora"].values())),
+                }
+            )
+        ),
+        relations="results/clark/{model}/syntax/relations.tsv",
+        table2="results/clark/{model}/coref/table2.tsv",
+    output:
+        png=report(
+            "results/clark/{model}/examples/fig5.png",
+            caption="../report/clark_syntax_examples.rst",
+            category="Clark et al. 2019",
+            subcategory="{model}",
+        ),
+        svg="results/clark/{model}/examples/fig5.svg",
+    log:
+        "logs/clark_syntax_examples/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        relations=CLARK_SYNTAX["examples"]["relations"],
+        max_words=CLARK_SYNTAX["examples"]["max_words"],
+        word_mode=CLARK_SYNTAX["word_mode"],
+    script:
+        "../../scripts/clark_syntax_examples.py"

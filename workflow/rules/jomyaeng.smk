@@ -1,0 +1,220 @@
+JM_ACTIVE = "jomyaeng" in config["analysis"]
+JM = validate_section("jomyaeng", "../schemas/jomyaeng.schema.yaml")
+JM_PROBING = list(JM["generator"]["tasks"])
+JM_DOWNSTREAM = list(JM["downstream"])
+JM_TASKS = JM_PROBING + JM_DOWNSTREAM
+JM_FILES = {JM["probing_corpus"]: "results/probing/sentences.jsonl.gz"}
+if JM_DOWNSTREAM:
+    JM_FILES[JM["downstream_corpus"]] = "results/probing/downstream_sentences.jsonl.gz"
+JM_MODELS = [m for m in MODELS if m not in helper_models()]
+JM_FIGURES = [
+    "heatmap_sorted",
+    "heatmap_unsorted",
+    "heatmap_selectivity",
+    "task_correlation",
+    "categories",
+    "focused",
+    "topn_curve",
+    "layer_profile",
+]
+
+if JM_ACTIVE:
+    for _corpus, _path in JM_FILES.items():
+        _spec = CORPORA.get(_corpus, {})
+        if _spec.get("kind") != "records" or _spec.get("path") != _path:
+            raise ValueError(
+                f"config key analysis.jomyaeng: corpus {_corpus!r} must be defined in corpora as "
+                f"{{kind: records, path: {_path}, maps: false}}"
+            )
+
+
+def jomyaeng_targets():
+    if not JM_ACTIVE:
+        return []
+    return (
+        expand("results/jomyaeng/{model}/heads.tsv", model=JM_MODELS)
+        + expand(
+            "results/jomyaeng/{model}/{figure}.png", model=JM_MODELS, figure=JM_FIGURES
+        )
+        + ["results/jomyaeng/summary.tsv", "results/probing/task_stats.tsv"]
+        + (["results/probing/downstream_stats.tsv"] if JM_DOWNSTREAM else [])
+    )
+
+
+TARGET_FUNCTIONS.append(jomyaeng_targets)
+
+
+rule jomyaeng_probing_tasks:
+    input:
+        treebanks=[p for tb in JM["sources"]["treebanks"].values() for p in tb.values()],
+        trees=[p for tb in JM["sources"]["trees"].values() for p in tb.values()],
+    output:
+        sentences="results/probing/sentences.jsonl.gz",
+        table="results/probing/tasks.tsv.gz",
+        stats=report(
+            "results/probing/task_stats.tsv",
+            caption="../report/jomyaeng_tasks.rst",
+            category="Jo & Myaeng probing",
+            subcategory="Task data",
+        ),
+    log:
+        "logs/jomyaeng/probing_tasks.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    params:
+        sources=JM["sources"],
+        generator=JM["generator"],
+    script:
+        "../../scripts/jomyaeng_probing_tasks.py"
+
+
+rule jomyaeng_downstream_tasks:
+    input:
+        [t[s] for t in JM["downstream"].values() for s in ("train", "dev", "test")],
+    output:
+        sentences="results/probing/downstream_sentences.jsonl.gz",
+        table="results/probing/downstream_tasks.tsv.gz",
+        stats=report(
+            "results/probing/downstream_stats.tsv",
+            caption="../report/jomyaeng_tasks.rst",
+            category="Jo & Myaeng probing",
+            subcategory="Task data",
+        ),
+    log:
+        "logs/jomyaeng/downstream_tasks.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        tasks=JM["downstream"],
+        seed=JM["downstream_seed"],
+    script:
+        "../../scripts/jomyaeng_downstream_tasks.py"
+
+
+rule jomyaeng_probe:
+    input:
+        shards=lambda wc: shard_dirs(
+            wc.model,
+            JM["probing_corpus"] if wc.task in JM_PROBING else JM["downstream_corpus"],
+        ),
+        table=lambda wc: (
+            "results/probing/tasks.tsv.gz"
+            if wc.task in JM_PROBING
+            else "results/probing/downstream_tasks.tsv.gz"
+        ),
+    output:
+        "results/jomyaeng/{model}/tasks/{task}.tsv",
+    log:
+        "logs/jomyaeng/probe/{model}/{task}.log",
+    wildcard_constraints:
+        task="|".join(JM_TASKS) or "-",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        probe=JM["probe"],
+        top_n=JM["top_n"],
+        n_curve=JM["n_curve"],
+        task=lambda wc: (
+            {"kind": "probing"}
+            if wc.task in JM_PROBING
+            else JM["downstream"][wc.task]
+        ),
+    script:
+        "../../scripts/jomyaeng_probe.py"
+
+
+rule jomyaeng_tables:
+    input:
+        expand("results/jomyaeng/{{model}}/tasks/{task}.tsv", task=JM_TASKS),
+    output:
+        heads=report(
+            "results/jomyaeng/{model}/heads.tsv",
+            caption="../report/jomyaeng_heads.rst",
+            category="Jo & Myaeng probing",
+            subcategory="{model}",
+        ),
+        layers="results/jomyaeng/{model}/layers.tsv",
+        topn="results/jomyaeng/{model}/topn.tsv",
+        summary=report(
+            "results/jomyaeng/{model}/summary.tsv",
+            caption="../report/jomyaeng_summary.rst",
+            category="Jo & Myaeng probing",
+            subcategory="{model}",
+        ),
+    log:
+        "logs/jomyaeng/tables/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        top_n=JM["top_n"],
+    script:
+        "../../scripts/jomyaeng_tables.py"
+
+
+rule jomyaeng_figures:
+    input:
+        heads="results/jomyaeng/{model}/heads.tsv",
+        layers="results/jomyaeng/{model}/layers.tsv",
+        topn="results/jomyaeng/{model}/topn.tsv",
+        summary="results/jomyaeng/{model}/summary.tsv",
+    output:
+        **{
+            f: report(
+                f"results/jomyaeng/{{model}}/{f}.png",
+                caption=f"../report/jomyaeng_{f}.rst",
+                category="Jo & Myaeng probing",
+                subcategory="{model}",
+            )
+            for f in JM_FIGURES
+        },
+    log:
+        "logs/jomyaeng/figures/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        probing=JM_PROBING,
+        downstream=JM_DOWNSTREAM,
+    script:
+        "../../scripts/jomyaeng_figures.py"
+
+
+rule jomyaeng_summary:
+    input:
+        expand("results/jomyaeng/{model}/summary.tsv", model=JM_MODELS),
+    output:
+        report(
+            "results/jomyaeng/summary.tsv",
+            caption="../report/jomyaeng_overview.rst",
+            category="Jo & Myaeng probing",
+            subcategory="All models",
+        ),
+    log:
+        "logs/jomyaeng/summary.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../../scripts/jomyaeng_summary.py"
