@@ -315,7 +315,8 @@ def task_correlation(heads: pd.DataFrame) -> pd.DataFrame:
 def with_paper(summary: pd.DataFrame) -> pd.DataFrame:
     """The cross-model summary with Jo & Myaeng's BERT-base numbers (in %) beside it."""
     s = summary.copy()
-    for col in ("last_layer", "best_layer", "best_layer_by_test", "top_n", "best_head_test", "gain_vs_best_layer", "chance"):
+    cols = ("last_layer", "best_layer", "best_layer_by_test", "top_n", "best_head_test", "gain_vs_best_layer", "chance", "best_head_selectivity", "mean_selectivity")
+    for col in cols:
         s[col] = np.where(s["metric"] == "accuracy", 100 * s[col], s[col])
     paper = pd.DataFrame(
         [{"task": t, "paper_bert_base_last": v[0], "paper_bert_base_best": v[1], "paper_bert_base_top_n": v[2]} for t, v in PAPER_BERT_BASE.items()]

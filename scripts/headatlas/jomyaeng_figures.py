@@ -93,9 +93,10 @@ def correlation_clustermap(heads: pd.DataFrame, path, model: str) -> None:
     ax_c = fig.add_axes((0.87, 0.10, 0.025, 0.68))
     if z is not None:
         dendrogram(z, ax=ax_d, no_labels=True, color_threshold=0, above_threshold_color="0.3")
+        ax_d.set_xlim(0, 10 * len(names))  # leaf k sits at 10 k + 5, over heat-map column k
     ax_d.axis("off")
     m = c[np.ix_(order, order)]
-    im = ax_h.imshow(m, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    im = ax_h.imshow(m, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest", aspect="auto")
     ax_h.set_xticks(range(len(names)), [names[i] for i in order], rotation=60, ha="right", fontsize=8)
     ax_h.set_yticks(range(len(names)), [names[i] for i in order], fontsize=8)
     for i in range(len(names)):
@@ -120,11 +121,13 @@ def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
     L = int(cats["layer"].max()) + 1
     for ax, (a, b) in zip(axes.flat, pairs):
         sc = ax.scatter(cats[a], cats[b], c=cats["layer"], cmap="viridis", vmin=0, vmax=max(L - 1, 1), s=14, alpha=0.85, edgecolors="none")
-        ax.set_xlabel(f"{a} score ({' + '.join(CATEGORIES[a])}: mean acc)", fontsize=7)
-        ax.set_ylabel(f"{b} score (mean acc)", fontsize=8)
+        ax.set_xlabel(f"{a} score (mean test accuracy)", fontsize=8)
+        ax.set_ylabel(f"{b} score (mean test accuracy)", fontsize=8)
         ax.set_title(f"{a} vs {b}", fontsize=9)
     fig.colorbar(sc, ax=axes.ravel().tolist(), label="layer (0 = first)")
     fig.suptitle(f"{model}: each head's surface / syntactic / semantic score", fontsize=11)
+    legend = "; ".join(f"{c} = {', '.join(t for t in CATEGORIES[c] if t in set(heads['task']))}" for c in CATEGORIES if c in cats)
+    fig.text(0.01, -0.04, legend, fontsize=7)
     _save(fig, path)
 
 
@@ -179,7 +182,7 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, t
     0..1 within the task (left) and the layer probe's (right); a dot marks the maximum."""
     tasks = [t for t in tasks if t in set(heads["task"])]
     L = int(heads["layer"].max()) + 1
-    fig, axes = plt.subplots(1, 2, figsize=(2 * (2.5 + 0.22 * L) + 1, 1 + 0.36 * len(tasks)), squeeze=False)
+    fig, axes = plt.subplots(1, 2, figsize=(2 * (2.5 + 0.22 * L) + 2.5, 1 + 0.36 * len(tasks)), squeeze=False, sharey=True)
     for ax, (name, frame, col) in zip(
         axes.flat, (("best head in the layer", heads, "test_acc"), ("layer hidden state", layers.rename(columns={"test": "v"}), "v"))
     ):
@@ -191,6 +194,7 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, t
         im = ax.imshow(m, aspect="auto", cmap="magma", vmin=0, vmax=1, interpolation="nearest")
         ax.scatter(np.nanargmax(m, axis=1), range(len(tasks)), c="cyan", s=12, marker="o")
         ax.set_yticks(range(len(tasks)), tasks, fontsize=8)
+        ax.tick_params(axis="y", labelleft=ax is axes.flat[0])
         ax.set_xlabel("layer (0 = first)")
         ax.set_title(name, fontsize=10)
     fig.colorbar(im, ax=axes.ravel().tolist(), label="test accuracy, min-max scaled per task")

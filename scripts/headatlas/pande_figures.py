@@ -360,6 +360,8 @@ def compare_sep_figure(before: pd.DataFrame, after: pd.DataFrame, path: str | Pa
     if np.isfinite(tau):
         ax.axhline(tau, color="black", linestyle="--", linewidth=0.8, label=f"tau = {tau:g}")
     ax.axhline(1, color="black", linestyle=":", linewidth=0.8, label="uniform attention = 1")
+    if not np.isfinite(before.loc[before["role"] == role, "mean"].to_numpy(dtype=float)).any():
+        ax.text(0.5, 0.5, f"no {role} score: the inputs have no [SEP] token", transform=ax.transAxes, ha="center")
     ax.set_yscale("log")
     ax.set_xlabel("layer (0-based)")
     ax.set_ylabel(f"mean {role} sieve score per head")

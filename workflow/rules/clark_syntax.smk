@@ -1,74 +1,4 @@
-# The analysis runs when the config has an analysis.clark_syntax section (its corpora must exist).
-CLARK_SYNTAX_ON = "clark_syntax" in config["analysis"]
-CLARK_SYNTAX = validate_section("clark_syntax", "../schemas/clark_syntax.schema.yaml")
-
-
-def _check_clark():
-    named = {"syntax_corpus": [CLARK_SYNTAX["syntax_corpus"]], "probe_train": [CLARK_SYNTAX["probe_train"]]}
-    named["coref_corpora"] = list(CLARK_SYNTAX["coref_corpora"].values())
-    named["probe_eval"] = list(CLARK_SYNTAX["probe_eval"].values())
-    for key, corpora in named.items():
-        for c in corpora:
-            if c not in CORPORA:
-                raise ValueError(
-                    f"config key analysis.clark_syntax.{key}: unknown corpus {c!r}; known: {sorted(CORPORA)}"
-                )
-    for base, rnd in CLARK_SYNTAX["random_baseline"].items():
-        if base in MODELS and rnd not in MODELS:
-            raise ValueError(
-                f"config key analysis.clark_syntax.random_baseline.{base}: {rnd!r} is not a model of this config"
-            )
-
-
-def clark_random_model(model):
-    """The random-init baseline of a model, or None (entries for absent models are ignored)."""
-    return CLARK_SYNTAX["random_baseline"].get(model)
-
-
-if CLARK_SYNTAX_ON:
-    _check_clark()
-CLARK_SYNTAX_MODELS = (
-    [m for m in MODELS if m not in helper_models()] if CLARK_SYNTAX_ON else []
-)
-
-
-def clark_split_inputs(splits):
-    def inputs(wildcards):
-        out = {}
-        for split, corpus in splits.items():
-            out[f"{split}_corpus"] = f"results/corpora/{corpus}.jsonl.gz"
-            out[f"{split}_maps"] = shard_dirs(wildcards.model, corpus)
-        return out
-
-    return inputs
-
-
-def clark_table3_inputs(wildcards):
-    out = {"uas": f"results/clark/{wildcards.model}/probes/uas.tsv"}
-    rnd = clark_random_model(wildcards.model)
-    if rnd:
-        out["random"] = f"results/clark/{rnd}/probes/uas.tsv"
-    return out
-
-
-def clark_targets():
-    files = [
-        "syntax/heads.tsv",
-        "syntax/baselines.tsv",
-        "syntax/table1.tsv",
-        "syntax/table1.png",
-        "syntax/heads.png",
-        "coref/heads.tsv",
-        "coref/table2.tsv",
-        "coref/table2.png",
-        "coref/heads.png",
-        "probes/attn_weights.tsv",
-        "probes/table3.tsv",
-        "probes/table3.png",
-        "examples/fig5.png",
-    ]
-    out = expand("results/clark/{model}/{f}", model=CLARK_SYNTAX_MODELS, f=files)
-    return out + (["results/clark/relation_map.tsv"] if CLARK_SYNTAX_ON else [])
+include: "clark_syntax_common.smk"
 
 
 TARGET_FUNCTIONS.append(clark_targets)
@@ -159,7 +89,11 @@ rule clark_syntax_coref:
 
 rule clark_syntax_probe:
     input:
-        unpack(clark_split_inputs({"train": CLARK_SYNTAX["probe_train"], **CLARK_SYNTAX["probe_eval"]})),
+        unpack(
+            clark_split_inputs(
+                {"train": CLARK_SYNTAX["probe_train"], **CLARK_SYNTAX["probe_eval"]}
+            )
+        ),
     output:
         uas="results/clark/{model}/probes/uas.tsv",
         weights="results/clark/{model}/probes/attn_weights.tsv",

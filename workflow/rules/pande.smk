@@ -1,62 +1,34 @@
 PANDE = validate_section("pande", "../schemas/pande.schema.yaml")
-GOLD_TREE_KINDS = ("conllu", "conllu_documents")
-
-
-def pande_models():
-    """Models analysed: analysis.pande.models, or every model that is not a helper."""
-    names = PANDE["models"] or [m for m in MODELS if m not in helper_models()]
-    unknown = [m for m in names if m not in MODELS]
-    if unknown:
-        raise ValueError(
-            f"config key analysis.pande.models: unknown models {unknown}; known: {sorted(MODELS)}"
-        )
-    return names
-
-
-def pande_corpora(model):
-    """The analysed corpora that are extracted for ``model``."""
-    for corpus in PANDE["corpora"]:
-        if corpus not in CORPORA:
-            raise ValueError(
-                f"config key analysis.pande.corpora: unknown corpus {corpus!r}; known: {sorted(CORPORA)}"
-            )
-    return [c for c in PANDE["corpora"] if c in model_corpora(model)]
-
-
-def pande_trees(wildcards):
-    """The spaCy parse a corpus needs, or nothing when its gold trees are used."""
-    kind = CORPORA[wildcards.corpus]["kind"]
-    if PANDE["trees"] == "auto" and kind in GOLD_TREE_KINDS:
-        return []
-    return [f"results/parses/{wildcards.corpus}.jsonl.gz"]
-
-
-def pande_scores(wildcards):
-    corpora = pande_corpora(wildcards.model)
-    if not corpora:
-        raise ValueError(
-            f"model {wildcards.model}: none of analysis.pande.corpora {PANDE['corpora']} is extracted for it"
-        )
-    return [f"results/pande/{wildcards.model}/scores/{c}.h5" for c in corpora]
-
-
-def pande_finetuned():
-    """Fine-tuned models analysed together with their base."""
-    models = pande_models()
-    return [
-        m
-        for m in models
-        if "finetuned" in MODELS[m]["source"]
-        and MODELS[m]["source"]["finetuned"]["base"] in models
-    ]
-
-
-def pande_base(wildcards):
-    base = MODELS[wildcards.model]["source"]["finetuned"]["base"]
-    return f"results/pande/{base}/heads.tsv"
-
-
-PANDE_FIGURES = [
+# models analysed: analysis.pande.models, or every model that is not a helper
+PANDE_MODELS = PANDE["models"] or [m for m in MODELS if m not in helper_models()]
+if set(PANDE_MODELS) - set(MODELS) or set(PANDE["corpora"]) - set(CORPORA):
+    raise ValueError(
+        f"config key analysis.pande: unknown models {sorted(set(PANDE_MODELS) - set(MODELS))} "
+        f"or corpora {sorted(set(PANDE['corpora']) - set(CORPORA))}; "
+        f"known models {sorted(MODELS)}, corpora {sorted(CORPORA)}"
+    )
+# per model, the analysed corpora that are extracted for it
+PANDE_CORPORA = {
+    m: [c for c in PANDE["corpora"] if c in model_corpora(m)] for m in PANDE_MODELS
+}
+# fine-tuned model -> its base, when both are analysed
+PANDE_FINETUNED = {
+    m: MODELS[m]["source"]["finetuned"]["base"]
+    for m in PANDE_MODELS
+    if "finetuned" in MODELS[m]["source"]
+    and MODELS[m]["source"]["finetuned"]["base"] in PANDE_MODELS
+}
+# per corpus, the spaCy parse it needs (none when its gold trees are used)
+PANDE_TREES = {
+    c: (
+        []
+        if PANDE["trees"] == "auto"
+        and CORPORA[c]["kind"] in ("conllu", "conllu_documents")
+        else [f"results/parses/{c}.jsonl.gz"]
+    )
+    for c in CORPORA
+}
+PANDE_FILES = [
     "heads.tsv",
     "role_grid.png",
     "colocation.tsv",
@@ -67,26 +39,20 @@ PANDE_FIGURES = [
     "heatmap.png",
     "summary.json",
 ]
-
-
-def pande_targets():
-    if not PANDE["corpora"]:
-        return []
-    out = [
+TARGET_FUNCTIONS.append(
+    lambda: [
         f"results/pande/{m}/{f}"
-        for m in pande_models()
-        if pande_corpora(m)
-        for f in PANDE_FIGURES
+        for m in PANDE_MODELS
+        if PANDE_CORPORA[m]
+        for f in PANDE_FILES
     ]
-    for m in pande_finetuned():
-        out += [
-            f"results/pande/{m}/finetune_{f}"
-            for f in ("compare.tsv", "roles_by_layer.png", "sep_by_layer.png")
-        ]
-    return out
-
-
-TARGET_FUNCTIONS.append(pande_targets)
+    + [
+        f"results/pande/{m}/finetune_{f}"
+        for m in PANDE_FINETUNED
+        if PANDE_CORPORA[m]
+        for f in ("compare.tsv", "roles_by_layer.png", "sep_by_layer.png")
+    ]
+)
 
 
 rule parse_corpus:
@@ -112,7 +78,7 @@ rule pande_scores:
     input:
         shards=lambda wc: shard_dirs(wc.model, wc.corpus),
         corpus="results/corpora/{corpus}.jsonl.gz",
-        trees=pande_trees,
+        trees=lambda wc: PANDE_TREES[wc.corpus],
     output:
         "results/pande/{model}/scores/{corpus}.h5",
     log:
@@ -140,7 +106,11 @@ rule pande_scores:
 
 rule pande_test:
     input:
-        pande_scores,
+        lambda wc: expand(
+            "results/pande/{model}/scores/{corpus}.h5",
+            model=wc.model,
+            corpus=PANDE_CORPORA[wc.model],
+        ),
     output:
         report(
             "results/pande/{model}/heads.tsv",
@@ -234,7 +204,7 @@ rule pande_figures:
 
 rule pande_finetune_compare:
     input:
-        base=pande_base,
+        base=lambda wc: f"results/pande/{PANDE_FINETUNED[wc.model]}/heads.tsv",
         tuned="results/pande/{model}/heads.tsv",
         model_dir=lambda wc: model_dir(wc.model),
     output:

@@ -1,0 +1,252 @@
+"""The head atlas: every analysis joined per head, agreement between the papers' methods,
+and cross-model comparison on relative depth.
+
+Inputs are the tidy per-head tables the analyses write (every one has model, layer, head
+columns, 0-based). Any of them may be missing when its analysis is not configured; the
+atlas then simply lacks those columns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+KEY = ["layer", "head"]
+PANDE_ROLES_MAIN = ["local", "syntactic", "delimiter", "block"]
+# Jo & Myaeng's categories (syntactic_semantic_head_distribution.ipynb): surface is a sum there; we use means.
+JM_CATEGORIES = {
+    "surface": ["SentLen", "WordContent"],
+    "syntactic": ["TreeDepth", "TopConstituents", "BigramShift"],
+    "semantic": ["Tense", "SubjNumber", "ObjNumber", "OddManOut", "CoordinationInversion"],
+}
+SURFACE_COLUMNS = ["next", "prev", "self", "cls", "sep", "punct", "entropy", "cls_entropy"]
+
+
+def head_label(layer, head) -> str:
+    """The papers' 1-based 'layer-head' label."""
+    return f"{int(layer) + 1}-{int(head) + 1}"
+
+
+def grid(n_layers: int, n_heads: int) -> pd.DataFrame:
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    return pd.DataFrame({"layer": layer, "head": head, "label": [head_label(a, b) for a, b in zip(layer, head)]})
+
+
+def _check_heads(df: pd.DataFrame, name: str, n_layers: int, n_heads: int) -> None:
+    bad = (df["layer"] >= n_layers) | (df["head"] >= n_heads) | (df["layer"] < 0) | (df["head"] < 0)
+    if bad.any():
+        raise ValueError(f"{name}: heads outside the {n_layers} x {n_heads} grid, e.g. {df.loc[bad, KEY].iloc[0].tolist()}")
+
+
+def surface_columns(behaviour: pd.DataFrame) -> pd.DataFrame:
+    cols = [c for c in SURFACE_COLUMNS if c in behaviour.columns]
+    out = behaviour[KEY + ["label"] + cols].rename(columns={"label": "behaviour", **{c: f"clark_{c}" for c in cols}})
+    return out.rename(columns={"behaviour": "clark_behaviour"})
+
+
+def mds_columns(mds: pd.DataFrame) -> pd.DataFrame:
+    return mds[KEY + ["mds_x", "mds_y"]].rename(columns={"mds_x": "clark_mds_x", "mds_y": "clark_mds_y"})
+
+
+def pande_columns(pande: pd.DataFrame) -> pd.DataFrame:
+    """Per role: effect size (mean score / tau) and significance in both modes."""
+    wide = pande.pivot_table(index=KEY, columns="role", values=["effect", "significant_faithful", "significant_fdr"], aggfunc="first")
+    wide.columns = [f"pande_{role}_{'effect' if v == 'effect' else v.replace('significant_', 'sig_')}" for v, role in wide.columns]
+    wide = wide.reset_index()
+    for c in wide.columns:
+        if "_sig_" in c:
+            wide[c] = wide[c].map(lambda v: str(v) == "True")
+    return wide
+
+
+def syntax_columns(heads: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
+    """The relation each head predicts best (largest margin over that relation's best
+    fixed-offset baseline), its accuracy and margin, and its accuracy on 'All'."""
+    best_dir = heads.sort_values("accuracy", ascending=False).drop_duplicates(KEY + ["relation"])
+    base = baselines.groupby("relation")["accuracy"].max().rename("baseline")
+    best_dir = best_dir.join(base, on="relation")
+    best_dir["margin"] = best_dir["accuracy"] - best_dir["baseline"]
+    rel = best_dir[best_dir["relation"] != "All"].sort_values("margin", ascending=False).drop_duplicates(KEY)
+    out = rel[KEY + ["relation", "direction", "accuracy", "margin"]].rename(
+        columns={"relation": "syntax_best_relation", "direction": "syntax_best_direction", "accuracy": "syntax_best_accuracy", "margin": "syntax_best_margin"}
+    )
+    all_ = best_dir[best_dir["relation"] == "All"][KEY + ["accuracy", "margin"]].rename(columns={"accuracy": "syntax_all_accuracy", "margin": "syntax_all_margin"})
+    return out.merge(all_, on=KEY, how="outer")
+
+
+def relation_accuracy(heads: pd.DataFrame, relation: str) -> pd.DataFrame:
+    """Per head, the better direction's accuracy on one relation."""
+    r = heads[heads["relation"] == relation]
+    return r.groupby(KEY)["accuracy"].max().reset_index()
+
+
+def coref_columns(coref: pd.DataFrame) -> pd.DataFrame:
+    c = coref[(coref["split"] == "all")]
+    wide = c.pivot_table(index=KEY, columns="type", values="accuracy", aggfunc="first")
+    wide.columns = [f"coref_{t}_accuracy" if t != "all" else "coref_accuracy" for t in wide.columns]
+    return wide.reset_index()
+
+
+def probe_columns(probes: pd.DataFrame) -> pd.DataFrame:
+    wide = probes.pivot_table(index=KEY, columns="task", values=["test_acc", "selectivity"], aggfunc="first")
+    wide.columns = [f"probe_{task}_{'acc' if v == 'test_acc' else 'selectivity'}" for v, task in wide.columns]
+    wide = wide.reset_index()
+    for cat, tasks in JM_CATEGORIES.items():
+        cols = [f"probe_{t}_acc" for t in tasks if f"probe_{t}_acc" in wide.columns]
+        if cols:
+            wide[f"probe_{cat}_mean_acc"] = wide[cols].mean(axis=1)
+    return wide
+
+
+def build_atlas(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
+    """One row per head of ``model`` with every available analysis's columns."""
+    atlas = grid(n_layers, n_heads)
+    parts = []
+    if tables.get("behaviour") is not None:
+        parts.append(("behaviour", surface_columns(tables["behaviour"])))
+    if tables.get("mds") is not None:
+        parts.append(("mds", mds_columns(tables["mds"])))
+    if tables.get("pande") is not None:
+        parts.append(("pande", pande_columns(tables["pande"])))
+    if tables.get("syntax") is not None and tables.get("syntax_baselines") is not None:
+        parts.append(("syntax", syntax_columns(tables["syntax"], tables["syntax_baselines"])))
+    if tables.get("coref") is not None:
+        parts.append(("coref", coref_columns(tables["coref"])))
+    if tables.get("probes") is not None:
+        parts.append(("probes", probe_columns(tables["probes"])))
+    for name, df in parts:
+        _check_heads(df, name, n_layers, n_heads)
+        if df.duplicated(KEY).any():
+            raise ValueError(f"{name}: more than one row per head")
+        atlas = atlas.merge(df, on=KEY, how="left")
+    atlas.insert(0, "model", model)
+    return atlas
+
+
+# --- agreement between methods ------------------------------------------------------
+
+
+def method_scores(atlas: pd.DataFrame, syntax: pd.DataFrame | None, relations: list[str]) -> pd.DataFrame:
+    """Per-head scores of each method, aligned on the atlas rows.
+
+    - clark_syntax: argmax accuracy on all dependents ('All', better direction);
+    - pande_syntactic: sieve effect size (mean score / tau) of the pooled syntactic role;
+    - jm_syntactic: mean probing test accuracy over TreeDepth, TopConstituents, BigramShift;
+    and per relation r: clark_r (argmax accuracy) and pande_r (effect size of syntactic_r).
+    """
+    out = atlas[KEY].copy()
+    if "syntax_all_accuracy" in atlas:
+        out["clark_syntax"] = atlas["syntax_all_accuracy"].to_numpy()
+    if "pande_syntactic_effect" in atlas:
+        out["pande_syntactic"] = atlas["pande_syntactic_effect"].to_numpy()
+    if "probe_syntactic_mean_acc" in atlas:
+        out["jm_syntactic"] = atlas["probe_syntactic_mean_acc"].to_numpy()
+    for r in relations:
+        if syntax is not None and (syntax["relation"] == r).any():
+            acc = relation_accuracy(syntax, r).rename(columns={"accuracy": f"clark_{r}"})
+            out = out.merge(acc, on=KEY, how="left")
+        if f"pande_syntactic_{r}_effect" in atlas:
+            out[f"pande_{r}"] = atlas[f"pande_syntactic_{r}_effect"].to_numpy()
+    return out
+
+
+def spearman_ci(x: np.ndarray, y: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float, float, float, int]:
+    """Spearman rho with a seeded bootstrap CI over heads, its p-value and n."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return np.nan, np.nan, np.nan, np.nan, n
+    rho, p = stats.spearmanr(x, y)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    rx = stats.rankdata(x[idx], axis=1)
+    ry = stats.rankdata(y[idx], axis=1)
+    rx -= rx.mean(1, keepdims=True)
+    ry -= ry.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = (rx * ry).sum(1) / np.sqrt((rx**2).sum(1) * (ry**2).sum(1))
+    boot = boot[np.isfinite(boot)]
+    a = (1 - level) / 2
+    return float(rho), float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a)), float(p), n
+
+
+def topk_overlap(x: np.ndarray, y: np.ndarray, k: int) -> tuple[int, float, float]:
+    """Heads among both methods' top k: (count, Jaccard, overlap expected by chance)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    idx = np.flatnonzero(ok)
+    if len(idx) < k or k == 0:
+        return 0, np.nan, np.nan
+    tx = set(idx[np.argsort(-x[idx], kind="stable")[:k]])
+    ty = set(idx[np.argsort(-y[idx], kind="stable")[:k]])
+    both = len(tx & ty)
+    return both, both / len(tx | ty), k * k / len(idx)
+
+
+def agreement_table(scores: pd.DataFrame, model: str, k: int, n_boot: int, seed: int) -> pd.DataFrame:
+    """Rank correlation (bootstrap CI) and top-k overlap for every pair of method scores that
+    measure the same thing: the three syntactic scores, and Clark vs Pande per relation."""
+    pairs = [(a, b) for i, a in enumerate(["clark_syntax", "pande_syntactic", "jm_syntactic"]) for b in ["clark_syntax", "pande_syntactic", "jm_syntactic"][i + 1 :]]
+    pairs += [(c, "pande_" + c[len("clark_") :]) for c in scores.columns if c.startswith("clark_") and c != "clark_syntax"]
+    rows = []
+    for a, b in pairs:
+        if a not in scores or b not in scores:
+            continue
+        x, y = scores[a].to_numpy(float), scores[b].to_numpy(float)
+        rho, lo, hi, p, n = spearman_ci(x, y, n_boot, seed)
+        both, jac, chance = topk_overlap(x, y, k)
+        rows.append({"model": model, "method_a": a, "method_b": b, "n_heads": n, "spearman": rho, "ci_low": lo, "ci_high": hi, "p": p,
+                     "top_k": k, "top_k_overlap": both, "top_k_jaccard": jac, "top_k_chance": chance})  # fmt: skip
+    return pd.DataFrame(rows, columns=["model", "method_a", "method_b", "n_heads", "spearman", "ci_low", "ci_high", "p", "top_k", "top_k_overlap", "top_k_jaccard", "top_k_chance"])
+
+
+def relation_heads_vs_sieve(atlas: pd.DataFrame, syntax: pd.DataFrame, relations: list[str], k: int, model: str) -> pd.DataFrame:
+    """Are the heads Clark's argmax finds for relation r the heads Pande's test calls syntactic?
+
+    For each relation: Clark's best head, whether it is sieve-significant (FDR) for r and for
+    the pooled syntactic role, and the share of Clark's top-k heads for r that are significant,
+    against the share among all heads."""
+    rows = []
+    for r in relations:
+        acc = relation_accuracy(syntax, r)
+        sig_col = f"pande_syntactic_{r}_sig_fdr"
+        if acc.empty or sig_col not in atlas:
+            continue
+        merged = atlas[KEY + [sig_col, "pande_syntactic_sig_fdr"]].merge(acc, on=KEY)
+        top = merged.sort_values("accuracy", ascending=False, kind="stable").head(k)
+        best = top.iloc[0]
+        rows.append({
+            "model": model, "relation": r, "clark_best_head": head_label(best["layer"], best["head"]), "clark_best_accuracy": best["accuracy"],
+            "best_is_sieve_significant": bool(best[sig_col]), "best_is_syntactic_significant": bool(best["pande_syntactic_sig_fdr"]),
+            "top_k": k, "top_k_share_significant": float(top[sig_col].mean()), "all_heads_share_significant": float(merged[sig_col].mean()),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+# --- cross-model comparison ------------------------------------------------------------
+
+
+def relative_depth(layer: np.ndarray, n_layers: int) -> np.ndarray:
+    """Layer position on [0, 1]: the centre of layer l of L is (l + 0.5) / L."""
+    return (np.asarray(layer) + 0.5) / n_layers
+
+
+def layer_profiles(atlas: pd.DataFrame, n_layers: int) -> pd.DataFrame:
+    """Per layer: share of heads with each Pande role (FDR), share of each Clark behaviour,
+    and mean probing accuracy per Jo & Myaeng category; with relative depth."""
+    g = atlas.groupby("layer")
+    out = pd.DataFrame({"layer": np.arange(n_layers)})
+    out["relative_depth"] = relative_depth(out["layer"], n_layers)
+    for role in PANDE_ROLES_MAIN:
+        col = f"pande_{role}_sig_fdr"
+        if col in atlas:
+            out[f"share_{role}"] = g[col].mean().reindex(out["layer"]).to_numpy()
+    if "clark_behaviour" in atlas:
+        for label in sorted(atlas["clark_behaviour"].dropna().unique()):
+            out[f"share_behaviour_{label}"] = g["clark_behaviour"].apply(lambda s, lab=label: float((s == lab).mean())).reindex(out["layer"]).to_numpy()
+    for cat in JM_CATEGORIES:
+        col = f"probe_{cat}_mean_acc"
+        if col in atlas:
+            out[f"probe_{cat}"] = g[col].mean().reindex(out["layer"]).to_numpy()
+    return out

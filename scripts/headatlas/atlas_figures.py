@@ -1,0 +1,132 @@
+"""Figures of the head atlas: the per-model grid, method agreement, cross-model profiles."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+BEHAVIOUR_COLOURS = {
+    "broad": "#9ecae1",
+    "next": "#fdae6b",
+    "prev": "#fd8d3c",
+    "cls": "#a1d99b",
+    "bos": "#a1d99b",
+    "sep": "#c994c7",
+    "punct": "#fee391",
+}
+# Pande roles drawn as markers at fixed spots of a cell (dx, dy from the centre)
+ROLE_MARKERS = {
+    "local": ("<", (-0.25, -0.22), "#08519c"),
+    "syntactic": ("^", (0.25, -0.22), "#a50f15"),
+    "delimiter": ("s", (-0.25, 0.22), "#54278f"),
+    "block": ("o", (0.25, 0.22), "#006d2c"),
+}
+
+
+def _save(fig, paths) -> None:
+    for p in paths:
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, paths) -> None:
+    """Layers x heads grid: fill = Clark behaviour, markers = Pande roles (FDR), a black frame =
+    the head's best relation beats that relation's offset baseline by 5+ points, and the cell text =
+    the Jo & Myaeng category (S surface, Y syntactic, M semantic) the head probes best relative to
+    the model's other heads. Layer 1 is at the bottom, as in the papers."""
+    cell = 0.42
+    fig_w = max(6.0, cell * n_heads + 3.2)
+    fig_h = max(4.0, cell * n_layers + 1.6)
+    fig, ax = plt.subplots(figsize=(fig_w, fig_h))
+    a = atlas.set_index(["layer", "head"])
+    cats = [c for c in ("surface", "syntactic", "semantic") if f"probe_{c}_mean_acc" in atlas]
+    if cats:
+        z = pd.DataFrame({c: (atlas[f"probe_{c}_mean_acc"] - atlas[f"probe_{c}_mean_acc"].mean()) / (atlas[f"probe_{c}_mean_acc"].std() or 1) for c in cats})
+        best_cat = pd.Series(np.array(cats)[np.nanargmax(z.fillna(-np.inf).to_numpy(), axis=1)], index=a.index)
+    for (layer, head), row in a.iterrows():
+        colour = BEHAVIOUR_COLOURS.get(row.get("clark_behaviour"), "white") if isinstance(row.get("clark_behaviour"), str) else "white"
+        framed = bool(row.get("syntax_best_margin", 0) >= 0.05) if pd.notna(row.get("syntax_best_margin", np.nan)) else False
+        ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, facecolor=colour, edgecolor="black" if framed else "#cccccc", linewidth=2.0 if framed else 0.5))
+        for role, (marker, (dx, dy), mc) in ROLE_MARKERS.items():
+            if bool(row.get(f"pande_{role}_sig_fdr", False)):
+                ax.plot(head + dx, layer + dy, marker=marker, color=mc, markersize=4.5, linestyle="none")
+        if cats:
+            ax.text(head, layer, {"surface": "S", "syntactic": "Y", "semantic": "M"}[best_cat[(layer, head)]], ha="center", va="center", fontsize=6.5, color="#333333")
+    ax.set_xlim(-0.5, n_heads - 0.5)
+    ax.set_ylim(-0.5, n_layers - 0.5)
+    ax.set_xticks(range(n_heads), [str(h + 1) for h in range(n_heads)], fontsize=7)
+    step = 1 if n_layers <= 16 else 2
+    ax.set_yticks(range(0, n_layers, step), [str(layer + 1) for layer in range(0, n_layers, step)], fontsize=7)
+    ax.set_xlabel("head (1-based)")
+    ax.set_ylabel("layer (1-based)")
+    ax.set_aspect("equal")
+    ax.set_title(f"Head atlas of {model} ({n_layers} x {n_heads})", fontsize=10)
+    handles = [Patch(facecolor=c, edgecolor="#999999", label=f"Clark: {k}") for k, c in BEHAVIOUR_COLOURS.items() if k != "bos" or "bos" in set(atlas.get("clark_behaviour", []))]
+    handles += [Line2D([], [], marker=m, color=c, linestyle="none", label=f"Pande: {r} (FDR)") for r, (m, _, c) in ROLE_MARKERS.items()]
+    handles += [Patch(facecolor="white", edgecolor="black", linewidth=2, label="Clark: best relation > offset baseline + 5 pts")]
+    if cats:
+        handles += [Patch(facecolor="white", edgecolor="white", label="text: best J&M category (S/Y/M)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    _save(fig, paths)
+
+
+def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, paths) -> None:
+    """Scatter of each pair of the three syntactic scores across heads, with Spearman rho and CI."""
+    pairs = [(r.method_a, r.method_b, r) for r in agreement.itertuples() if r.method_a in ("clark_syntax", "pande_syntactic", "jm_syntactic") and r.method_b in ("clark_syntax", "pande_syntactic", "jm_syntactic")]
+    rel = agreement[~agreement["method_a"].isin(["clark_syntax", "pande_syntactic", "jm_syntactic"])]
+    n = max(1, len(pairs)) + (1 if len(rel) else 0)
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.4), squeeze=False)
+    names = {"clark_syntax": "Clark: argmax accuracy (All)", "pande_syntactic": "Pande: syntactic effect (score / tau)", "jm_syntactic": "Jo & Myaeng: syntactic probe acc."}
+    for ax, (a, b, r) in zip(axes[0], pairs):
+        ax.scatter(scores[a], scores[b], c=scores["layer"], cmap="viridis", s=14)
+        ax.set_xlabel(names[a], fontsize=8)
+        ax.set_ylabel(names[b], fontsize=8)
+        ax.set_title(f"rho = {r.spearman:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]\ntop-{r.top_k} overlap {r.top_k_overlap} (chance {r.top_k_chance:.1f})", fontsize=8)
+    if not pairs:
+        axes[0][0].text(0.5, 0.5, "fewer than two methods available", ha="center", va="center")
+        axes[0][0].set_axis_off()
+    if len(rel):
+        ax = axes[0][-1]
+        y = np.arange(len(rel))
+        ax.errorbar(rel["spearman"], y, xerr=[rel["spearman"] - rel["ci_low"], rel["ci_high"] - rel["spearman"]], fmt="o", color="#a50f15")
+        ax.set_yticks(y, [a.replace("clark_", "") for a in rel["method_a"]], fontsize=8)
+        ax.axvline(0, color="#999999", linewidth=0.8)
+        ax.set_xlabel("Spearman rho, Clark accuracy vs Pande effect", fontsize=8)
+        ax.set_title("per relation (95% bootstrap CI)", fontsize=8)
+    fig.suptitle(f"{model}: do the methods pick the same syntactic heads? (colour = layer)", fontsize=9)
+    fig.tight_layout()
+    _save(fig, paths)
+
+
+def cross_model_figure(profiles: dict[str, pd.DataFrame], columns: list[tuple[str, str]], title: str, ylabel: str, paths) -> None:
+    """One panel per column, one line per model, x = relative depth."""
+    cols = [(c, t) for c, t in columns if any(c in p for p in profiles.values())]
+    if not cols:
+        fig, ax = plt.subplots(figsize=(5, 2))
+        ax.text(0.5, 0.5, f"{title}: no model has this analysis", ha="center", va="center")
+        ax.set_axis_off()
+        _save(fig, paths)
+        return
+    ncol = min(4, len(cols))
+    nrow = int(np.ceil(len(cols) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 2.8 * nrow), squeeze=False, sharex=True)
+    for ax, (c, t) in zip(axes.flat, cols):
+        for model, p in profiles.items():
+            if c in p:
+                ax.plot(p["relative_depth"], p[c], marker="o", markersize=3, label=model)
+        ax.set_title(t, fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("relative depth (layer centre / layers)", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in list(axes.flat)[len(cols) :]:
+        ax.set_axis_off()
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _save(fig, paths)

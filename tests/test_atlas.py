@@ -1,0 +1,139 @@
+"""The head atlas: joins per head, method agreement, relative depth (hand-made tables)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from headatlas import atlas as at
+
+L, H = 2, 3
+
+
+def heads():
+    layer, head = np.divmod(np.arange(L * H), H)
+    return layer, head
+
+
+def pande_table(effect_syntactic, sig_syntactic):
+    layer, head = heads()
+    rows = []
+    for role in ["local", "syntactic", "syntactic_nsubj"]:
+        eff = effect_syntactic if role != "local" else np.full(L * H, 0.5)
+        sig = sig_syntactic if role != "local" else np.zeros(L * H, bool)
+        for i in range(L * H):
+            rows.append({"model": "m", "layer": layer[i], "head": head[i], "role": role, "effect": eff[i],
+                         "significant_faithful": bool(sig[i]), "significant_fdr": bool(sig[i])})
+    return pd.DataFrame(rows)
+
+
+def syntax_tables(acc_all, acc_nsubj):
+    layer, head = heads()
+    rows = []
+    for rel, acc in (("All", acc_all), ("nsubj", acc_nsubj)):
+        for d, shift in (("dep->head", 0.0), ("head->dep", -0.1)):
+            rows += [{"model": "m", "layer": layer[i], "head": head[i], "relation": rel, "direction": d, "n": 100, "accuracy": acc[i] + shift} for i in range(L * H)]
+    base = pd.DataFrame([{"model": "m", "relation": r, "offset": k, "n": 100, "accuracy": a} for r in ("All", "nsubj") for k, a in ((-1, 0.2), (1, 0.3))])
+    return pd.DataFrame(rows), base
+
+
+def test_grid_and_labels_are_one_based_when_printed():
+    g = at.grid(L, H)
+    assert list(g["label"]) == ["1-1", "1-2", "1-3", "2-1", "2-2", "2-3"]
+    assert at.head_label(7, 10) == "8-11"
+
+
+def test_build_atlas_joins_every_table_per_head():
+    acc = np.array([0.1, 0.2, 0.9, 0.4, 0.5, 0.6])
+    syntax, base = syntax_tables(acc, acc)
+    pande = pande_table(np.arange(6) / 6, np.array([0, 0, 1, 0, 0, 0], bool))
+    a = at.build_atlas("m", L, H, {"pande": pande, "syntax": syntax, "syntax_baselines": base})
+    assert len(a) == L * H and (a["model"] == "m").all()
+    # the better direction, margin over the best offset baseline (0.3)
+    assert a.loc[2, "syntax_all_accuracy"] == pytest.approx(0.9)
+    assert a.loc[2, "syntax_best_relation"] == "nsubj"
+    assert a.loc[2, "syntax_best_margin"] == pytest.approx(0.6)
+    assert a.loc[2, "syntax_best_direction"] == "dep->head"
+    assert a["pande_syntactic_sig_fdr"].tolist() == [False, False, True, False, False, False]
+    assert a.loc[5, "pande_syntactic_effect"] == pytest.approx(5 / 6)
+
+
+def test_missing_tables_leave_columns_out():
+    a = at.build_atlas("m", L, H, {"pande": None, "probes": None})
+    assert list(a.columns) == ["model", "layer", "head", "label"]
+
+
+def test_head_outside_the_grid_is_an_error():
+    bad = pande_table(np.zeros(6), np.zeros(6, bool))
+    bad.loc[0, "layer"] = 5
+    with pytest.raises(ValueError, match="outside the 2 x 3 grid"):
+        at.build_atlas("m", L, H, {"pande": bad})
+
+
+def test_probe_columns_and_category_means():
+    layer, head = heads()
+    rows = [{"model": "m", "layer": layer[i], "head": head[i], "task": t, "test_acc": a, "selectivity": a - 0.5}
+            for i in range(6) for t, a in (("TreeDepth", 0.2), ("BigramShift", 0.6), ("Tense", 0.9))]
+    a = at.build_atlas("m", L, H, {"probes": pd.DataFrame(rows)})
+    assert a["probe_syntactic_mean_acc"].tolist() == pytest.approx([0.4] * 6)
+    assert a["probe_semantic_mean_acc"].tolist() == pytest.approx([0.9] * 6)
+    assert a["probe_Tense_selectivity"].tolist() == pytest.approx([0.4] * 6)
+
+
+def test_agreement_identical_rankings_give_rho_one_and_full_overlap():
+    acc = np.array([0.1, 0.2, 0.9, 0.4, 0.5, 0.6])
+    syntax, base = syntax_tables(acc, acc)
+    pande = pande_table(acc * 10, np.zeros(6, bool))  # same ranking as Clark's accuracy
+    a = at.build_atlas("m", L, H, {"pande": pande, "syntax": syntax, "syntax_baselines": base})
+    scores = at.method_scores(a, syntax, ["nsubj"])
+    ag = at.agreement_table(scores, "m", k=2, n_boot=200, seed=0)
+    row = ag[(ag.method_a == "clark_syntax") & (ag.method_b == "pande_syntactic")].iloc[0]
+    assert row.spearman == pytest.approx(1.0)
+    assert row.ci_low == pytest.approx(1.0) and row.ci_high == pytest.approx(1.0)
+    assert row.top_k_overlap == 2 and row.top_k_jaccard == 1.0
+    assert row.top_k_chance == pytest.approx(4 / 6)
+    rel = ag[ag.method_a == "clark_nsubj"].iloc[0]
+    assert rel.method_b == "pande_nsubj" and rel.spearman == pytest.approx(1.0)
+
+
+def test_agreement_reversed_rankings_and_seeded_bootstrap():
+    x = np.arange(20, dtype=float)
+    rho, lo, hi, p, n = at.spearman_ci(x, -x, 300, 1)
+    assert rho == pytest.approx(-1.0) and n == 20
+    rng = np.random.default_rng(0)
+    y = x + rng.normal(0, 5, 20)
+    assert at.spearman_ci(x, y, 300, 7) == at.spearman_ci(x, y, 300, 7)
+    r2 = at.spearman_ci(x, y, 300, 7)
+    assert r2[1] <= r2[0] <= r2[2]
+    assert at.topk_overlap(x, -x, 5)[0] == 0
+
+
+def test_relation_heads_vs_sieve():
+    acc = np.array([0.1, 0.2, 0.9, 0.4, 0.5, 0.6])
+    syntax, base = syntax_tables(acc, acc)
+    pande = pande_table(acc, np.array([0, 0, 1, 0, 0, 1], bool))
+    a = at.build_atlas("m", L, H, {"pande": pande, "syntax": syntax, "syntax_baselines": base})
+    t = at.relation_heads_vs_sieve(a, syntax, ["nsubj"], 2, "m").iloc[0]
+    assert t.clark_best_head == "1-3" and t.best_is_sieve_significant
+    assert t.top_k_share_significant == pytest.approx(1.0)  # top 2 by accuracy: heads 2 and 5
+    assert t.all_heads_share_significant == pytest.approx(2 / 6)
+
+
+def test_relative_depth_and_layer_profiles():
+    assert at.relative_depth(np.arange(4), 4).tolist() == [0.125, 0.375, 0.625, 0.875]
+    pande = pande_table(np.zeros(6), np.array([1, 1, 0, 0, 0, 0], bool))
+    a = at.build_atlas("m", L, H, {"pande": pande})
+    prof = at.layer_profiles(a, L)
+    assert prof["share_syntactic"].tolist() == pytest.approx([2 / 3, 0.0])
+    assert prof["relative_depth"].tolist() == [0.25, 0.75]
+
+
+def test_atlas_grid_figure_for_large_models(tmp_path):
+    from headatlas.atlas_figures import atlas_grid
+
+    for n_layers, n_heads in ((24, 16), (30, 9)):
+        a = at.grid(n_layers, n_heads)
+        a["clark_behaviour"] = np.where(a["layer"] < 2, "broad", "sep")
+        a["pande_local_sig_fdr"] = a["head"] == 0
+        path = tmp_path / f"g{n_layers}.png"
+        atlas_grid(a, n_layers, n_heads, "m", [path])
+        assert path.stat().st_size > 10_000
