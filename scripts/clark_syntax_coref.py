@@ -36,7 +36,8 @@ for s in stores.values():
 kept = {s: int(sum(stores[s].n_words)) for s in p.splits}
 log.info("%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces (%.1f s)", model, len(res.heads), kept, res.n_no_pieces, time.time() - t0)
 t2 = table2(res, model, p.bootstrap, p.seed)
-k = int(t2.loc[t2["system"] == "Best head", "layer"].iloc[0]) * res.n_heads + int(t2.loc[t2["system"] == "Best head", "head"].iloc[0])
+best = t2[(t2["system"] == "Best head") & (t2["scored_on"] == "all")].iloc[0]
+k = int(best["layer"]) * res.n_heads + int(best["head"])
 an = res.anaphors
 anaphors = pd.DataFrame(
     {"model": model, "doc": an.doc, "split": an.split, "type": an.kind, "head": an.head, "n_candidates": [len(c) for c in an.candidates]}

@@ -31,7 +31,8 @@ with AttentionStore(dirs(sm.input.syntax_maps)) as store:
             continue
         b = best.loc[rel]
         panels.append(syntax_example(store, records, rel, int(b["layer"]), int(b["head"]), b["direction"], p.max_words, p.word_mode))
-t2 = pd.read_csv(sm.input.table2, sep="\t").set_index("system")
+t2 = pd.read_csv(sm.input.table2, sep="\t")
+t2 = t2[t2["scored_on"] == "all"].set_index("system")
 records = load_records(sm.input.coref_corpus)
 with AttentionStore(dirs(sm.input.coref_maps)) as store:
     panels.append(coref_example(store, records, int(t2.loc["Best head", "layer"]), int(t2.loc["Best head", "head"]), mode=p.word_mode))

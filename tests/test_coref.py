@@ -89,7 +89,9 @@ def test_gold_head_is_perfect_and_nearest_head_matches_nearest_baseline():
     assert res.baselines[:, BASELINES.index("Head match")].tolist() == [False, False, True]
     # rule-based: He -> Mary (agreeing, nearest; names carry no gender), she -> Mary (He disagrees), her -> she
     assert res.baselines[:, BASELINES.index("Rule-based")].tolist() == [False, True, True]
-    t = table2(res, "m", n_boot=50).set_index("system")
+    t = table2(res, "m", n_boot=50)
+    assert set(t["scored_on"]) == {"all"}  # one split: no held-out rows
+    t = t.set_index("system")
     assert t.loc["Best head", "all"] == 1.0 and t.loc["Best head", "label"] == "1-1"
     assert t.loc["Nearest", "all"] == pytest.approx(1 / 3)
     assert t.loc["Best head", "paper_all"] == 65
@@ -127,3 +129,15 @@ def test_no_anaphor_is_an_error():
     n = len(WORDS)
     with pytest.raises(ValueError, match="no mention"):
         collect([(word_maps([{}], n), doc(mentions=((0, 0, 1),)), n, "dev")], 1, 1)
+
+
+def test_table2_held_out_rows_choose_on_the_first_split():
+    n = len(WORDS)
+    gold = {a: RIGHT[a][-1] for a in ANAPHOR_HEADS}
+    # head 0 is right on the dev document only, head 1 on the test document only
+    items = [(word_maps([gold, NEAREST], n), doc(), n, "dev"), (word_maps([NEAREST, gold], n), doc(rid="d9"), n, "test")]
+    t = table2(collect(items, 1, 2), "m", n_boot=20)
+    held = t[(t["scored_on"] == "test") & (t["system"] == "Best head")].iloc[0]
+    assert held["selected_on"] == "dev" and held["label"] == "1-1" and held["n"] == 3
+    assert held["all"] == pytest.approx(1 / 3)  # head 0 on the test document: the nearest candidate
+    assert len(t[t["scored_on"] == "test"]) == 4 and t[t["scored_on"] == "test"]["paper_all"].isna().all()

@@ -130,3 +130,28 @@ def test_table3_joins_the_random_model():
     assert t.loc["Attn + GloVe", "paper_uas"] == 77.0 and t.loc["Attn", "uas_test"] == 0.5
     no_random = table3(uas, None, "m", None).set_index("system")
     assert np.isnan(no_random.loc[RANDOM_INIT, "uas_dev"])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_random_init_model_keeps_only_the_embeddings(tmp_path, tiny_models, name):
+    from transformers import AutoModel
+
+    from headatlas.models import ModelSpec, random_init_model
+
+    spec = ModelSpec.from_config({"name": name, "source": {"path": str(tiny_models[name])}})
+    info = random_init_model(spec, None, seed=11, out_dir=tmp_path / "rand")  # not a seed the fixtures used
+    base = AutoModel.from_pretrained(tiny_models[name]).state_dict()
+    rand = AutoModel.from_pretrained(tmp_path / "rand").state_dict()
+    assert info["kept"] and set(info["kept"]) <= set(base)
+    assert any("position" in k or "wpe" in k for k in info["kept"]) == (name != "llama")  # llama: rotary, no table
+    for k in base:
+        same = torch.equal(base[k], rand[k])
+        if k in info["kept"]:
+            assert same, k
+        elif k.endswith("weight") and base[k].dim() == 2:
+            assert not same, k  # every other matrix is re-drawn
+    again = random_init_model(spec, None, seed=11, out_dir=tmp_path / "rand2")
+    assert again["kept"] == info["kept"]
+    rand2 = AutoModel.from_pretrained(tmp_path / "rand2").state_dict()
+    assert all(torch.equal(rand[k], rand2[k]) for k in rand)  # seeded
+    assert (tmp_path / "rand" / "random_init.json").is_file() and (tmp_path / "rand" / "tokenizer_config.json").is_file()

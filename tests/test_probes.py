@@ -120,3 +120,14 @@ def test_bad_inputs_are_named():
         train_probes(X, bad)
     with pytest.raises(ValueError, match="labels must lie"):
         train_probes(X, y, n_classes=2)
+
+
+def test_standardize_rescues_tiny_variation_on_a_large_offset():
+    """[CLS]-like features: a large constant plus a tiny label signal. SentEval's raw
+    features leave the probe at chance; z-scored ones expose the signal."""
+    X, y = planted(P=1, strength=[2.0])
+    tiny = {s: 8.0 + 1e-3 * X[s] for s in X}
+    raw = train_probes(tiny, y, ProbeConfig(standardize=False))
+    std = train_probes(tiny, y, ProbeConfig(standardize=True))
+    assert raw.test[0] < 0.45 and std.test[0] > 0.8
+    np.testing.assert_allclose(std.test, train_probes(X, y, ProbeConfig(standardize=True)).test, atol=0.02)

@@ -166,10 +166,13 @@ def test_table1_maps_relations_and_paper_numbers():
     uw, us = units(n)
     wm = WordMaps(0, one_hot_maps([gold_head(HEADS)], n), uw, us)
     c = collect_correctness([(wm, record(), n)], 1, 1, poss_rule=False)
-    t = table1(best_table(c, relation_masks(c, 1), "m", n_boot=10))
+    masks = relation_masks(c, 2, also=["obj", "aux:pass"])
+    assert list(masks) == ["All", "det", "obj"]  # det (2) passes the threshold; obj is asked for; aux:pass is absent
+    t = table1(best_table(c, masks, "m", n_boot=10), min_count=2)
     assert list(t["paper_relation"][:2]) == ["All", "prep"]
     row = t[t["paper_relation"] == "dobj"].iloc[0]
     assert row["relation"] == "obj" and row["accuracy"] == 1.0 and row["paper_accuracy"] == 86.8
+    assert row["below_min_count"] and not t[t["relation"] == "det"]["below_min_count"].iloc[0]
     assert t[t["relation"] == "aux:pass"]["n"].iloc[0] == 0  # absent here
     assert set(RELATION_MAP["relation"]) >= {"obj", "nmod:poss", "compound", "aux:pass", "compound:prt"}
     assert head_label(7, 10) == "8-11"
@@ -270,12 +273,16 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
     work.mkdir()
     (work / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(work / "config.yaml"), "--cores", "2"]
-    dry = subprocess.run(cmd + ["-n"], capture_output=True, text=True, timeout=300, env=env, cwd=work)
+    files = ["syntax/table1.png", "syntax/heads.png", "coref/table2.png", "coref/heads.png", "probes/table3.png", "examples/fig5.png"]
+    targets = [f"results/clark/bert/{f}" for f in files] + ["results/clark/relation_map.tsv"]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(work / "config.yaml"), "--cores", "2", *targets]
+    # the default target: the random-init helper is extracted on its own corpora only and gets
+    # no analysis target of its own; its probe is built only as an input of the base model's Table 3
+    dry = subprocess.run(cmd[: -len(targets)] + ["-n"], capture_output=True, text=True, timeout=300, env=env, cwd=work)
     assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
-    # the helper model is extracted on its own corpora only and gets no analysis of its own
     assert "results/attention/bert-random/ewt_dev" in dry.stdout and "bert-random/gum_dev" not in dry.stdout
-    assert "results/clark/bert-random/syntax" not in dry.stdout
+    assert "results/clark/bert-random/probes/uas.tsv" in dry.stdout and "results/clark/bert-random/syntax" not in dry.stdout
+    assert not [line for line in dry.stdout.splitlines() if "bert-random" in line and "results/" in line and "/clark/bert-random/probes/" not in line and "attention/bert-random" not in line and "models/random_init" not in line]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=work)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     out = work / "results" / "clark" / "bert"

@@ -45,14 +45,18 @@ def plot_table1(t: pd.DataFrame, model: str, corpus: str):
     ax.barh(y - 0.2, 100 * t["baseline_accuracy"].to_numpy(float), height=0.4, color="tab:gray", label="best fixed offset")
     ax.scatter(t["paper_accuracy"], y + 0.2, marker="D", color="black", zorder=3, label="paper: best head (BERT-base, PTB)")
     ax.scatter(t["paper_baseline"], y - 0.2, marker="|", s=120, color="black", zorder=3, label="paper: offset baseline")
-    labels = [
-        f"{r.relation} ({r.paper_relation})  {r.label} {'>' if r.direction == 'dep->head' else '<'}  n={r.n}" if r.relation != r.paper_relation else f"{r.relation}  {r.label} {'>' if r.direction == 'dep->head' else '<'}  n={r.n}"
-        for r in t.itertuples()
-    ]
+    labels = []
+    for r in t.itertuples():
+        name = r.relation if r.relation == r.paper_relation else f"{r.relation} ({r.paper_relation})"
+        rare = "*" if getattr(r, "below_min_count", False) else ""
+        labels.append(f"{name}  {r.label} {'>' if r.direction == 'dep->head' else '<'}  n={r.n}{rare}")
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlim(0, 100)
     ax.set_xlabel("accuracy (%)")
-    ax.set_title(f"{model}: best single head per relation ({corpus})\n'>' dependent attends to head, '<' head attends to dependent; (PTB name)")
+    ax.set_title(
+        f"{model}: best single head per relation ({corpus})\n'>' dependent attends to head, '<' head attends to dependent; "
+        "(PTB name); * fewer dependents than the reporting threshold"
+    )
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     return fig
 
@@ -88,6 +92,7 @@ def plot_head_grid(heads: pd.DataFrame, relations: Sequence[str], model: str, co
 
 def plot_table2(t: pd.DataFrame, model: str, corpora: str):
     """Antecedent selection accuracy by anaphor type: baselines and the best head, paper's as markers."""
+    t = t[t["scored_on"] == "all"]
     systems = [s for s in ("Nearest", "Head match", "Rule-based", "Best head") if s in set(t["system"])]
     t = t.set_index("system")
     groups = ["all", "pronoun", "proper", "nominal"]
@@ -220,11 +225,12 @@ def coref_example(store: AttentionStore, records: Sequence[Record], layer: int, 
                 continue
             lo, hi = max(0, ante - 2), min(n, h + 2)
             units = [int(block.unit[block.position[w]]) for w in range(lo, hi) if block.position[w] >= 0]
-            sub = wm.maps[0][np.ix_(units, units)]
             labels = [r.words[int(wm.unit_word[u])] for u in units]
-            arcs = [(units.index(int(block.unit[block.position[h]])), units.index(int(block.unit[block.position[ante]])))]
-            title = f"head {head_label(layer, head)}: coreference (mention head -> antecedent head)\nopacity scaled by each row's largest weight here"
-            return Panel(title, labels, sub, arcs, row_scaled=True)
+            a_row, a_col = units.index(int(block.unit[block.position[h]])), units.index(int(block.unit[block.position[ante]]))
+            sub = np.zeros((len(units), len(units)), dtype=np.float32)
+            sub[a_row] = wm.maps[0][units[a_row], units]  # only the anaphor's row
+            title = f"head {head_label(layer, head)}: coreference ('{r.words[h]}' -> '{r.words[ante]}')\nthe mention head's row; opacity = weight / its largest weight here"
+            return Panel(title, labels, sub, [(a_row, a_col)], row_scaled=True)
     return None
 
 

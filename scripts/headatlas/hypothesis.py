@@ -136,8 +136,10 @@ def adjust(p: np.ndarray, alpha: float, method: str) -> tuple[np.ndarray, np.nda
     return adj, reject
 
 
-def _rng(seed: int, role: str) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(role.encode())])
+def pattern_rng(seed: int, pattern: np.ndarray) -> np.random.Generator:
+    """A generator seeded by ``seed`` and the set of sentences (a boolean row mask): roles that
+    test the same sentences share their resamples, and no role's draws depend on the others."""
+    return np.random.default_rng([seed, zlib.crc32(np.packbits(pattern).tobytes()), int(pattern.sum())])
 
 
 def resample_counts(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
@@ -147,24 +149,32 @@ def resample_counts(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
     return np.bincount(idx.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
 
 
-def bootstrap_ci(x: np.ndarray, b: int, ci: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap CI of the mean of each column of a complete x [n, C]."""
+def random_signs(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
+    """[b, n] independent fair signs +-1."""
+    bits = np.unpackbits(np.frombuffer(rng.bytes((b * n + 7) // 8), dtype=np.uint8))[: b * n]
+    return bits.reshape(b, n).astype(np.float64) * 2 - 1
+
+
+def bootstrap_ci(x: np.ndarray, b: int, ci: float, rng: np.random.Generator, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap CI of the mean of each column of a complete x [n, C] (``counts``:
+    precomputed :func:`resample_counts`)."""
     n = len(x)
-    means = resample_counts(rng, n, b) @ x / n  # [b, C]
+    counts = resample_counts(rng, n, b) if counts is None else counts
+    means = counts @ x / n  # [b, C]
     q = (1 - ci) / 2
     lo, hi = np.quantile(means, [q, 1 - q], axis=0)
     return lo, hi
 
 
-def sign_flip_p(x: np.ndarray, tau: float, b: int, rng: np.random.Generator) -> np.ndarray:
-    """One-sided sign-flip permutation p-value of mean(x - tau) > 0 per column (x complete)."""
+def sign_flip_p(x: np.ndarray, tau: float, b: int, rng: np.random.Generator, signs: np.ndarray | None = None) -> np.ndarray:
+    """One-sided sign-flip permutation p-value of mean(x - tau) > 0 per column (x complete;
+    ``signs``: precomputed :func:`random_signs`)."""
     d = x - tau
     obs = d.mean(0)
-    bits = np.unpackbits(np.frombuffer(rng.bytes((b * len(d) + 7) // 8), dtype=np.uint8))[: b * len(d)]
-    signs = bits.reshape(b, len(d)).astype(np.float64) * 2 - 1
+    signs = random_signs(rng, len(d), b) if signs is None else signs
     null = signs @ d / len(d)
     tol = 1e-12 * np.maximum(1.0, np.abs(obs))
-    return (1 + (null >= obs - tol).sum(0)) / (b + 1)
+    return (1 + (null >= obs - tol).sum(0)) / (len(signs) + 1)
 
 
 def wilcoxon_p(x: np.ndarray, tau: float) -> np.ndarray:
@@ -193,6 +203,7 @@ def head_table(scores: np.ndarray, roles: list[str], model: str, settings: Hypot
     x = scores.reshape(n_seq, n_layers * n_heads, n_roles).astype(np.float64)
     res = {k: np.full((n_layers * n_heads, n_roles), np.nan) for k in ("mean", "sd", "t", "df", "p", "lo", "hi", "pnp")}
     res["n"] = np.zeros((n_layers * n_heads, n_roles), dtype=np.int64)
+    draws: dict = {}
     bad_tau = not s.tau > 0
     if bad_tau:
         log.error("tau = %r: the test of mean > tau and the effect size mean / tau need tau > 0; no test is run", s.tau)
@@ -208,15 +219,22 @@ def head_table(scores: np.ndarray, roles: list[str], model: str, settings: Hypot
             notes.setdefault(role, "no sentence")
             log.warning("role %s: n = 0 (%s)", role, notes[role])
             continue
-        rng = _rng(s.seed, role)
         for pattern, cols in nan_patterns(col):
             if pattern.sum() < 2:
                 continue
             v = col[pattern][:, cols]
+            key = (np.packbits(pattern).tobytes(), int(pattern.sum()))
+            if draws.get("key") != key:  # consecutive roles on the same sentences reuse the draws
+                rng = pattern_rng(s.seed, pattern)
+                draws = {
+                    "key": key,
+                    "counts": resample_counts(rng, len(v), s.bootstrap) if s.bootstrap > 0 else None,
+                    "signs": random_signs(rng, len(v), s.permutations) if s.nonparametric == "sign_flip" else None,
+                }
             if s.bootstrap > 0:
-                res["lo"][cols, r], res["hi"][cols, r] = bootstrap_ci(v, s.bootstrap, s.ci, rng)
+                res["lo"][cols, r], res["hi"][cols, r] = bootstrap_ci(v, s.bootstrap, s.ci, None, draws["counts"])
             if s.nonparametric == "sign_flip":
-                res["pnp"][cols, r] = sign_flip_p(v, s.tau, s.permutations, rng)
+                res["pnp"][cols, r] = sign_flip_p(v, s.tau, s.permutations, None, draws["signs"])
             elif s.nonparametric == "wilcoxon":
                 res["pnp"][cols, r] = wilcoxon_p(v, s.tau)
     p_adj, rej = adjust(res["p"].ravel(), s.alpha, s.fdr_method)

@@ -1,6 +1,9 @@
 """Batched linear probes: many multinomial logistic regressions trained as one tensor program.
 
-SentEval's protocol (``senteval/tools/classifier.py`` with ``nhid=0``, as Jo & Myaeng ran it):
+SentEval's protocol (``senteval/tools/classifier.py`` with ``nhid=0``, as Jo & Myaeng ran it),
+on features z-scored with train statistics unless ``standardize`` is off (SentEval feeds raw
+features; [CLS] states that barely vary between sentences, as in MiniLM's lower layers,
+then sit at chance whatever they encode):
 one linear layer and softmax cross-entropy (mean over the batch), RMSprop (or Adam) with the
 L2 penalty as weight decay on weights and bias, minibatches of 256 in a fresh
 ``np.random.permutation`` per pass, ``epoch_size`` passes per epoch, the dev metric after
@@ -45,6 +48,7 @@ class ProbeConfig:
     tenacity: int = 3
     seed: int = 123
     dtype: str = "float32"
+    standardize: bool = True  # z-score every feature with train statistics (SentEval: False)
 
     def __post_init__(self):
         if self.optimizer not in ("rmsprop", "adam"):
@@ -95,6 +99,15 @@ def _targets(y, n_classes: int | None, dtype) -> tuple[torch.Tensor, int]:
     return y.to(dtype), int(y.shape[1])
 
 
+def standardize(X: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Z-score every feature of every probe with the train split's mean and standard
+    deviation (features [..., N, d]; constant features become 0)."""
+    mu = X["train"].mean(-2, keepdim=True)
+    sd = X["train"].std(-2, keepdim=True)
+    sd = torch.where(sd > 0, sd, torch.ones_like(sd))
+    return {s: (X[s] - mu) / sd for s in X}
+
+
 def _softmax(z: torch.Tensor, dim: int) -> torch.Tensor:
     """Softmax written out: torch.softmax over a short class axis is slow on CPU."""
     e = (z - z.amax(dim, keepdim=True)).exp_()
@@ -140,6 +153,8 @@ def train_probes(
     for s in SPLITS:
         if Xs[s].shape[0] != P or Xs[s].shape[2] != d:
             raise ValueError(f"{s} features have shape {tuple(Xs[s].shape)}, train {P, N, d}")
+    if cfg.standardize:
+        Xs = standardize(Xs)
     Y = {}
     for s in SPLITS:
         Y[s], c = _targets(y[s], n_classes, dtype)
@@ -245,6 +260,8 @@ def senteval_probe(X: dict, y: dict, l2: float, cfg: ProbeConfig = ProbeConfig()
 
     dtype = getattr(torch, cfg.dtype)
     t = {s: torch.as_tensor(np.asarray(X[s])).to(dtype) for s in SPLITS}
+    if cfg.standardize:
+        t = standardize(t)
     yy = {s: torch.as_tensor(np.asarray(y[s])).long() for s in SPLITS}
     C = int(n_classes if n_classes is not None else int(yy["train"].max()) + 1)
     np.random.seed(cfg.seed)

@@ -22,20 +22,21 @@ Roles:
   multiplied by the Shannon entropy (nats) of row i, so uniform attention scores ln k_i;
 - ``syntactic`` (the union of the configured relations) and ``syntactic_<rel>`` per relation.
 
-Everything is vectorised over the [M, n, n] block of one sequence (M = layers x heads).
+Everything is vectorised over heads and over a run of sequences at once: the sieves of a run
+are built once (cell indices, cell masks, counts) and each layer's flat cells (the store's
+layout, sequences' n x n maps row after row) are scored with gathers and ``np.add.reduceat``;
+there is no Python loop over cells, rows or heads.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 
-log = logging.getLogger("headatlas.sieves")
 
 TOKEN_ROLES = ("local", "delimiter", "delimiter_cls", "delimiter_sep", "block")
 DIRECTIONS = ("dep_to_head", "head_to_dep", "both")
@@ -387,6 +388,16 @@ def blas_threads(n: int):
     return threadpool_limits(limits=n, user_api="blas")
 
 
+def _layer_cells(store, layer: int, k0: int, k1: int) -> np.ndarray:
+    """The flat cells [heads, sum of n^2] of sequences k0..k1-1 (all in one shard) at ``layer``:
+    one read of the stored layout, no per-sequence copies."""
+    shard = int(store._shard[k0])
+    lo, hi = int(store._local[k0]), int(store._local[k1 - 1])
+    f = store._file(shard, layer)
+    off = f["cell_offsets"]
+    return np.asarray(f["attn"][:, int(off[lo]) : int(off[hi + 1])], dtype=np.float32)
+
+
 def _score_store(store, records: list[Record], settings: SieveSettings, max_bytes: int) -> dict:
     causal = store.meta.get("model_kind") == "decoder"
     n_layers, n_heads = store.n_layers, store.n_heads
@@ -406,9 +417,7 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
             pairs.append(dependency_pairs(r.head, r.deprel, settings, int(store.n_words[k])))
         plan = SievePlan(store.lengths[k0:k1], store.special[a:b], store.segment[a:b], store.word[a:b], pairs, settings, causal)
         for layer in range(n_layers):
-            maps = store.layer_maps(layer, k0, k1)
-            flat = np.concatenate([x.reshape(n_heads, -1) for x in maps], axis=1)
-            scores[k0:k1, layer] = plan.scores(flat).transpose(1, 0, 2)
+            scores[k0:k1, layer] = plan.scores(_layer_cells(store, layer, k0, k1)).transpose(1, 0, 2)
         pair_counts[k0:k1] = plan.pair_counts
         is_pair[k0:k1] = plan.is_pair
     notes = {}

@@ -44,9 +44,9 @@ ALL = "All"
 RELATION_MAP = pd.DataFrame(
     [
         ("All", "All", "exact", "every word; punctuation and root included"),
-        ("prep", "case", "different arc", "SD attaches a preposition to the word its phrase modifies; UD attaches it (case) to its own noun"),
-        ("pobj", "obl", "different arc", "SD: noun -> its preposition; UD has no pobj: the noun attaches to the verb (obl) or noun (nmod) the phrase modifies"),
-        ("pobj", "nmod", "different arc", "as obl, for prepositional phrases inside noun phrases"),
+        ("prep", "obl", "other dependent", "SD prep: preposition -> the word its phrase modifies; UD obl: the phrase's noun -> that word (same head word, the noun instead of the preposition)"),
+        ("prep", "nmod", "other dependent", "as obl, for phrases that modify a noun"),
+        ("pobj", "case", "reversed", "SD pobj: noun -> its preposition; UD case: preposition -> its noun (same word pair, reversed); Clark's pobj head (prepositions attend to their objects) is a case head in the dep->head direction"),
         ("det", "det", "same", ""),
         ("nn", "compound", "same", "noun compound modifier"),
         ("nsubj", "nsubj", "same", ""),
@@ -256,13 +256,14 @@ def store_correctness(store: AttentionStore, records: Sequence[Record], mode: st
     return collect_correctness(items, store.n_layers, store.n_heads, offsets, poss_rule)
 
 
-def relation_masks(c: Correctness, min_count: int) -> dict[str, np.ndarray]:
-    """"All" and every relation (except root, never predicted) with at least ``min_count`` dependents."""
+def relation_masks(c: Correctness, min_count: int, also: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """"All" and every relation (except root, never predicted) with at least ``min_count``
+    dependents, most frequent first; relations in ``also`` are added when present at all."""
     names, counts = np.unique(c.relation, return_counts=True)
     order = np.argsort(-counts, kind="stable")
     out = {ALL: np.ones(len(c.relation), dtype=bool)}
     for i in order:
-        if counts[i] >= min_count and names[i] != "root":
+        if (counts[i] >= min_count or names[i] in also) and names[i] != "root":
             out[str(names[i])] = c.relation == names[i]
     return out
 
@@ -337,15 +338,16 @@ def best_table(c: Correctness, masks: dict[str, np.ndarray], model: str, n_boot:
     return pd.DataFrame(rows)
 
 
-def table1(best: pd.DataFrame) -> pd.DataFrame:
-    """Clark's Table 1 rows (through :data:`RELATION_MAP`) beside the paper's numbers;
-    UD relations rarer than the threshold appear with n = 0."""
+def table1(best: pd.DataFrame, min_count: int = 0) -> pd.DataFrame:
+    """Clark's Table 1 rows (through :data:`RELATION_MAP`) beside the paper's numbers; a UD
+    relation absent from ``best`` gets n = 0, one rarer than ``min_count`` is flagged."""
     t = RELATION_MAP.merge(PAPER_TABLE1, on="paper_relation", how="left")
     t = t.merge(best, on="relation", how="left")
     t["model"] = t["model"].fillna(best["model"].iloc[0] if len(best) else "")
     t["n"] = t["n"].fillna(0).astype(int)
+    t["below_min_count"] = (t["n"] < min_count) & (t["relation"] != ALL)
     cols = [
-        "model", "paper_relation", "relation", "correspondence", "n", "layer", "head", "label", "direction",
+        "model", "paper_relation", "relation", "correspondence", "n", "below_min_count", "layer", "head", "label", "direction",
         "accuracy", "ci_low", "ci_high", "baseline_offset", "baseline_accuracy",
         "paper_head", "paper_accuracy", "paper_baseline", "paper_offset", "note",
     ]

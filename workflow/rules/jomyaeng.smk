@@ -6,7 +6,7 @@ JM_TASKS = JM_PROBING + JM_DOWNSTREAM
 JM_FILES = {JM["probing_corpus"]: "results/probing/sentences.jsonl.gz"}
 if JM_DOWNSTREAM:
     JM_FILES[JM["downstream_corpus"]] = "results/probing/downstream_sentences.jsonl.gz"
-JM_MODELS = [m for m in MODELS if m not in helper_models()]
+JM_MODELS = [m for m in MODELS if m not in helper_models()] if JM_ACTIVE else []
 JM_FIGURES = [
     "heatmap_sorted",
     "heatmap_unsorted",
@@ -28,20 +28,15 @@ if JM_ACTIVE:
             )
 
 
-def jomyaeng_targets():
-    if not JM_ACTIVE:
-        return []
-    return (
-        expand("results/jomyaeng/{model}/heads.tsv", model=JM_MODELS)
-        + expand(
-            "results/jomyaeng/{model}/{figure}.png", model=JM_MODELS, figure=JM_FIGURES
-        )
-        + ["results/jomyaeng/summary.tsv", "results/probing/task_stats.tsv"]
-        + (["results/probing/downstream_stats.tsv"] if JM_DOWNSTREAM else [])
+JM_TARGETS = (
+    expand("results/jomyaeng/{model}/heads.tsv", model=JM_MODELS)
+    + expand(
+        "results/jomyaeng/{model}/{figure}.png", model=JM_MODELS, figure=JM_FIGURES
     )
-
-
-TARGET_FUNCTIONS.append(jomyaeng_targets)
+    + ["results/jomyaeng/summary.tsv", "results/probing/task_stats.tsv"]
+    + (["results/probing/downstream_stats.tsv"] if JM_DOWNSTREAM else [])
+)
+TARGET_FUNCTIONS.append(lambda: JM_TARGETS if JM_ACTIVE else [])
 
 
 rule jomyaeng_probing_tasks:
@@ -127,9 +122,7 @@ rule jomyaeng_probe:
         top_n=JM["top_n"],
         n_curve=JM["n_curve"],
         task=lambda wc: (
-            {"kind": "probing"}
-            if wc.task in JM_PROBING
-            else JM["downstream"][wc.task]
+            {"kind": "probing"} if wc.task in JM_PROBING else JM["downstream"][wc.task]
         ),
     script:
         "../../scripts/jomyaeng_probe.py"
