@@ -213,6 +213,9 @@ def test_control_labels_are_a_function_of_the_first_word(generated):
     for task, g in table.assign(first=first).groupby("task"):
         assert (g.groupby("first")["control"].nunique() == 1).all(), task
         assert set(g["control"]) <= set(g["label"])
+        train = g[g["split"] == "train"]
+        if train["label"].nunique() == 2:  # the control keeps the task's class balance on train
+            assert abs(train["control"].value_counts(normalize=True).max() - train["label"].value_counts(normalize=True).max()) < 0.1, task
 
 
 def test_unknown_task_and_impossible_vocabulary_are_reported(gum_sources):

@@ -133,14 +133,19 @@ def _strings(value) -> set[str]:
 
 
 def tiny_config(
-    model_dirs: dict[str, Path], shards: int = 1, limit: int = 12, base: str | Path | None = None, analyses: list[str] | None = None
+    model_dirs: dict[str, Path],
+    shards: int = 1,
+    limit: int = 12,
+    base: str | Path | None = None,
+    analyses: list[str] | None = None,
+    corpora: list[str] | None = None,
 ) -> dict:
     """The default config (or ``base``) on the tiny models, with small sharded corpora.
 
     Only the corpora that the ``analysis:`` block names are kept (every model is extracted on
     every corpus of a config, so unused corpora would only cost time); if it names none, the
     first corpus is kept. ``analyses`` keeps only those sections of the ``analysis:`` block
-    (None: all of them).
+    (None: all of them); ``corpora`` cuts every section's ``corpora`` list to those corpora.
     """
     with open(base or REPO / "config" / "config.yaml", encoding="utf-8") as fh:
         cfg = yaml.safe_load(fh)
@@ -154,9 +159,13 @@ def tiny_config(
         if unknown:
             raise ValueError(f"analyses {unknown} are not sections of the base config's analysis: block")
         cfg["analysis"] = {k: v for k, v in cfg["analysis"].items() if k in analyses}
+    if corpora is not None:
+        for section in cfg.get("analysis", {}).values():
+            if isinstance(section.get("corpora"), list):
+                section["corpora"] = [c for c in section["corpora"] if c in corpora]
     named = _strings(cfg.get("analysis", {}))
     used = [c for c in cfg["corpora"] if c in named] or list(cfg["corpora"])[:1]
-    corpora = {}
+    kept = {}
     for name in used:
         spec = copy.deepcopy(cfg["corpora"][name])
         if "path" in spec:
@@ -167,23 +176,34 @@ def tiny_config(
             spec["n_segments"] = min(spec.get("n_segments", limit), limit)
         spec["limit"] = limit
         spec.pop("shards", None)
-        corpora[name] = spec
-    cfg["corpora"] = corpora
+        kept[name] = spec
+    cfg["corpora"] = kept
     cfg.setdefault("extraction", {})
     cfg["extraction"].update(shards=shards, threads=1)
     return cfg
 
 
 def write_tiny(
-    out: str | Path, shards: int = 1, limit: int = 12, base: str | Path | None = None, analyses: list[str] | None = None
+    out: str | Path,
+    shards: int = 1,
+    limit: int = 12,
+    base: str | Path | None = None,
+    analyses: list[str] | None = None,
+    corpora: list[str] | None = None,
+    models: list[str] | None = None,
 ) -> Path:
     """Build the models under ``out``/models and write ``out``/config.yaml; return the config path."""
     out = Path(out).resolve()
     dirs = build_models(out / "models")
+    if models is not None:
+        unknown = sorted(set(models) - set(dirs))
+        if unknown:
+            raise ValueError(f"unknown tiny models {unknown}; known: {sorted(dirs)}")
+        dirs = {k: v for k, v in dirs.items() if k in models}
     path = out / "config.yaml"
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(tiny_config(dirs, shards, limit, base, analyses), fh, sort_keys=False)
+        yaml.safe_dump(tiny_config(dirs, shards, limit, base, analyses, corpora), fh, sort_keys=False)
     os.replace(tmp, path)
     return path
 
@@ -275,6 +295,8 @@ def main(argv=None) -> None:
     build.add_argument("--limit", type=int, default=12, help="records per corpus (default 12)")
     build.add_argument("--base", help="config to shrink (default config/config.yaml)")
     build.add_argument("--analyses", help="comma-separated sections of its analysis: block to keep (default: all)")
+    build.add_argument("--corpora", help="comma-separated corpora the analyses keep (default: all they name)")
+    build.add_argument("--models", help=f"comma-separated models of the config (default: {','.join(MODEL_NAMES)})")
     compare = sub.add_parser("compare", help="exit 1 unless two result directories hold the same data")
     compare.add_argument("a")
     compare.add_argument("b")
@@ -282,7 +304,9 @@ def main(argv=None) -> None:
     if args.command == "build":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         analyses = args.analyses.split(",") if args.analyses else None
-        print(write_tiny(args.out, args.shards, args.limit, args.base, analyses))
+        corpora = args.corpora.split(",") if args.corpora else None
+        models = args.models.split(",") if args.models else None
+        print(write_tiny(args.out, args.shards, args.limit, args.base, analyses, corpora, models))
         return
     problems = compare_results(args.a, args.b)
     n = sum(1 for p in Path(args.a).rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")

@@ -162,14 +162,15 @@ def topn_curves(topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame,
         s = summary[summary["task"] == task].iloc[0]
         ax.plot(t["n"], t["test"], "o-", ms=3, color="C0", label="top-n heads")
         ax.axhline(s["last_layer"], color="C3", ls="--", lw=1, label="last layer")
-        ax.axhline(s["best_layer"], color="C2", ls=":", lw=1.3, label="best layer (dev)")
+        ax.axhline(s["best_layer"], color="C2", ls=":", lw=1.3, label="best layer (chosen on dev)")
+        ax.axhline(s["best_layer_by_test"], color="C1", ls="-.", lw=0.9, label="best layer (on test: the paper's choice)")
         ax.axvline(s["n_top"], color="0.6", lw=0.8)
         ax.set_xscale("log")
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("n heads concatenated (log)", fontsize=8)
         ax.set_ylabel("test " + ("r" if s["metric"] == "pearson" else "accuracy"), fontsize=8)
         ax.tick_params(labelsize=7)
-    axes.flat[0].legend(fontsize=7)
+    axes.flat[0].legend(fontsize=6)
     for ax in list(axes.flat)[len(tasks) :]:
         ax.axis("off")
     fig.suptitle(f"{model}: effect of the number n of top heads (grey line: n = heads per layer)", fontsize=11)

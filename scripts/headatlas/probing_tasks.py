@@ -30,10 +30,10 @@ replacement word), train shares no such lemma with dev or test: dev and test are
 first and train avoids their lemmas; OddManOut's replacement words come from split-specific
 vocabularies.
 
-Each task item also has a *control* label in the spirit of Hewitt & Liang (2019): a seeded
-random function of a surface property (the lower-cased first word), with classes drawn
-from the task's train label distribution. A probe can only reach it by memorising the
-first-word -> label map from train.
+Each task item also has a *control* label in the spirit of Hewitt & Liang (2019): a fixed,
+arbitrary function of a surface property (the lower-cased first word), whose classes keep
+the task's train label distribution (see :func:`control_labels`). A probe can only reach it
+by memorising the first-word -> label map from train.
 """
 
 from __future__ import annotations
@@ -579,8 +579,11 @@ def generate_task(task: str, sources: Sequence[Source], cfg: GeneratorConfig, ct
 
 
 def control_labels(items: Sequence[Item], seed: int) -> list[str]:
-    """Hewitt & Liang-style control labels: each lower-cased first word gets a seeded random
-    class, drawn from the task's train label distribution."""
+    """Hewitt & Liang-style control labels: every lower-cased first word is one type with one
+    label. Types are dealt out in order of train frequency (ties: seeded random) to the class
+    furthest below its share of the task's train label distribution, so the control task's
+    class balance matches the task's despite a few very frequent first words; types that
+    never start a train item get a seeded random class drawn from that distribution."""
     out = [""] * len(items)
     by_task: dict[str, list[int]] = defaultdict(list)
     for k, it in enumerate(items):
@@ -588,10 +591,24 @@ def control_labels(items: Sequence[Item], seed: int) -> list[str]:
     for task, ks in by_task.items():
         train = Counter(items[k].label for k in ks if items[k].split == "train") or Counter(items[k].label for k in ks)
         labels = sorted(train)
-        cdf = np.cumsum([train[c] for c in labels]) / sum(train.values())
+        share = np.array([train[c] for c in labels], dtype=float) / sum(train.values())
+        first = {k: items[k].words[0].lower() for k in ks}
+        freq = Counter(first[k] for k in ks if items[k].split == "train")
+        assigned: dict[str, str] = {}
+        totals = np.zeros(len(labels))
+        for w in sorted(freq, key=lambda w: (-freq[w], hash_unit(seed, "control-order", task, w))):
+            deficit = share * (totals.sum() + freq[w]) - totals
+            best = np.flatnonzero(deficit == deficit.max())
+            c = best[int(hash_unit(seed, "control-tie", task, w) * len(best))]
+            assigned[w] = labels[c]
+            totals[c] += freq[w]
+        cdf = np.cumsum(share)
         for k in ks:
-            u = hash_unit(seed, "control", task, items[k].words[0].lower())
-            out[k] = labels[min(int(np.searchsorted(cdf, u, side="right")), len(labels) - 1)]
+            w = first[k]
+            if w not in assigned:
+                u = hash_unit(seed, "control", task, w)
+                assigned[w] = labels[min(int(np.searchsorted(cdf, u, side="right")), len(labels) - 1)]
+            out[k] = assigned[w]
     return out
 
 

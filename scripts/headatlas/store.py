@@ -351,4 +351,4 @@ def word_level(maps: np.ndarray, word: np.ndarray, special: np.ndarray, mode: st
         first = np.full(u, n)
         np.minimum.at(first, unit, np.arange(n))
         frm[np.arange(u), first] = 1.0
-    return np.einsum("un,hnm,mv->huv", frm, maps, to, optimize=True), unit_word, unit_special
+    return frm @ maps @ to, unit_word, unit_special
