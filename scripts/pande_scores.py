@@ -23,6 +23,13 @@ meta["trees"] = "spacy" if sm.input.trees else "gold"
 save_scores(sm.output[0], result, meta)
 n = (~__import__("numpy").isnan(result["scores"][:, 0, 0, :])).sum(0)
 log.info("%s on %s: %d sequences; sentences per role %s", meta["model"], meta["corpus"], len(result["record_id"]), dict(zip(result["roles"], n.tolist())))
-log.info("dependency pairs per relation (then the union): %s", dict(zip(result["relations"] + ["all"], result["pair_counts"].sum(0).tolist())))
+names = result["relations"] + ["all"]
+scored, present = result["pair_counts"].sum(0), result["pairs_present"]
+log.info("dependency pairs scored / in the inputs, per relation (then the union): %s", {k: f"{a}/{b}" for k, a, b in zip(names, scored, present)})
+if (scored < present).any():
+    log.warning(
+        "%d of %d pairs are not scored: under the causal mask the query pieces (direction %s) cannot see the key word "
+        "(set analysis.pande.direction to head_to_dep or both to score them)", present[-1] - scored[-1], present[-1], settings.direction,
+    )  # fmt: skip
 for role, why in result["notes"].items():
     log.warning("role %s has no sentence: %s", role, why)

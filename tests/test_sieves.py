@@ -272,6 +272,7 @@ def test_score_store_matches_sequence_scores_across_chunks(tmp_path):
             np.testing.assert_allclose(out["scores"][k, layer], exp, rtol=1e-6, equal_nan=True)
     assert out["is_pair"].tolist() == [True, False, True]
     assert out["pair_counts"][:, -1].tolist() == [3, 2, 3]
+    assert out["pairs_present"].tolist() == [3, 2, 2, 1, 8] == out["pair_counts"].sum(0).tolist()
     assert out["notes"] == {}
 
 
@@ -316,3 +317,21 @@ def test_parse_records_aligns_words_and_segments():
 def test_token_roles_come_first():
     assert ROLES[: len(TOKEN_ROLES)] == list(TOKEN_ROLES)
     assert ROLES[len(TOKEN_ROLES)] == "syntactic"
+
+
+def test_score_store_notes_pairs_hidden_by_the_causal_mask(tmp_path):
+    from headatlas.store import AttentionStore
+
+    # BOS w0 w1 w2: w0 <-amod- w1 (head after its dependent: invisible from w0), w2 -> w1 (visible)
+    seq = (np.array([SPECIAL_BOS, 0, 0, 0]), np.zeros(4, dtype=np.int64), np.array([-1, 0, 1, 2]))
+    records = [Record(id="r0", words=tuple("abc"), segment=(0, 0, 0), head=(1, -1, 1), deprel=("amod", "root", "advmod"))]
+    _write_store(tmp_path / "s", [seq], kind="decoder")
+    st = SieveSettings(relations=("amod", "advmod"))
+    with AttentionStore(tmp_path / "s") as store:
+        out = score_store(store, records, st)
+        both = score_store(store, records, SieveSettings(relations=("amod", "advmod"), direction="both"))
+    assert out["pairs_present"].tolist() == [1, 1, 2]
+    assert out["pair_counts"].sum(0).tolist() == [0, 1, 1]
+    assert "visible under the causal mask" in out["notes"]["syntactic_amod"]
+    assert "syntactic_amod" not in both["notes"]  # head -> dependent sees it
+    assert both["pair_counts"].sum(0).tolist() == [1, 1, 2]

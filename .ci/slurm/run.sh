@@ -24,8 +24,29 @@ CORPORA=${HEADATLAS_SLURM_CORPORA:-wiki}
 MODELS=${HEADATLAS_SLURM_MODELS:-tinybert}
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 
+# bounded LIMIT CMD...: CMD under its own time limit, in the background so that a SIGINT sent to
+# this script (timeout -s INT from .ci/run) is forwarded to it by the trap below: a nested
+# `timeout` runs CMD in a process group of its own, which the outer signal does not reach.
+CHILD=
+bounded() {
+    local limit=$1 rc=0
+    shift
+    timeout -s INT -k 30 "$limit" "$@" &
+    CHILD=$!
+    wait "$CHILD" || rc=$?
+    CHILD=
+    return "$rc"
+}
+on_signal() {
+    say "interrupted; stopping the running command"
+    if [ -n "$CHILD" ]; then
+        kill -INT "$CHILD" 2> /dev/null || true
+        wait "$CHILD" 2> /dev/null || true
+    fi
+    exit 130
+}
 trap 'bash "$HERE/stop.sh"' EXIT
-trap 'say "interrupted"; exit 130' INT TERM
+trap on_signal INT TERM
 
 fail() {
     echo "SLURM CHECK FAILED: $*" >&2
@@ -49,7 +70,7 @@ SM=(snakemake -s "$ROOT/Snakefile" --configfile "$WORK/tiny/config.yaml")
 
 say "local run (--profile profiles/default --cores 2)"
 t0=$(now)
-timeout -s INT -k 30 480 "${SM[@]}" -d "$WORK/local" --profile profiles/default --cores 2 > "$WORK/local.log" 2>&1 || {
+bounded 480 "${SM[@]}" -d "$WORK/local" --profile profiles/default --cores 2 > "$WORK/local.log" 2>&1 || {
     show_log "$WORK/local.log"
     fail "the local run failed (log $WORK/local.log)"
 }
@@ -57,7 +78,7 @@ local_s=$(secs "$t0" "$(now)")
 
 say "SLURM run (--profile profiles/slurm)"
 t0=$(now)
-timeout -s INT -k 30 600 "${SM[@]}" -d "$WORK/slurm" --profile profiles/slurm \
+bounded 600 "${SM[@]}" -d "$WORK/slurm" --profile profiles/slurm \
     --slurm-init-seconds-before-status-checks 8 --slurm-keep-successful-logs > "$WORK/slurm.log" 2>&1 || {
     show_log "$WORK/slurm.log"
     fail "the SLURM run failed or timed out (log $WORK/slurm.log)"
@@ -113,7 +134,7 @@ target="results/attention/broken/$corpus/shard0of$SHARDS"
 say "failing job: $target"
 t0=$(now)
 rc=0
-timeout -s INT -k 30 150 snakemake -s "$ROOT/Snakefile" --configfile "$WORK/broken/config.yaml" -d "$WORK/slurm" \
+bounded 150 snakemake -s "$ROOT/Snakefile" --configfile "$WORK/broken/config.yaml" -d "$WORK/slurm" \
     --profile profiles/slurm --slurm-init-seconds-before-status-checks 8 "$target" > "$WORK/failing.log" 2>&1 || rc=$?
 fail_s=$(secs "$t0" "$(now)")
 [ "$rc" -ne 0 ] || fail "a broken model's extraction was reported as successful"

@@ -371,7 +371,9 @@ def score_store(store, records: list[Record], settings: SieveSettings, max_bytes
     ``max_bytes`` of one layer's maps; per run the sieves are built once and each layer is
     scored with gathers and ``np.add.reduceat`` over the flat cells. Returns a dict with
     ``scores`` [N, L, H, R] (float32, NaN where a role has no query or pair in a sequence),
-    ``pair_counts`` [N, n_relations + 1], ``roles``, ``relations``, ``record_id``, ``is_pair``
+    ``pair_counts`` [N, n_relations + 1] (pairs scored; under a causal mask a pair whose key
+    word lies after its query word is not), ``pairs_present`` [n_relations + 1] (pairs in the
+    model inputs), ``roles``, ``relations``, ``record_id``, ``is_pair``
     [N] and ``notes`` (role -> why it has no sentence in this corpus, for roles without any).
     BLAS runs on ``threads`` threads.
     """
@@ -405,6 +407,7 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
     n = len(store)
     scores = np.full((n, n_layers, n_heads, len(roles)), np.nan, dtype=np.float32)
     pair_counts = np.zeros((n, len(settings.relations) + 1), dtype=np.int64)
+    pairs_present = np.zeros(len(settings.relations) + 1, dtype=np.int64)
     is_pair = np.zeros(n, dtype=bool)
     has_trees = np.zeros(n, dtype=bool)
     max_cells = max(1, max_bytes // (4 * n_heads))
@@ -415,6 +418,8 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
             r = records[int(store.record_index[k])]
             has_trees[k] = bool(r.head)
             pairs.append(dependency_pairs(r.head, r.deprel, settings, int(store.n_words[k])))
+            pairs_present += np.bincount(pairs[-1][2], minlength=len(settings.relations) + 1)
+            pairs_present[-1] += len(pairs[-1][2])
         plan = SievePlan(store.lengths[k0:k1], store.special[a:b], store.segment[a:b], store.word[a:b], pairs, settings, causal)
         for layer in range(n_layers):
             scores[k0:k1, layer] = plan.scores(_layer_cells(store, layer, k0, k1)).transpose(1, 0, 2)
@@ -437,14 +442,20 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
                 why = f"corpus {corpus} has no dependency trees"
             else:
                 rel = role[len("syntactic_") :] or "any configured relation"
+                present = int(pairs_present[settings.relations.index(rel)] if rel in settings.relations else pairs_present[-1])
                 labels = settings.labels.get(rel, (rel,)) if rel in settings.relations else settings.label_map().keys()
-                why = f"corpus {corpus}: no sentence has a pair of relation {rel} (labels {sorted(labels)})"
+                if present:
+                    why = (f"corpus {corpus}: none of the {present} pairs of relation {rel} is visible under the causal "
+                           f"mask in direction {settings.direction}")  # fmt: skip
+                else:
+                    why = f"corpus {corpus}: no sentence has a pair of relation {rel} (labels {sorted(labels)})"
         else:
             why = f"corpus {corpus}: no query token has a {role} sieve"
         notes[role] = why
     return {
         "scores": scores,
         "pair_counts": pair_counts,
+        "pairs_present": pairs_present,
         "roles": roles,
         "relations": list(settings.relations),
         "record_id": store.record_id.astype(str),
