@@ -24,28 +24,32 @@ CORPORA=${HEADATLAS_SLURM_CORPORA:-wiki}
 MODELS=${HEADATLAS_SLURM_MODELS:-tinybert}
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 
-# bounded LIMIT CMD...: CMD under its own time limit, in the background so that a SIGINT sent to
-# this script (timeout -s INT from .ci/run) is forwarded to it by the trap below: a nested
-# `timeout` runs CMD in a process group of its own, which the outer signal does not reach.
+# bounded LIMIT CMD...: CMD under its own time limit. Snakemake must get exactly one SIGINT
+# (a second one interrupts its scancel of the SLURM jobs): CMD runs in a session of its own
+# (setsid), so neither the signal that .ci/run's `timeout -s INT` sends to its process group nor
+# the group-wide copy of the nested timeout reaches it; the nested timeout sends it one SIGINT
+# when LIMIT is up, and the trap below has it send one when this script is interrupted.
 CHILD=
 bounded() {
     local limit=$1 rc=0
     shift
-    timeout -s INT -k 30 "$limit" "$@" &
+    timeout -s INT -k 30 "$limit" setsid "$@" &
     CHILD=$!
     wait "$CHILD" || rc=$?
     CHILD=
     return "$rc"
 }
 on_signal() {
-    say "interrupted; stopping the running command"
+    say "interrupted; stopping the running command" >&3
     if [ -n "$CHILD" ]; then
         kill -INT "$CHILD" 2> /dev/null || true
         wait "$CHILD" 2> /dev/null || true
     fi
     exit 130
 }
-trap 'bash "$HERE/stop.sh"' EXIT
+# the traps write to the script's own output, not to the log of the command they interrupt
+exec 3>&1 4>&2
+trap 'bash "$HERE/stop.sh" >&3 2>&4' EXIT
 trap on_signal INT TERM
 
 fail() {

@@ -23,6 +23,19 @@ stop_one() {
     rm -f "$file"
 }
 
+# jobs left by an interrupted run: cancel them while the daemons still run (slurmd's job steps
+# outlive slurmd itself); this cluster only ever holds the jobs of these scripts
+if pid_alive "$STATE/started/slurmctld.pid" slurmctld && pid_alive "$STATE/started/slurmd.pid" slurmd; then
+    mapfile -t left < <(squeue -h -t PENDING,RUNNING,SUSPENDED,COMPLETING -o %i 2> /dev/null)
+    if [ "${#left[@]}" -gt 0 ]; then
+        say "cancelling jobs ${left[*]}"
+        scancel "${left[@]}" 2> /dev/null
+        for _ in $(seq 50); do
+            [ -z "$(squeue -h -t PENDING,RUNNING,SUSPENDED,COMPLETING -o %i 2> /dev/null)" ] && break
+            sleep 0.2
+        done
+    fi
+fi
 # slurmd first (it may still be ending job steps), then the controller, then munge
 stop_one slurmd
 stop_one slurmctld
