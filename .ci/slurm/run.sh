@@ -4,7 +4,8 @@
 #   1. every job of the run was a SLURM job (its SLURM job id in snakemake's log, a SLURM log
 #      file per job id, and SLURM's own record of the job as COMPLETED);
 #   2. the results equal those of a local run (--profile profiles/default) of the same config;
-#   3. a failing job is reported as failed (SLURM state FAILED, snakemake exits non-zero), not hung.
+#   3. a failing job (a malformed corpus file) is reported as failed (SLURM state FAILED,
+#      snakemake exits non-zero), not hung.
 # Prints the wall time of both runs. Stops the daemons it started (by PID) on any exit.
 # Bound it from outside with SIGINT, which makes snakemake cancel its SLURM jobs:
 #   timeout -s INT -k 30 1500 bash .ci/slurm/run.sh
@@ -123,31 +124,32 @@ python tests/tiny_workflow.py compare "$WORK/local/results" "$WORK/slurm/results
     || fail "SLURM and local results differ: $(cat "$WORK/compare.txt")"
 say "$(tail -1 "$WORK/compare.txt")"
 
-# 3. a failing job: a model whose directory holds a broken config.json; its extraction job must
-#    end as FAILED and snakemake must exit non-zero well before the time limit
-mkdir -p "$WORK/broken/model"
-echo '{"model_type": "bert", ' > "$WORK/broken/model/config.json"
+# 3. a failing job: a corpus file with a malformed CoNLL-U line; its prepare_corpus job must end
+#    as FAILED and snakemake must exit non-zero well before the time limit
+mkdir -p "$WORK/broken"
+printf '# sent_id = broken-1\n1\tThis\tthis\n\n' > "$WORK/broken/broken.conllu"
 python - "$WORK/tiny/config.yaml" "$WORK/broken" << 'EOF'
 import sys, yaml
 cfg = yaml.safe_load(open(sys.argv[1]))
-cfg["models"].append({"name": "broken", "source": {"path": sys.argv[2] + "/model"}, "device": "cpu"})
+cfg["corpora"]["broken"] = {"kind": "conllu", "path": sys.argv[2] + "/broken.conllu"}
 yaml.safe_dump(cfg, open(sys.argv[2] + "/config.yaml", "w"), sort_keys=False)
 EOF
-corpus=$(python -c "import sys, yaml; print(next(iter(yaml.safe_load(open(sys.argv[1]))['corpora'])))" "$WORK/tiny/config.yaml")
-target="results/attention/broken/$corpus/shard0of$SHARDS"
+target="results/corpora/broken.jsonl.gz"
 say "failing job: $target"
 t0=$(now)
 rc=0
 bounded 150 snakemake -s "$ROOT/Snakefile" --configfile "$WORK/broken/config.yaml" -d "$WORK/slurm" \
     --profile profiles/slurm --slurm-init-seconds-before-status-checks 8 "$target" > "$WORK/failing.log" 2>&1 || rc=$?
 fail_s=$(secs "$t0" "$(now)")
-[ "$rc" -ne 0 ] || fail "a broken model's extraction was reported as successful"
+[ "$rc" -ne 0 ] || fail "a malformed corpus was reported as prepared"
 [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "the failing job was not reported within 150 s (hung)"
 grep -q "SLURM status is: 'FAILED'" "$WORK/failing.log" || {
     show_log "$WORK/failing.log"
     fail "snakemake did not report the SLURM job as FAILED"
 }
 [ ! -e "$WORK/slurm/$target" ] || fail "the failed job left its output $target"
+grep -rqF "broken.conllu:2: expected 10 tab-separated columns" "$WORK/slurm/.snakemake/slurm_logs/rule_prepare_corpus" \
+    || fail "the failed job's SLURM log does not hold its error"
 say "the failing job was reported as FAILED (snakemake exit code $rc after $fail_s s)"
 
 cat > "$WORK/times.txt" << EOF
