@@ -41,6 +41,7 @@ bounded() {
     return "$rc"
 }
 on_signal() {
+    trap '' INT TERM # once: timeout sends its signal to this script and to its process group
     say "interrupted; stopping the running command" >&3
     if [ -n "$CHILD" ]; then
         kill -INT "$CHILD" 2> /dev/null || true

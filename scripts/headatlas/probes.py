@@ -183,19 +183,20 @@ def train_probes(
     count = torch.zeros((P, G), dtype=torch.int64)
     stopped = torch.zeros((P, G), dtype=torch.bool)
     active = torch.arange(P)  # probes still in the batch (global indices)
-    Xa = {s: Xs[s] for s in SPLITS}
+    Xa = {s: Xs[s] for s in ("dev", "test")}
+    Xr = Xs["train"].transpose(0, 1).contiguous()  # [N, P, d]: a minibatch is a gather of whole rows
     nepoch, step = 0, 0
     while nepoch <= cfg.max_epoch and len(active):
         Pa = len(active)
         for _ in range(cfg.epoch_size):
             perm = torch.from_numpy(rng.permutation(N))
-            Xp, Yp = Xa["train"].index_select(1, perm), Yt["train"].index_select(1, perm)  # one gather per pass
+            Xp, Yp = Xr.index_select(0, perm), Yt["train"].index_select(1, perm)  # one gather per pass
             for i in range(0, N, cfg.batch_size):
-                xb = Xp[:, i : i + cfg.batch_size]  # [Pa, B, d]
-                B = xb.shape[1]
-                logits = torch.baddbmm(b[:, :, None], W, xb.transpose(1, 2)).view(Pa, G, C, B)
+                xb = Xp[i : i + cfg.batch_size]  # [B, Pa, d]
+                B = xb.shape[0]
+                logits = torch.baddbmm(b[:, :, None], W, xb.permute(1, 2, 0)).view(Pa, G, C, B)
                 g = _softmax(logits, 2).sub_(Yp[:, i : i + B]).div_(B).view(Pa, G * C, B)
-                gW = torch.bmm(g, xb).add_(wd[:, None] * W)
+                gW = torch.bmm(g, xb.transpose(0, 1)).add_(wd[:, None] * W)
                 gb = g.sum(2).add_(wd * b)
                 step += 1
                 _update(cfg, lr, step, (W, b), (gW, gb), state)
@@ -213,7 +214,8 @@ def train_probes(
         if not keep.all():
             k = torch.nonzero(keep).squeeze(1)
             active = active[k]
-            Xa = {s: Xa[s].index_select(0, k) for s in SPLITS}
+            Xa = {s: Xa[s].index_select(0, k) for s in Xa}
+            Xr = Xr.index_select(1, k)
             W, b = W.index_select(0, k).contiguous(), b.index_select(0, k).contiguous()
             state = [t.index_select(0, k).contiguous() for t in state]
     dev_grid, test_grid = best.numpy(), best_test.numpy()

@@ -7,10 +7,10 @@ def atlas_inputs(wildcards):
     m = wildcards.model
     out = {}
     corpus = ATLAS["surface_corpus"]
-    if corpus in CLARK["corpora"]:
+    if corpus in CLARK["corpora"] and corpus in model_corpora(m):
         out["behaviour"] = f"results/clark/{m}/{corpus}/behaviour.tsv"
         out["mds"] = f"results/clark/{m}/{corpus}/mds.tsv"
-    if m in PANDE_MODELS:
+    if m in PANDE_MODELS and PANDE_CORPORA[m]:
         out["pande"] = f"results/pande/{m}/heads.tsv"
     if m in CLARK_SYNTAX_MODELS:
         out["syntax"] = f"results/clark/{m}/syntax/heads.tsv"
