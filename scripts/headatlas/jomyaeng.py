@@ -103,7 +103,10 @@ def task_data(items: pd.DataFrame, record_ids: Sequence[str], kind: str = "class
         raise ValueError(f"unknown splits {bad}; expected {SPLITS}")
     for s in SPLITS:
         if not (kept["split"] == s).any():
-            raise ValueError(f"no {s} item left (of {len(items)}; {int((~ok).sum())} records missing from the store)")
+            raise ValueError(
+                f"no {s} item left (of {len(items)}; {int((~ok).sum())} records missing from the store: "
+                "a corpus `limit`, or sequences longer than the model's max_length, drop records)"
+            )
     if kind == "relatedness":
         y, values = relatedness_targets(kept["label"].astype(float).to_numpy(), *score_range)
         classes, control, n_control = [str(v) for v in values], None, 0
