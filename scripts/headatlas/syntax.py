@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from .data import SPECIAL_NONE, Record
-from .store import AttentionStore, word_units
+from .store import AttentionStore
+from .store import word_level as store_word_level
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_OFFSETS = (-3, -2, -1, 0, 1, 2)
@@ -125,23 +126,8 @@ def word_block(wm: WordMaps, n_words: int | None = None) -> WordBlock:
 
 
 def word_level(maps: np.ndarray, word: np.ndarray, special: np.ndarray, mode: str = "mean"):
-    """Clark's token-to-word aggregation of [K, n, n] maps, as :func:`headatlas.store.word_level`
-    (columns of a word's pieces summed, rows averaged or the first piece's row), by two
-    matrix products: frm [U, n] @ maps @ to [n, U]."""
-    if mode not in ("mean", "first"):
-        raise ValueError(f"mode must be 'mean' or 'first', not {mode!r}")
-    unit, unit_word, unit_special = word_units(word, special)
-    n, u = len(unit), len(unit_word)
-    to = np.zeros((n, u), dtype=np.float32)
-    to[np.arange(n), unit] = 1.0
-    if mode == "mean":
-        frm = np.ascontiguousarray((to / to.sum(axis=0)).T)
-    else:
-        first = np.full(u, n)
-        np.minimum.at(first, unit, np.arange(n))
-        frm = np.zeros((u, n), dtype=np.float32)
-        frm[np.arange(u), first] = 1.0
-    return frm @ maps.astype(np.float32, copy=False) @ to, unit_word, unit_special
+    """Clark's token-to-word aggregation (:func:`headatlas.store.word_level`) in float32."""
+    return store_word_level(maps.astype(np.float32, copy=False), word, special, mode)
 
 
 def iter_word_maps(store: AttentionStore, mode: str = "mean", chunk: int = 32, ks: Sequence[int] | None = None) -> Iterator[WordMaps]:
