@@ -82,6 +82,13 @@ bounded 480 "${SM[@]}" -d "$WORK/local" --profile profiles/default --cores 2 > "
 }
 local_s=$(secs "$t0" "$(now)")
 
+say "HTML report of the local run (snakemake --report)"
+bounded 300 "${SM[@]}" -d "$WORK/local" --report "$WORK/report.html" > "$WORK/report.log" 2>&1 || {
+    show_log "$WORK/report.log"
+    fail "snakemake --report failed (log $WORK/report.log)"
+}
+[ -s "$WORK/report.html" ] || fail "snakemake --report wrote no report"
+
 say "SLURM run (--profile profiles/slurm)"
 t0=$(now)
 bounded 600 "${SM[@]}" -d "$WORK/slurm" --profile profiles/slurm \
