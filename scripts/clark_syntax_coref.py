@@ -11,15 +11,10 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.coref import BASELINES, baseline_table, collect, head_table, store_items, table2  # noqa: E402
 from headatlas.data import load_records  # noqa: E402
 from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
 from headatlas.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
-
-
-def dirs(x):
-    """A named input of one shard directory comes back as a string."""
-    return [x] if isinstance(x, str) else list(x)
 
 
 log = setup(sm)

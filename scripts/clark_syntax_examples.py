@@ -8,15 +8,10 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.clark_tables import coref_example, plot_examples, save, syntax_example  # noqa: E402
 from headatlas.data import load_records  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
 from headatlas.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
-
-
-def dirs(x):
-    """A named input of one shard directory comes back as a string."""
-    return [x] if isinstance(x, str) else list(x)
 
 
 log = setup(sm)

@@ -7,16 +7,11 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.data import load_records  # noqa: E402
 from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
 from headatlas.store import AttentionStore  # noqa: E402
 from headatlas.syntax import RELATION_MAP, baseline_table, best_table, head_table, relation_masks, store_correctness, table1  # noqa: E402
 
 sm = snakemake  # noqa: F821
-
-
-def dirs(x):
-    """A named input of one shard directory comes back as a string."""
-    return [x] if isinstance(x, str) else list(x)
 
 
 log = setup(sm)

@@ -12,15 +12,10 @@ from headatlas.data import load_records  # noqa: E402
 from headatlas.glove import Glove  # noqa: E402
 from headatlas.io import atomic_path  # noqa: E402
 from headatlas.parsing_probe import attn_weights, build_probes, evaluate, store_sentences, train  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
 from headatlas.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
-
-
-def dirs(x):
-    """A named input of one shard directory comes back as a string."""
-    return [x] if isinstance(x, str) else list(x)
 
 
 log = setup(sm)

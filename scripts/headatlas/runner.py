@@ -30,3 +30,8 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     except ImportError:
         pass
     return log
+
+
+def as_dirs(x) -> list[str]:
+    """A rule input of shard directories as a list (one directory comes back as a string)."""
+    return [x] if isinstance(x, str) else list(x)
