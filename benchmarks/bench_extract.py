@@ -72,6 +72,7 @@ except ImportError:  # not installed: use the source tree
 
 import torch  # noqa: E402
 
+from headatlas.align import bos_id  # noqa: E402
 from headatlas.corpora import build_corpus  # noqa: E402
 from headatlas.data import SPECIAL_NONE  # noqa: E402
 from headatlas.extract import extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
@@ -96,6 +97,21 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def random_model(src, device: str):
+    """(model, tokenizer, config) built from a directory's config with random weights."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    if not isinstance(src, str):
+        from headatlas.models import resolve
+
+        src, _ = resolve(src)
+    config = AutoConfig.from_pretrained(src)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config, attn_implementation="eager").eval().to(device)
+    return model, tokenizer, config
+
+
 # --- timed passes ---------------------------------------------------------------------
 
 
@@ -114,6 +130,8 @@ def bare_forward(model, batches, use_types: bool, pad_id: int) -> float:
     with torch.inference_mode():
         for batch in batches:
             model(**model_inputs(batch, use_types, pad_id, device))
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # the forward passes run asynchronously on a GPU
     return time.perf_counter() - t0
 
 
@@ -349,6 +367,17 @@ def main(argv=None) -> int:
         help="per-head representations in the measured extract() call: 'rule' = extract()'s default, as the "
         "extraction rule runs for ewt_dev (default); a maps-only pass (reps=False) is timed alongside when reps are on",
     )
+    ap.add_argument("--device", default="cpu", help="torch device for the model (default cpu; e.g. cuda)")
+    ap.add_argument("--batch-size", type=int, default=None, help="extraction batch size (default: the rule's, 16)")
+    ap.add_argument(
+        "--model-dir", default=None,
+        help="a model directory (config + tokenizer) instead of the bundled MiniLM; with --random-weights its weights are not needed",
+    )
+    ap.add_argument(
+        "--random-weights", action="store_true",
+        help="build the model from the directory's config with random weights (seed 0): same shapes and speed, "
+        "for machines the weights cannot reach; the float16 accuracy rows then mean nothing",
+    )
     ap.add_argument("--workdir", default=None, help="where to put the temporary stores (default: system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary stores")
     args = ap.parse_args(argv)
@@ -364,9 +393,17 @@ def main(argv=None) -> int:
         variants["extract_maps_only"] = {"reps": False}
 
     torch.set_num_threads(args.threads)
-    spec = ModelSpec.from_config(MODEL_ENTRY)
-    log(f"loading {spec.name}; corpus {args.corpus} (first {args.n}); {torch.get_num_threads()} torch thread(s); reps in extract(): {reps_on}")
-    model, tokenizer, config = load(spec, device="cpu")
+    entry = dict(MODEL_ENTRY)
+    if args.model_dir:
+        entry.update(name=Path(args.model_dir).name, source={"path": str(Path(args.model_dir).resolve())})
+    if args.batch_size:
+        entry["batch_size"] = args.batch_size
+    spec = ModelSpec.from_config(entry)
+    log(f"loading {spec.name} on {args.device}; corpus {args.corpus} (first {args.n}); {torch.get_num_threads()} torch thread(s); reps in extract(): {reps_on}")
+    if args.random_weights:
+        model, tokenizer, config = random_model(args.model_dir or spec, args.device)
+    else:
+        model, tokenizer, config = load(spec, device=args.device)
     records = build_corpus({"kind": "conllu", "path": args.corpus, "limit": args.n}, name="ewt-dev")
     n_layers, n_heads = model_shape(config)
     kind = model_kind(config, spec)
@@ -374,9 +411,10 @@ def main(argv=None) -> int:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # tokenisation, timed on its own (extract() does it again inside its own timing)
-    tokenize_records(records[:50], tokenizer, kind, spec.max_length)  # warm-up
+    bos = bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None  # as extract() does
+    tokenize_records(records[:50], tokenizer, kind, spec.max_length, bos=bos)  # warm-up
     t0 = time.perf_counter()
-    tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, overflow="skip")
+    tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, overflow="skip", bos=bos)
     t_tok = time.perf_counter() - t0
     n_tok = sum(len(t) for t in tokenized)
     lengths = [len(t) for t in tokenized]
@@ -510,7 +548,7 @@ def main(argv=None) -> int:
         ]
     rows.append(("Peak RSS (MB)", fmt(peak_mb, 0), "", ""))
 
-    print(f"### bench_extract: {spec.name}, first {args.n} sentences of {Path(args.corpus).name}, {args.threads} thread(s), median of {args.repeats}\n")
+    print(f"### bench_extract: {spec.name}{' (random weights)' if args.random_weights else ''} on {args.device}, batch {spec.batch_size}, first {args.n} sentences of {Path(args.corpus).name}, {args.threads} thread(s), median of {args.repeats}\n")
     print("| Metric | Value | Target | Result |")
     print("|---|---|---|---|")
     for row in rows:
@@ -521,7 +559,10 @@ def main(argv=None) -> int:
             "command": " ".join(["python", "benchmarks/bench_extract.py"] + (argv if argv is not None else sys.argv[1:])),
             "n": args.n,
             "corpus": args.corpus,
-            "model": MODEL_ENTRY,
+            "model": entry,
+            "device": args.device,
+            "device_name": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else platform.processor(),
+            "random_weights": args.random_weights,
             "model_shape": {"layers": n_layers, "heads": n_heads, "kind": kind},
             "threads": args.threads,
             "repeats": args.repeats,

@@ -206,3 +206,18 @@ def test_model_kind(tiny_loaded):
     odd = type("Cfg", (), {"model_type": "mystery"})()
     with pytest.raises(ModelError, match="bert"):
         model_kind(odd, spec)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_cuda_extraction_matches_cpu(name, tiny_models, extracted, records, tmp_path):
+    spec = dataclasses.replace(tiny_spec(name, tiny_models[name]), device="cuda")
+    model, tokenizer, config = load(spec)
+    assert next(model.parameters()).device.type == "cuda"
+    extract(records, spec, model, tokenizer, config, tmp_path / "gpu", "float32", "truncate", 0, {"corpus": "t"})
+    with AttentionStore(extracted[name][0]) as cpu, AttentionStore(tmp_path / "gpu") as gpu:
+        assert cpu.lengths.tolist() == gpu.lengths.tolist()
+        for layer in range(cpu.n_layers):
+            np.testing.assert_allclose(cpu.head(layer, 0)[0], gpu.head(layer, 0)[0], rtol=0, atol=1e-5)
+            np.testing.assert_allclose(cpu.head_vectors(layer), gpu.head_vectors(layer), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(cpu.hidden(layer), gpu.hidden(layer), rtol=1e-4, atol=1e-4)

@@ -201,3 +201,16 @@ def test_retained_attention_grad_is_the_gradient_of_the_weights_used(lm_models, 
         rhs = (ctx * g).reshape(ctx.shape[0], n_heads, -1).sum(-1).T  # [H, n]
         torch.testing.assert_close(lhs, rhs, rtol=1e-4, atol=1e-7)
         assert a.grad.abs().sum() > 0
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["bert_mlm", "llama_lm"])
+def test_gradient_table_on_cuda_matches_cpu(lm_models, ewt_records, name):
+    from headatlas.gradients import gradient_table
+
+    spec = spec_of(lm_models / name)
+    cpu = gradient_table(spec, ewt_records, overflow="truncate", n_segments=4, device="cpu")
+    gpu = gradient_table(spec, ewt_records, overflow="truncate", n_segments=4, device="cuda")
+    assert (gpu["status"] == "ok").all()
+    num = cpu.select_dtypes("number").columns
+    np.testing.assert_allclose(gpu[num].to_numpy(float), cpu[num].to_numpy(float), rtol=1e-3, atol=1e-9)
