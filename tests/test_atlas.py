@@ -137,3 +137,11 @@ def test_atlas_grid_figure_for_large_models(tmp_path):
         path = tmp_path / f"g{n_layers}.png"
         atlas_grid(a, n_layers, n_heads, "m", [path])
         assert path.stat().st_size > 10_000
+
+
+def test_legend_lists_bos_or_cls_not_both():
+    from headatlas.atlas_figures import legend_behaviours
+
+    assert "bos" not in legend_behaviours(["cls", "other"]) and "cls" in legend_behaviours(["cls"])
+    dec = legend_behaviours(["bos", "prev", "other"])
+    assert "bos" in dec and "cls" not in dec and "broad" in dec

@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY_NAMES, tiny_spec
 from headatlas.align import bos_id, encode_record
 from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, Record
-from headatlas.extract import check_attentions, extract, length_batches, shard_slice
+from headatlas.extract import check_attentions, extract, length_batches, shard_slice, storage_windows
 from headatlas.models import ModelError, ModelSpec, load, model_kind, resolve
 from headatlas.store import AttentionStore
 
@@ -206,6 +206,44 @@ def test_model_kind(tiny_loaded):
     odd = type("Cfg", (), {"model_type": "mystery"})()
     with pytest.raises(ModelError, match="bert"):
         model_kind(odd, spec)
+
+
+def test_storage_windows_are_contiguous_and_within_budget():
+    lengths = np.array([3, 5, 2, 7, 1, 4])
+    windows = storage_windows(lengths, 4, 150)
+    assert windows[0][0] == 0 and windows[-1][1] == len(lengths)
+    assert all(a[1] == b[0] for a, b in zip(windows, windows[1:]))
+    for start, stop in windows:  # over budget only when one sequence alone is
+        assert (lengths[start:stop] ** 2 * 4).sum() <= 150 or stop - start == 1
+    assert storage_windows(lengths, 4, 1) == [(i, i + 1) for i in range(6)]
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_many_write_windows_give_the_same_store(name, tiny_loaded, records, extracted, tmp_path):
+    spec, model, tokenizer, config = tiny_loaded(name)
+    extract(records, spec, model, tokenizer, config, tmp_path / "w", "float32", "truncate", 0, {"corpus": "t"}, buffer_bytes=20_000)
+    with AttentionStore(extracted[name][0]) as a, AttentionStore(tmp_path / "w") as b:
+        for layer in range(a.n_layers):
+            np.testing.assert_allclose(a.head(layer, 1)[0], b.head(layer, 1)[0], rtol=0, atol=1e-6)
+            np.testing.assert_allclose(a.head_vectors(layer), b.head_vectors(layer), rtol=1e-5, atol=1e-6)
+
+
+def test_failure_in_a_later_window_leaves_nothing(tiny_loaded, records, tmp_path):
+    spec, model, tokenizer, config = tiny_loaded("bert")
+    calls = []
+
+    def fail_late(module, args, output):
+        calls.append(1)
+        if len(calls) > 3:  # after some windows were handed to the writer thread
+            raise RuntimeError("forward failed")
+
+    handle = model.register_forward_hook(fail_late)
+    try:
+        with pytest.raises(RuntimeError, match="forward failed"):
+            extract(records, spec, model, tokenizer, config, tmp_path / "out", "float32", "truncate", 0, {}, buffer_bytes=20_000)
+    finally:
+        handle.remove()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")

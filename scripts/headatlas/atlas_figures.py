@@ -20,6 +20,15 @@ BEHAVIOUR_COLOURS = {
     "sep": "#c994c7",
     "punct": "#fee391",
 }
+
+
+def legend_behaviours(behaviours) -> list[str]:
+    """Clark labels for the legend: a decoder's BOS plays [CLS]'s part and shares its
+    colour, so only the one the model has is listed."""
+    drop = "cls" if "bos" in set(behaviours) else "bos"
+    return [k for k in BEHAVIOUR_COLOURS if k != drop]
+
+
 # Pande roles drawn as markers at fixed spots of a cell (dx, dy from the centre)
 ROLE_MARKERS = {
     "local": ("<", (-0.25, -0.22), "#08519c"),
@@ -67,7 +76,8 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, pat
     ax.set_ylabel("layer (1-based)")
     ax.set_aspect("equal")
     ax.set_title(f"Head atlas of {model} ({n_layers} x {n_heads})", fontsize=10)
-    handles = [Patch(facecolor=c, edgecolor="#999999", label=f"Clark: {k}") for k, c in BEHAVIOUR_COLOURS.items() if k != "bos" or "bos" in set(atlas.get("clark_behaviour", []))]
+    shown = legend_behaviours(atlas.get("clark_behaviour", []))
+    handles = [Patch(facecolor=BEHAVIOUR_COLOURS[k], edgecolor="#999999", label=f"Clark: {k}") for k in shown]
     handles += [Line2D([], [], marker=m, color=c, linestyle="none", label=f"Pande: {r} (FDR)") for r, (m, _, c) in ROLE_MARKERS.items()]
     handles += [Patch(facecolor="white", edgecolor="black", linewidth=2, label="Clark: best relation > offset baseline + 5 pts")]
     if cats:

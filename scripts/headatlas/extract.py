@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -214,7 +215,7 @@ def extract(
     maps: bool = True,
     reps: bool = True,
     rep_position: str = "last",
-    buffer_bytes: int = 512 * 2**20,
+    buffer_bytes: int = 64 * 2**20,
 ) -> Counts:
     """Extract and store the attention maps (``maps``) and per-head representations
     (``reps``) of ``records`` (one shard) for one model.
@@ -258,7 +259,18 @@ def extract(
     shapes = rep_shapes(model, n_layers, n_heads) if reps else None
     lengths = np.array([len(t) for t in tokenized])
     store_dtype = np.dtype(storage_dtype)
-    with AttentionWriter(out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta, maps=maps, rep_shapes=shapes) as writer:
+    def write_window(writer, start, stop, buf, head_buf, hidden_buf):
+        for layer in range(n_layers):
+            if maps:
+                writer.write_cells(start, stop, layer, buf[layer])
+            if reps:
+                writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
+
+    head_buf = hidden_buf = None
+    # A window is written by a background thread while the next one is computed (at most one
+    # write in flight, so two windows in memory); the writer's exit still sees every write.
+    with AttentionWriter(out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta, maps=maps, rep_shapes=shapes) as writer, ThreadPoolExecutor(1) as io:
+        pending = None
         for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, buffer_bytes):
             # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
             window = tokenized[start:stop]
@@ -277,11 +289,11 @@ def extract(
                     if reps:
                         head_buf[layer][pos] = vectors[0][layer]
                         hidden_buf[layer][pos] = vectors[1][layer]
-            for layer in range(n_layers):
-                if maps:
-                    writer.write_cells(start, stop, layer, buf[layer])
-                if reps:
-                    writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
+            if pending is not None:
+                pending.result()
+            pending = io.submit(write_window, writer, start, stop, buf, head_buf, hidden_buf)
+        if pending is not None:
+            pending.result()
     n_tok = sum(len(t) for t in tokenized)
     dt = time.perf_counter() - t0
     log.info("model %s: stored %d layers x %d heads for %d tokens in %.1f s (%.0f tokens/s)", spec.name, n_layers, n_heads, n_tok, dt, n_tok / max(dt, 1e-9))
