@@ -76,7 +76,7 @@ from headatlas.align import bos_id  # noqa: E402
 from headatlas.corpora import build_corpus  # noqa: E402
 from headatlas.data import SPECIAL_NONE  # noqa: E402
 from headatlas.extract import extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
-from headatlas.models import ModelSpec, load, model_kind, package_versions  # noqa: E402
+from headatlas.models import ModelSpec, load, model_kind, package_versions, resolve  # noqa: E402
 from headatlas.store import AttentionStore  # noqa: E402
 
 MODEL_ENTRY = {
@@ -97,16 +97,12 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def random_model(src, device: str):
+def random_model(model_dir: str, device: str):
     """(model, tokenizer, config) built from a directory's config with random weights."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    if not isinstance(src, str):
-        from headatlas.models import resolve
-
-        src, _ = resolve(src)
-    config = AutoConfig.from_pretrained(src)
-    tokenizer = AutoTokenizer.from_pretrained(src)
+    config = AutoConfig.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(0)
     model = AutoModel.from_config(config, attn_implementation="eager").eval().to(device)
     return model, tokenizer, config
@@ -401,7 +397,7 @@ def main(argv=None) -> int:
     spec = ModelSpec.from_config(entry)
     log(f"loading {spec.name} on {args.device}; corpus {args.corpus} (first {args.n}); {torch.get_num_threads()} torch thread(s); reps in extract(): {reps_on}")
     if args.random_weights:
-        model, tokenizer, config = random_model(args.model_dir or spec, args.device)
+        model, tokenizer, config = random_model(args.model_dir or str(resolve(spec)[0]), args.device)
     else:
         model, tokenizer, config = load(spec, device=args.device)
     records = build_corpus({"kind": "conllu", "path": args.corpus, "limit": args.n}, name="ewt-dev")

@@ -17,14 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-REPO = Path(__file__).resolve().parents[1]
-RESOURCES = REPO / "resources"
-EWT_DEV = RESOURCES / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
-WIKI_TEST = RESOURCES / "wikitext2_raw" / "wiki.test.raw"
-SICK_TEST = RESOURCES / "sick" / "sicktest-ent.tsv"
+from tiny_workflow import BERT_SPECIALS, BPE_SPECIAL, EWT_DEV, REPO, RESOURCES, WIKI_TEST  # noqa: F401, E402
+from tiny_workflow import bpe_tokenizer as train_bpe_tokenizer  # noqa: E402
 
-BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-BPE_SPECIAL = "<|endoftext|>"
+SICK_TEST = RESOURCES / "sick" / "sicktest-ent.tsv"
 TINY_NAMES = ("bert", "electra", "gpt2", "llama")
 
 
@@ -102,26 +98,28 @@ def bert_vocab_file(tmp_path_factory, ewt_records) -> Path:
 
 @pytest.fixture(scope="session")
 def bpe_tokenizer_object():
-    """A byte-level BPE tokenizer (vocabulary 500) trained on WikiText-2 test lines."""
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
+    """The tiny workflow's byte-level BPE tokenizer (vocabulary 500, WikiText-2 test lines)."""
+    return train_bpe_tokenizer()
 
-    lines = []
-    with open(WIKI_TEST, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                lines.append(line.strip())
-            if len(lines) >= 300:
-                break
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(lines, vocab_size=500, min_frequency=2, show_progress=False, special_tokens=[BPE_SPECIAL])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer,
-        bos_token=BPE_SPECIAL,
-        eos_token=BPE_SPECIAL,
-        unk_token=BPE_SPECIAL,
-        pad_token=BPE_SPECIAL,
+
+def tiny_llama_config(vocab_size: int, eot: int, **overrides):
+    """The tiny Llama shape shared by the tests: 2 layers, 4 query heads over 2 KV heads, width 32."""
+    from transformers import LlamaConfig
+
+    kw = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=256,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
     )
+    kw.update(overrides)
+    return LlamaConfig(**kw)
 
 
 @pytest.fixture(scope="session")
@@ -136,7 +134,6 @@ def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict
         ElectraModel,
         GPT2Config,
         GPT2Model,
-        LlamaConfig,
         LlamaModel,
     )
 
@@ -177,20 +174,7 @@ def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict
     bpe.save_pretrained(dirs["gpt2"])
 
     torch.manual_seed(3)
-    llama = LlamaModel(
-        LlamaConfig(
-            vocab_size=n_bpe,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=256,
-            bos_token_id=eot,
-            eos_token_id=eot,
-            pad_token_id=eot,
-        )
-    )
+    llama = LlamaModel(tiny_llama_config(n_bpe, eot))
     llama.save_pretrained(dirs["llama"])
     bpe.save_pretrained(dirs["llama"])
     return dirs

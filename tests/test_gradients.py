@@ -61,7 +61,9 @@ def lm_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
     """A tiny BERT with its masked-LM head, a tiny Llama with its causal-LM head and a tiny
     BERT without a head, each saved with its tokenizer."""
     import torch
-    from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, LlamaConfig, LlamaForCausalLM
+    from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, LlamaForCausalLM
+
+    from conftest import tiny_llama_config
 
     root = tmp_path_factory.mktemp("lm_models")
     wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)
@@ -75,21 +77,8 @@ def lm_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
     bpe = bpe_tokenizer_object
     eot = bpe.bos_token_id
     torch.manual_seed(1)
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(bpe),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-            bos_token_id=eot,
-            eos_token_id=eot,
-            pad_token_id=None,  # a padding_idx would zero BOS's embedding (BOS = pad here) and its gradients
-            tie_word_embeddings=True,
-        )
-    )
+    # pad_token_id None: a padding_idx would zero BOS's embedding (BOS = pad here) and its gradients
+    llama = LlamaForCausalLM(tiny_llama_config(len(bpe), eot, max_position_embeddings=128, pad_token_id=None, tie_word_embeddings=True))
     llama.save_pretrained(root / "llama_lm")
     bpe.save_pretrained(root / "llama_lm")
     return root

@@ -62,7 +62,8 @@ def _wordpiece_vocab(path: Path) -> None:
     path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
 
 
-def _bpe_tokenizer():
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer (vocabulary 500) trained on the first 300 WikiText-2 test lines."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -103,7 +104,7 @@ def build_models(root: str | Path) -> dict[str, Path]:
     bert.save_pretrained(dirs["tinybert"])
     wp.save_pretrained(dirs["tinybert"])
 
-    bpe = _bpe_tokenizer()
+    bpe = bpe_tokenizer()
     eot = bpe.convert_tokens_to_ids(BPE_SPECIAL)
     torch.manual_seed(2)
     gpt2 = GPT2Model(
