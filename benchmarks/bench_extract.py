@@ -9,7 +9,7 @@ Run from the repository root with the project's environment::
 It reads the first ``--n`` sentences of ``resources/ud_english_ewt/en_ewt-ud-dev.conllu``,
 pins torch to ``--threads`` (default 1) CPU threads, and measures:
 
-1. throughput (tokens/s, true lengths, specials included) of ``headatlas.extract.extract``
+1. throughput (tokens/s, true lengths, specials included) of ``headatlas.core.extract.extract``
    (tokenise + batched forward with attentions + HDF5 writing, float32 storage) against the
    bare forward pass (no ``output_attentions``, under ``torch.inference_mode``) over the
    *same* length-bucketed batches (``tokenize_records`` / ``length_batches`` /
@@ -72,12 +72,12 @@ except ImportError:  # not installed: use the source tree
 
 import torch  # noqa: E402
 
-from headatlas.align import bos_id  # noqa: E402
-from headatlas.corpora import build_corpus  # noqa: E402
-from headatlas.data import SPECIAL_NONE  # noqa: E402
-from headatlas.extract import extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
-from headatlas.models import ModelSpec, load, model_kind, package_versions, resolve  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.core.align import bos_id  # noqa: E402
+from headatlas.core.corpora import build_corpus  # noqa: E402
+from headatlas.core.data import SPECIAL_NONE  # noqa: E402
+from headatlas.core.extract import extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
+from headatlas.core.models import ModelSpec, load, model_kind, package_versions, resolve  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 
 MODEL_ENTRY = {
     "name": "minilm",
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
     params = inspect.signature(extract).parameters
     has_reps = "reps" in params
     if args.reps != "rule" and not has_reps:
-        ap.error("this version of headatlas.extract.extract has no 'reps' argument; use --reps rule")
+        ap.error("this version of headatlas.core.extract.extract has no 'reps' argument; use --reps rule")
     rule_kwargs = {} if args.reps == "rule" else {"reps": args.reps == "on"}
     reps_on = has_reps and (params["reps"].default if args.reps == "rule" else args.reps == "on")
     variants = {"extract": rule_kwargs}

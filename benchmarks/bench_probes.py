@@ -44,9 +44,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from headatlas.jomyaeng import probe_task, task_data, task_features  # noqa: E402
-from headatlas.probes import SPLITS, ProbeConfig, senteval_loop, train_probes, train_probes_loop  # noqa: E402
-from headatlas.probing_tasks import PROBING_TASKS, read_table  # noqa: E402
+from headatlas.jomyaeng.analysis import probe_task, task_data, task_features  # noqa: E402
+from headatlas.jomyaeng.probes import SPLITS, ProbeConfig, senteval_loop, train_probes, train_probes_loop  # noqa: E402
+from headatlas.jomyaeng.probing_tasks import PROBING_TASKS, read_table  # noqa: E402
 
 CLASSES = {"SentLen": 6, "WordContent": 30, "TreeDepth": 8, "TopConstituents": 10}
 
@@ -86,7 +86,7 @@ def main() -> None:
     cfg = ProbeConfig()
     data_source = "synthetic"
     if not args.synthetic:
-        from headatlas.store import AttentionStore
+        from headatlas.core.store import AttentionStore
 
         if not Path(args.store).is_dir() or not Path(args.table).is_file():
             sys.exit(f"{args.store} or {args.table} missing: run the workflow first, or pass --synthetic")

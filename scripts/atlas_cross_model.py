@@ -6,10 +6,10 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
-from headatlas.atlas import JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
-from headatlas.atlas_figures import cross_model_figure  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.atlas.analysis import JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
+from headatlas.atlas.figures import cross_model_figure  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

@@ -6,11 +6,11 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
-from headatlas import atlas as at  # noqa: E402
-from headatlas.atlas_figures import agreement_figure, atlas_grid  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.atlas import analysis as at  # noqa: E402
+from headatlas.atlas.figures import agreement_figure, atlas_grid  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

@@ -4,8 +4,8 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.models import ModelSpec, dequantize_gguf  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.core.models import ModelSpec, dequantize_gguf  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 log = setup(snakemake)  # noqa: F821
 spec = ModelSpec.from_config(snakemake.params.model)  # noqa: F821

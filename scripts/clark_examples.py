@@ -7,11 +7,11 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from headatlas.clark_figures import display_token, fig1_examples, save  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
-from headatlas.surface import best_heads, example_index, punct_mask  # noqa: E402
+from headatlas.clark.figures import display_token, fig1_examples, save  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
+from headatlas.clark.surface import best_heads, example_index, punct_mask  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

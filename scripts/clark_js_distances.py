@@ -5,10 +5,10 @@ import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clustering import distance_long, js_distance_matrix  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.clark.clustering import distance_long, js_distance_matrix  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

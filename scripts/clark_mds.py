@@ -6,10 +6,10 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
-from headatlas.clark_figures import fig6_mds, save  # noqa: E402
-from headatlas.clustering import distance_square, head_index, layer_clustering, mds_embedding  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.clark.figures import fig6_mds, save  # noqa: E402
+from headatlas.clark.clustering import distance_square, head_index, layer_clustering, mds_embedding  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

@@ -8,11 +8,11 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.coref import BASELINES, baseline_table, collect, head_table, store_items, table2  # noqa: E402
-from headatlas.data import load_records  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.clark.coref import BASELINES, baseline_table, collect, head_table, store_items, table2  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 

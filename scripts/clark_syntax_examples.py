@@ -6,10 +6,10 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark_tables import coref_example, plot_examples, save, syntax_example  # noqa: E402
-from headatlas.data import load_records  # noqa: E402
-from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.clark.syntax_figures import coref_example, plot_examples, save, syntax_example  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 

@@ -6,8 +6,8 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark_tables import plot_coref_heads, plot_head_grid, plot_table1, plot_table2, save  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.clark.syntax_figures import plot_coref_heads, plot_head_grid, plot_table1, plot_table2, save  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

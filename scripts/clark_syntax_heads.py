@@ -5,11 +5,11 @@ import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.data import load_records  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
-from headatlas.syntax import RELATION_MAP, baseline_table, best_table, head_table, relation_masks, store_correctness, table1  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
+from headatlas.clark.syntax import RELATION_MAP, baseline_table, best_table, head_table, relation_masks, store_correctness, table1  # noqa: E402
 
 sm = snakemake  # noqa: F821
 

@@ -8,12 +8,12 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.data import load_records  # noqa: E402
-from headatlas.glove import Glove  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.parsing_probe import attn_weights, build_probes, evaluate, store_sentences, train  # noqa: E402
-from headatlas.runner import as_dirs as dirs, setup  # noqa: E402
-from headatlas.store import AttentionStore  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.clark.glove import Glove  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.clark.parsing_probe import attn_weights, build_probes, evaluate, store_sentences, train  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 

@@ -6,10 +6,10 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark_tables import plot_table3, save  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.parsing_probe import table3  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.clark.syntax_figures import plot_table3, save  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.clark.parsing_probe import table3  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

@@ -4,10 +4,10 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.data import load_records  # noqa: E402
-from headatlas.extract import config_hash, extract, shard_slice  # noqa: E402
-from headatlas.models import ModelSpec, load  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.extract import config_hash, extract, shard_slice  # noqa: E402
+from headatlas.core.models import ModelSpec, load  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

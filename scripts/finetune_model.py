@@ -5,9 +5,9 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.finetune import finetune  # noqa: E402
-from headatlas.models import ModelSpec  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.core.finetune import finetune  # noqa: E402
+from headatlas.core.models import ModelSpec  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

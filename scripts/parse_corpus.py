@@ -4,10 +4,10 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.data import load_records, write_records  # noqa: E402
-from headatlas.io import atomic_path  # noqa: E402
-from headatlas.parse import load_parser, parse_records, parser_info  # noqa: E402
-from headatlas.runner import setup  # noqa: E402
+from headatlas.core.data import load_records, write_records  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.parse import load_parser, parse_records, parser_info  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

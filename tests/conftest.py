@@ -1,7 +1,7 @@
 """Shared fixtures: tiny random models built locally (no network), bundled corpora paths.
 
 Every model is written with ``save_pretrained`` (with its tokenizer) into a session
-temporary directory and loaded back through :func:`headatlas.models.load`, the same path
+temporary directory and loaded back through :func:`headatlas.core.models.load`, the same path
 the workflow uses.
 """
 
@@ -39,7 +39,7 @@ def first_conllu_sentences(path: Path, n: int) -> str:
 
 
 def tiny_spec(name: str, directory: Path, **overrides):
-    from headatlas.models import ModelSpec
+    from headatlas.core.models import ModelSpec
 
     entry = {"name": name, "source": {"path": str(directory)}, "max_length": 64, "batch_size": 4}
     entry.update(overrides)
@@ -48,7 +48,7 @@ def tiny_spec(name: str, directory: Path, **overrides):
 
 def load_tiny(name: str, directory: Path, **overrides):
     """(spec, model, tokenizer, config) of a tiny model, on the CPU."""
-    from headatlas.models import load
+    from headatlas.core.models import load
 
     spec = tiny_spec(name, directory, **overrides)
     model, tokenizer, config = load(spec, device="cpu")
@@ -65,7 +65,7 @@ def ewt_head_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def ewt_records(ewt_head_file):
-    from headatlas.corpora import read_conllu, sentence_records
+    from headatlas.core.corpora import read_conllu, sentence_records
 
     return sentence_records(read_conllu(ewt_head_file))
 
@@ -182,7 +182,7 @@ def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_models):
-    """name -> (spec, model, tokenizer, config), loaded once per session through headatlas.models.load."""
+    """name -> (spec, model, tokenizer, config), loaded once per session through headatlas.core.models.load."""
     cache: dict = {}
 
     def get(name: str):

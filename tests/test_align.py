@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headatlas.align import AlignmentError, bos_id, char_to_word, encode_record, offsets_to_words
-from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
+from headatlas.core.align import AlignmentError, bos_id, char_to_word, encode_record, offsets_to_words
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 
 
 def rec(words, segment=None, id="r"):

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas import atlas as at
+from headatlas.atlas import analysis as at
 
 L, H = 2, 3
 
@@ -128,7 +128,7 @@ def test_relative_depth_and_layer_profiles():
 
 
 def test_atlas_grid_figure_for_large_models(tmp_path):
-    from headatlas.atlas_figures import atlas_grid
+    from headatlas.atlas.figures import atlas_grid
 
     for n_layers, n_heads in ((24, 16), (30, 9)):
         a = at.grid(n_layers, n_heads)
@@ -140,7 +140,7 @@ def test_atlas_grid_figure_for_large_models(tmp_path):
 
 
 def test_legend_lists_bos_or_cls_not_both():
-    from headatlas.atlas_figures import legend_behaviours
+    from headatlas.atlas.figures import legend_behaviours
 
     assert "bos" not in legend_behaviours(["cls", "other"]) and "cls" in legend_behaviours(["cls"])
     dec = legend_behaviours(["bos", "prev", "other"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from headatlas.clustering import (
+from headatlas.clark.clustering import (
     distance_long,
     distance_square,
     js_sums,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headatlas.coref import (
+from headatlas.clark.coref import (
     BASELINES,
     agree,
     baseline_table,
@@ -16,8 +16,8 @@ from headatlas.coref import (
     mention_head,
     table2,
 )
-from headatlas.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
-from headatlas.syntax import WordMaps
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
+from headatlas.clark.syntax import WordMaps
 
 #         0      1     2      3    4     5      6      7       8      9     10
 WORDS = ("John", "met", "Mary", ".", "He", "said", "she", "likes", "her", "dog", ".")

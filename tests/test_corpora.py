@@ -7,7 +7,7 @@ import re
 import pytest
 
 from conftest import EWT_DEV, SICK_TEST, WIKI_TEST
-from headatlas.corpora import (
+from headatlas.core.corpora import (
     CorpusError,
     build_corpus,
     document_records,
@@ -17,7 +17,7 @@ from headatlas.corpora import (
     tsv_records,
     wiki_segments,
 )
-from headatlas.data import Record, load_records, read_records, write_records
+from headatlas.core.data import Record, load_records, read_records, write_records
 
 
 def row(*cols) -> str:

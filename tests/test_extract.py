@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import TINY_NAMES, tiny_spec
-from headatlas.align import bos_id, encode_record
-from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, Record
-from headatlas.extract import check_attentions, extract, length_batches, shard_slice, storage_windows
-from headatlas.models import ModelError, ModelSpec, load, model_kind, resolve
-from headatlas.store import AttentionStore
+from headatlas.core.align import bos_id, encode_record
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, Record
+from headatlas.core.extract import check_attentions, extract, length_batches, shard_slice, storage_windows
+from headatlas.core.models import ModelError, ModelSpec, load, model_kind, resolve
+from headatlas.core.store import AttentionStore
 
 DECODERS = {"gpt2", "llama"}
 

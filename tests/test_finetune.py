@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from conftest import REPO, RESOURCES, tiny_spec
-from headatlas.corpora import CorpusError, tsv_records
-from headatlas.finetune import METRICS_FILE, finetune, label_index, length_bucketed_batches, read_metrics
+from headatlas.core.corpora import CorpusError, tsv_records
+from headatlas.core.finetune import METRICS_FILE, finetune, label_index, length_bucketed_batches, read_metrics
 
 SST2_TRAIN = RESOURCES / "sst2" / "sentiment-train.tsv"
 SICK_TRAIN = RESOURCES / "sick" / "sicktrain-ent.tsv"
@@ -60,9 +60,9 @@ def test_label_index_checks_dev_labels(tmp_path):
 
 @pytest.mark.parametrize("name,train_src,cols", [("bert", SST2_TRAIN, 1), ("gpt2", SICK_TRAIN, 2)])
 def test_finetune_tiny_model_writes_a_loadable_checkpoint(tmp_path, tiny_models, name, train_src, cols):
-    from headatlas.extract import extract
-    from headatlas.models import ModelSpec, load
-    from headatlas.store import AttentionStore
+    from headatlas.core.extract import extract
+    from headatlas.core.models import ModelSpec, load
+    from headatlas.core.store import AttentionStore
 
     train = head_lines(train_src, tmp_path / "train.tsv", 64)
     dev = head_lines(train_src, tmp_path / "dev.tsv", 24)

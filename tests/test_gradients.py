@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
-from headatlas.gradients import KEY_TYPES, group_sums, key_types, lm_head_model, mlm_inputs
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
+from headatlas.clark.gradients import KEY_TYPES, group_sums, key_types, lm_head_model, mlm_inputs
 
 K = {k: i for i, k in enumerate(KEY_TYPES)}
 
@@ -85,13 +85,13 @@ def lm_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
 
 
 def spec_of(path, **kw):
-    from headatlas.models import ModelSpec
+    from headatlas.core.models import ModelSpec
 
     return ModelSpec.from_config({"name": path.name, "source": {"path": str(path)}, "max_length": 64, "batch_size": 4, **kw})
 
 
 def test_model_without_lm_head_is_skipped_with_a_reason(lm_models, ewt_records):
-    from headatlas.gradients import gradient_table
+    from headatlas.clark.gradients import gradient_table
 
     model, reason = lm_head_model(str(lm_models / "bert_plain"), "encoder")
     assert model is None and "no masked-LM head" in reason and "cls.predictions" in reason
@@ -103,9 +103,9 @@ def test_model_without_lm_head_is_skipped_with_a_reason(lm_models, ewt_records):
 def test_gradients_per_sequence_do_not_depend_on_batching(lm_models, ewt_records, name, kind):
     from transformers import AutoTokenizer
 
-    from headatlas.align import bos_id
-    from headatlas.extract import tokenize_records
-    from headatlas.gradients import gradient_importance
+    from headatlas.core.align import bos_id
+    from headatlas.core.extract import tokenize_records
+    from headatlas.clark.gradients import gradient_importance
 
     model, reason = lm_head_model(str(lm_models / name), kind)
     assert reason is None
@@ -127,7 +127,7 @@ def test_gradients_per_sequence_do_not_depend_on_batching(lm_models, ewt_records
 
 
 def test_gradient_table_for_a_causal_model(lm_models, ewt_records):
-    from headatlas.gradients import gradient_table
+    from headatlas.clark.gradients import gradient_table
 
     table = gradient_table(spec_of(lm_models / "llama_lm"), ewt_records, overflow="truncate", n_segments=3, device="cpu")
     assert set(table["status"]) == {"ok"} and set(table["loss_kind"]) == {"causal_lm"}
@@ -138,8 +138,8 @@ def test_gradient_table_for_a_causal_model(lm_models, ewt_records):
 def test_gradient_figure_renders_both_cases(tmp_path):
     import pandas as pd
 
-    from headatlas.clark_figures import fig3_gradients, save
-    from headatlas.gradients import importance_table, skipped_table
+    from headatlas.clark.figures import fig3_gradients, save
+    from headatlas.clark.gradients import importance_table, skipped_table
 
     sums = np.array([[1.0, 2.0, 0.0, 3.0], [0.5, 1.0, 0.0, 2.0]])
     counts = np.array([[10, 10, 0, 10], [10, 10, 0, 10]])
@@ -159,7 +159,7 @@ def test_retained_attention_grad_is_the_gradient_of_the_weights_used(lm_models, 
     the one multiplied with the values."""
     import torch
 
-    from headatlas.extract import head_output_modules
+    from headatlas.core.extract import head_output_modules
 
     model, _ = lm_head_model(str(lm_models / name), kind)
     for p in model.parameters():
@@ -195,7 +195,7 @@ def test_retained_attention_grad_is_the_gradient_of_the_weights_used(lm_models, 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["bert_mlm", "llama_lm"])
 def test_gradient_table_on_cuda_matches_cpu(lm_models, ewt_records, name):
-    from headatlas.gradients import gradient_table
+    from headatlas.clark.gradients import gradient_table
 
     spec = spec_of(lm_models / name)
     cpu = gradient_table(spec, ewt_records, overflow="truncate", n_segments=4, device="cpu")

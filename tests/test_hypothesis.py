@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 
 from conftest import EWT_DEV, first_conllu_sentences
-from headatlas.data import SPECIAL_CLS, SPECIAL_SEP
-from headatlas.hypothesis import (
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
+from headatlas.pande.hypothesis import (
     COLUMNS,
     HypothesisSettings,
     adjust,
@@ -20,7 +20,7 @@ from headatlas.hypothesis import (
     sign_flip_p,
     wilcoxon_p,
 )
-from headatlas.sieves import SieveSettings, dependency_pairs, role_names, sequence_scores
+from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names, sequence_scores
 
 
 def sample(seed=0, n=40, cols=6, nan_share=0.2):
@@ -138,7 +138,7 @@ def test_previous_token_head_is_local_significant():
 
 
 def test_same_seed_same_table_bytes(tmp_path):
-    from headatlas.pande import write_table
+    from headatlas.pande.analysis import write_table
 
     scores = prev_token_scores(20)
     roles = role_names(SieveSettings().relations)
@@ -155,7 +155,7 @@ def test_same_seed_same_table_bytes(tmp_path):
 def test_tau_not_positive_reports_no_test(tau, caplog):
     scores = prev_token_scores(10)
     roles = role_names(SieveSettings().relations)
-    with caplog.at_level("ERROR", logger="headatlas.hypothesis"):
+    with caplog.at_level("ERROR", logger="headatlas.pande.hypothesis"):
         t = head_table(scores, roles, "toy", HypothesisSettings(tau=tau, bootstrap=10))
     assert (t["n"] == 0).all() and t["p"].isna().all() and t["p_adj"].isna().all()
     assert not t["significant_faithful"].any() and not t["significant_fdr"].any()
@@ -190,11 +190,11 @@ def test_settings_reject_bad_values():
 
 def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
     """The real MiniLM's previous-token head (layer 0, head 2) is local-significant."""
-    from headatlas.corpora import read_conllu, sentence_records
-    from headatlas.extract import extract
-    from headatlas.models import ModelSpec, load
-    from headatlas.sieves import score_store
-    from headatlas.store import AttentionStore
+    from headatlas.core.corpora import read_conllu, sentence_records
+    from headatlas.core.extract import extract
+    from headatlas.core.models import ModelSpec, load
+    from headatlas.pande.sieves import score_store
+    from headatlas.core.store import AttentionStore
 
     path = tmp_path / "ewt.conllu"
     path.write_text(first_conllu_sentences(EWT_DEV, 40), encoding="utf-8")

@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-from headatlas.data import Record
-from headatlas.extract import extract
-from headatlas.jomyaeng import (
+from headatlas.core.data import Record
+from headatlas.core.extract import extract
+from headatlas.jomyaeng.analysis import (
     RESULT_COLUMNS,
     category_scores,
     head_table,
@@ -28,9 +28,9 @@ from headatlas.jomyaeng import (
     top_n_features,
     with_paper,
 )
-from headatlas.jomyaeng_figures import all_figures, head_matrix, sort_rows
-from headatlas.probes import ProbeConfig
-from headatlas.store import AttentionStore
+from headatlas.jomyaeng.figures import all_figures, head_matrix, sort_rows
+from headatlas.jomyaeng.probes import ProbeConfig
+from headatlas.core.store import AttentionStore
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ("heatmap_sorted", "heatmap_unsorted", "heatmap_selectivity", "task_correlation", "categories", "focused", "topn_curve", "layer_profile")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import EWT_DEV, first_conllu_sentences
-from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from headatlas.surface import STATS, sequence_stats
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+from headatlas.clark.surface import STATS, sequence_stats
 
 S = {name: i for i, name in enumerate(STATS)}
 
@@ -15,10 +15,10 @@ S = {name: i for i, name in enumerate(STATS)}
 @pytest.mark.slow
 def test_minilm_layer0_head2_attends_to_previous_token(tmp_path):
     """all-MiniLM-L6-v2's layer 0 head 2 is a previous-token head on EWT dev."""
-    from headatlas.corpora import read_conllu, sentence_records
-    from headatlas.extract import extract
-    from headatlas.models import ModelSpec, load
-    from headatlas.store import AttentionStore
+    from headatlas.core.corpora import read_conllu, sentence_records
+    from headatlas.core.extract import extract
+    from headatlas.core.models import ModelSpec, load
+    from headatlas.core.store import AttentionStore
 
     path = tmp_path / "ewt300.conllu"
     path.write_text(first_conllu_sentences(EWT_DEV, 300), encoding="utf-8")

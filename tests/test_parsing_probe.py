@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
-from headatlas.glove import Glove
-from headatlas.parsing_probe import (
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
+from headatlas.clark.glove import Glove
+from headatlas.clark.parsing_probe import (
     PROBES,
     RANDOM_INIT,
     RIGHT_BRANCHING,
@@ -20,7 +20,7 @@ from headatlas.parsing_probe import (
     table3,
     train,
 )
-from headatlas.syntax import WordMaps
+from headatlas.clark.syntax import WordMaps
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -136,7 +136,7 @@ def test_table3_joins_the_random_model():
 def test_random_init_model_keeps_only_the_embeddings(tmp_path, tiny_models, name):
     from transformers import AutoModel
 
-    from headatlas.models import ModelSpec, random_init_model
+    from headatlas.core.models import ModelSpec, random_init_model
 
     spec = ModelSpec.from_config({"name": name, "source": {"path": str(tiny_models[name])}})
     info = random_init_model(spec, None, seed=11, out_dir=tmp_path / "rand")  # not a seed the fixtures used

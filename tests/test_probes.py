@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headatlas.probes import (
+from headatlas.jomyaeng.probes import (
     ProbeConfig,
     pair_features,
     relatedness_targets,

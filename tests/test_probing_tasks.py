@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from headatlas.probing_tasks import (
+from headatlas.jomyaeng.probing_tasks import (
     DownstreamSpec,
     GeneratorConfig,
     GeneratorError,
@@ -27,7 +27,7 @@ from headatlas.probing_tasks import (
     subject_number,
     task_stats,
 )
-from headatlas.ptb import TreeError, base_label, parse_trees, top_constituents, tree_depth
+from headatlas.jomyaeng.ptb import TreeError, base_label, parse_trees, top_constituents, tree_depth
 
 REPO = Path(__file__).resolve().parents[1]
 GUM_DEV = REPO / "resources" / "gum" / "ontogum_dev.conllu"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
-from headatlas.sieves import (
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
+from headatlas.pande.sieves import (
     TOKEN_ROLES,
     SieveSettings,
     dependency_pairs,
@@ -230,8 +230,8 @@ def test_query_segment_follows_the_reference_code():
 
 
 def _write_store(path, seqs, n_layers=2, n_heads=3, kind="encoder"):
-    from headatlas.data import TokenizedRecord
-    from headatlas.store import AttentionWriter
+    from headatlas.core.data import TokenizedRecord
+    from headatlas.core.store import AttentionWriter
 
     tok = [
         TokenizedRecord(record_index=k, ids=tuple(range(len(s[0]))), pieces=tuple("p" * len(s[0])), word=tuple(s[2]), special=tuple(s[0]),
@@ -248,7 +248,7 @@ def _write_store(path, seqs, n_layers=2, n_heads=3, kind="encoder"):
 
 
 def test_score_store_matches_sequence_scores_across_chunks(tmp_path):
-    from headatlas.store import AttentionStore
+    from headatlas.core.store import AttentionStore
 
     special, segment, word, head, deprel = encoder_pair()
     single = (np.array([SPECIAL_CLS, 0, 0, 0, SPECIAL_SEP]), np.zeros(5, dtype=np.int64), np.array([-1, 0, 1, 2, -1]))
@@ -277,7 +277,7 @@ def test_score_store_matches_sequence_scores_across_chunks(tmp_path):
 
 
 def test_score_store_notes_roles_without_sentences(tmp_path):
-    from headatlas.store import AttentionStore
+    from headatlas.core.store import AttentionStore
 
     single = (np.array([SPECIAL_CLS, 0, 0, 0, SPECIAL_SEP]), np.zeros(5, dtype=np.int64), np.array([-1, 0, 1, 2, -1]))
     records = [Record(id="r0", words=tuple("abc"), segment=(0, 0, 0), head=(1, -1, 1), deprel=("nsubj", "root", "amod"))]
@@ -292,7 +292,7 @@ def test_score_store_notes_roles_without_sentences(tmp_path):
 
 
 def test_parse_records_aligns_words_and_segments():
-    from headatlas.parse import load_parser, parse_records, trees_of
+    from headatlas.core.parse import load_parser, parse_records, trees_of
 
     nlp = load_parser()
     recs = [
@@ -320,7 +320,7 @@ def test_token_roles_come_first():
 
 
 def test_score_store_notes_pairs_hidden_by_the_causal_mask(tmp_path):
-    from headatlas.store import AttentionStore
+    from headatlas.core.store import AttentionStore
 
     # BOS w0 w1 w2: w0 <-amod- w1 (head after its dependent: invisible from w0), w2 -> w1 (visible)
     seq = (np.array([SPECIAL_BOS, 0, 0, 0]), np.zeros(4, dtype=np.int64), np.array([-1, 0, 1, 2]))

@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from headatlas.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
-from headatlas.store import AttentionStore, AttentionWriter, layer_file, word_level, word_units
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
+from headatlas.core.store import AttentionStore, AttentionWriter, layer_file, word_level, word_units
 
 N_LAYERS, N_HEADS = 2, 3
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
-from headatlas.surface import (
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
+from headatlas.clark.surface import (
     STATS,
     behaviour_labels,
     best_heads,
@@ -201,7 +201,7 @@ def test_headlines_flag_middle_layer_sep_share():
 
 
 def test_surface_figures_render(tmp_path):
-    from headatlas.clark_figures import fig2_surface, fig4_entropy, save
+    from headatlas.clark.figures import fig2_surface, fig4_entropy, save
 
     rng = np.random.default_rng(0)
     t = pd.DataFrame([dict({s: rng.random() for s in STATS}, layer=i // 4, head=i % 4, model="m", model_kind="decoder", n_sequences=3) for i in range(12)])

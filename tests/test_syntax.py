@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
-from headatlas.store import AttentionStore, AttentionWriter
-from headatlas.store import word_level as store_word_level
-from headatlas.syntax import (
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
+from headatlas.core.store import AttentionStore, AttentionWriter
+from headatlas.core.store import word_level as store_word_level
+from headatlas.clark.syntax import (
     ALL,
     DIRECTIONS,
     RELATION_MAP,

@@ -185,8 +185,8 @@ def e2e(tmp_path_factory, tiny_models):
 def test_end_to_end_outputs(e2e):
     import pandas as pd
 
-    from headatlas.store import AttentionStore
-    from headatlas.surface import STATS
+    from headatlas.core.store import AttentionStore
+    from headatlas.clark.surface import STATS
 
     workdir, cfg, proc = e2e
     assert proc.returncode == 0, output_of(proc)[-6000:]

@@ -1,6 +1,6 @@
 """Tables and figures of the heads-hypothesis analysis (Pande et al. 2021, shared methods §1.5).
 
-All functions take the tidy per head x role table of :func:`headatlas.hypothesis.head_table`
+All functions take the tidy per head x role table of :func:`headatlas.pande.hypothesis.head_table`
 (or two of them, before and after fine-tuning) and return frames or write figures.
 Layers and heads are 0-based on every axis.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .io import atomic_path
+from ..core.io import atomic_path
 
 MODES = {"faithful": "significant_faithful", "fdr": "significant_fdr"}
 MODE_TITLES = {"faithful": "faithful: t-test p < alpha, no correction", "fdr": "rigorous: Benjamini-Hochberg FDR < alpha"}

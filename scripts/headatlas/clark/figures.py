@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .io import atomic_path
+from ..core.io import atomic_path
 from .surface import head_label
 
 LABEL_COLOURS = {

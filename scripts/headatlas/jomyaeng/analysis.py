@@ -20,7 +20,7 @@ import pandas as pd
 
 from .probes import SPLITS, ProbeConfig, pair_features, relatedness_targets, train_probes
 
-log = logging.getLogger("headatlas.jomyaeng")
+log = logging.getLogger("headatlas.jomyaeng.analysis")
 
 CATEGORIES = {
     "surface": ("SentLen", "WordContent"),

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-log = logging.getLogger("headatlas.hypothesis")
+log = logging.getLogger("headatlas.pande.hypothesis")
 
 NONPARAMETRIC = ("none", "sign_flip", "wilcoxon")
 COLUMNS = [

@@ -1,6 +1,6 @@
 """Single attention heads as dependency parsers (Clark et al. 2019, Sec. 4.2, Table 1).
 
-Word-level maps (Clark's aggregation, :func:`headatlas.store.word_level`) of every head are
+Word-level maps (Clark's aggregation, :func:`headatlas.core.store.word_level`) of every head are
 read once per sentence. Restricted to the words (special tokens removed), a head predicts the
 head word of dependent d in two directions:
 
@@ -31,9 +31,9 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from .data import SPECIAL_NONE, Record
-from .store import AttentionStore
-from .store import word_level as store_word_level
+from ..core.data import SPECIAL_NONE, Record
+from ..core.store import AttentionStore
+from ..core.store import word_level as store_word_level
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_OFFSETS = (-3, -2, -1, 0, 1, 2)
@@ -126,7 +126,7 @@ def word_block(wm: WordMaps, n_words: int | None = None) -> WordBlock:
 
 
 def word_level(maps: np.ndarray, word: np.ndarray, special: np.ndarray, mode: str = "mean"):
-    """Clark's token-to-word aggregation (:func:`headatlas.store.word_level`) in float32."""
+    """Clark's token-to-word aggregation (:func:`headatlas.core.store.word_level`) in float32."""
     return store_word_level(maps.astype(np.float32, copy=False), word, special, mode)
 
 

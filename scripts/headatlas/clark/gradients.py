@@ -27,10 +27,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
+from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
 from .surface import punct_mask
 
-log = logging.getLogger("headatlas.gradients")
+log = logging.getLogger("headatlas.clark.gradients")
 
 KEY_TYPES = ["sep_bos", "punct", "cls", "other"]
 COLUMNS = ["model", "model_kind", "status", "reason", "loss_kind", "layer", "key_type", "mean_abs_grad", "n_cells", "n_sequences", "mean_loss"]
@@ -134,7 +134,7 @@ def gradient_importance(
     import torch
     import torch.nn.functional as F
 
-    from .extract import length_batches, model_inputs
+    from ..core.extract import length_batches, model_inputs
 
     causal = kind == "decoder"
     n_layers = int(model.config.num_hidden_layers)
@@ -226,14 +226,14 @@ def gradient_table(
     batch_size: int = 4,
     device: str | None = None,
 ) -> pd.DataFrame:
-    """Fig. 3 table of one model (a :class:`~headatlas.models.ModelSpec`) on the first
+    """Fig. 3 table of one model (a :class:`~headatlas.core.models.ModelSpec`) on the first
     ``n_segments`` records, tokenised exactly as extraction does; a skipped table when the
     model has no LM head."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from .align import bos_id
-    from .extract import tokenize_records
-    from .models import model_kind, pick_device, resolve
+    from ..core.align import bos_id
+    from ..core.extract import tokenize_records
+    from ..core.models import model_kind, pick_device, resolve
 
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)

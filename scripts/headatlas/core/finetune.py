@@ -23,7 +23,7 @@ from .corpora import CorpusError, tsv_records
 from .data import Record
 from .models import ModelError, ModelSpec, model_kind, resolve
 
-log = logging.getLogger("headatlas.finetune")
+log = logging.getLogger("headatlas.core.finetune")
 
 METRICS_FILE = "finetune_metrics.json"
 

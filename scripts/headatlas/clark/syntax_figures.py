@@ -18,9 +18,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .coref import Anaphors, attention_correct, document_anaphors  # noqa: E402
-from .data import SPECIAL_NAMES, Record  # noqa: E402
-from .io import atomic_path  # noqa: E402
-from .store import AttentionStore  # noqa: E402
+from ..core.data import SPECIAL_NAMES, Record  # noqa: E402
+from ..core.io import atomic_path  # noqa: E402
+from ..core.store import AttentionStore  # noqa: E402
 from .syntax import DIRECTIONS, WordMaps, head_label, head_predictions, word_block, word_level  # noqa: E402
 
 

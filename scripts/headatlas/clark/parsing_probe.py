@@ -29,11 +29,11 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from .data import SPECIAL_NONE, Record
-from .store import AttentionStore
+from ..core.data import SPECIAL_NONE, Record
+from ..core.store import AttentionStore
 from .syntax import WordMaps, iter_word_maps, word_block
 
-log = logging.getLogger("headatlas.parsing_probe")
+log = logging.getLogger("headatlas.clark.parsing_probe")
 
 PROBES = ("Attn", "Attn + GloVe", "Distances + GloVe")
 RIGHT_BRANCHING = "Right-branching"

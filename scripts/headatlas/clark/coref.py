@@ -32,8 +32,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .data import Record
-from .store import AttentionStore
+from ..core.data import Record
+from ..core.store import AttentionStore
 from .syntax import WordMaps, bootstrap_ci, head_label, iter_word_maps, word_block
 
 TYPES = ("pronoun", "proper", "nominal")

@@ -1,8 +1,8 @@
 """The heads-hypothesis analysis end to end: score files, pooled tests, figures, fine-tuning.
 
 The rule scripts call these functions; each reads and writes files (atomically) and leaves
-the formulas to :mod:`headatlas.sieves`, :mod:`headatlas.hypothesis` and
-:mod:`headatlas.pande_figures`.
+the formulas to :mod:`headatlas.pande.sieves`, :mod:`headatlas.pande.hypothesis` and
+:mod:`headatlas.pande.figures`.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import pande_figures as pf
-from .finetune import read_metrics
+from . import figures as pf
+from ..core.finetune import read_metrics
 from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues
-from .io import atomic_path
+from ..core.io import atomic_path
 from .sieves import blas_threads
 
-log = logging.getLogger("headatlas.pande")
+log = logging.getLogger("headatlas.pande.analysis")
 
 FLOAT_FORMAT = "%.10g"
 
 
 def save_scores(path: str | Path, result: dict, meta: dict) -> None:
-    """Write the output of :func:`headatlas.sieves.score_store` as one HDF5 file."""
+    """Write the output of :func:`headatlas.pande.sieves.score_store` as one HDF5 file."""
     import h5py
 
     text = h5py.string_dtype(encoding="utf-8")

@@ -49,8 +49,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .corpora import read_conllu, tsv_records
-from .data import Record
+from ..core.corpora import read_conllu, tsv_records
+from ..core.data import Record
 from .ptb import Tree, read_trees, top_constituents, tree_depth
 
 PROBING_TASKS = (

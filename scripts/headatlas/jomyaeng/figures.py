@@ -1,4 +1,4 @@
-"""Figures of Jo & Myaeng (2020) for one model, from the tables of :mod:`headatlas.jomyaeng`.
+"""Figures of Jo & Myaeng (2020) for one model, from the tables of :mod:`headatlas.jomyaeng.analysis`.
 
 Layers and heads are 0-based on every axis (layer 0 = the first transformer layer).
 """
@@ -17,8 +17,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram, leaves_list, linkage  # noqa: E402
 
-from .io import atomic_path  # noqa: E402
-from .jomyaeng import CATEGORIES, category_scores, task_correlation  # noqa: E402
+from ..core.io import atomic_path  # noqa: E402
+from .analysis import CATEGORIES, category_scores, task_correlation  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> None:

@@ -1,0 +1,1 @@
+"""The spine: corpora, tokenisation and alignment, models, extraction, the attention store, file and rule helpers."""
