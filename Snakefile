@@ -1,6 +1,17 @@
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version
 
+sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+from headatlas.core.inputs import check_yaml  # noqa: E402
+
 min_version("9.0")
+
+
+# Snakemake's message for a YAML error names no line: check the default config first.
+if Path("config/config.yaml").exists():
+    check_yaml("config/config.yaml")
 
 
 configfile: "config/config.yaml"

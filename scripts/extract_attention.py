@@ -6,6 +6,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.extract import config_hash, extract, shard_slice  # noqa: E402
+from headatlas.core.inputs import check_max_length  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
@@ -16,6 +17,7 @@ spec = ModelSpec.from_config(p["model"])
 records = load_records(sm.input.corpus)
 part = shard_slice(len(records), sm.params.shard, sm.params.n_shards)
 model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None)
+check_max_length(spec, config.to_dict(), f"{spec.name}'s config", p["reps"] and p["rep_position"] == "past_last")
 log.info("model %s on %s, corpus %s shard %d/%d: records %d..%d", spec.name, model.device, sm.wildcards.corpus, sm.params.shard, sm.params.n_shards, part.start, part.stop)
 meta = {"corpus": sm.wildcards.corpus, "shard": sm.params.shard, "n_shards": sm.params.n_shards, "config_hash": config_hash(p)}
 counts = extract(

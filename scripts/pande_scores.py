@@ -26,10 +26,16 @@ log.info("%s on %s: %d sequences; sentences per role %s", meta["model"], meta["c
 names = result["relations"] + ["all"]
 scored, present = result["pair_counts"].sum(0), result["pairs_present"]
 log.info("dependency pairs scored / in the inputs, per relation (then the union): %s", {k: f"{a}/{b}" for k, a, b in zip(names, scored, present)})
-if (scored < present).any():
+if (scored < present).any() and meta["model_kind"] != "encoder":
     log.warning(
         "%d of %d pairs are not scored: under the causal mask the query pieces (direction %s) cannot see the key word "
-        "(set analysis.pande.direction to head_to_dep or both to score them)", present[-1] - scored[-1], present[-1], settings.direction,
+        "(set analysis.pande.direction to head_to_dep or both to score them), or a word of the pair has no piece in the model input",
+        present[-1] - scored[-1], present[-1], settings.direction,
+    )  # fmt: skip
+elif (scored < present).any():
+    log.warning(
+        "%d of %d pairs are not scored: a word of the pair has no piece in the model input (the tokenizer dropped it)",
+        present[-1] - scored[-1], present[-1],
     )  # fmt: skip
 for role, why in result["notes"].items():
     log.warning("role %s has no sentence: %s", role, why)

@@ -11,7 +11,10 @@ from headatlas.core.runner import setup  # noqa: E402
 
 log = setup(snakemake)  # noqa: F821
 name = snakemake.wildcards.corpus  # noqa: F821
-records = build_corpus(snakemake.params.spec, name)  # noqa: F821
+skipped: list[str] = []
+records = build_corpus(snakemake.params.spec, name, skipped)  # noqa: F821
+for msg in skipped:
+    log.warning("skipped (invalid_trees: skip): %s", msg)
 with atomic_path(snakemake.output[0]) as tmp:  # noqa: F821
     n = write_records(records, tmp)
-log.info("corpus %s: %d records, %d words", name, n, sum(len(r.words) for r in records))
+log.info("corpus %s: %d records, %d words; %d sentences skipped as invalid trees", name, n, sum(len(r.words) for r in records), len(skipped))

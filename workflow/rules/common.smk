@@ -3,6 +3,14 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+from headatlas.core.inputs import check_max_length, check_yaml, local_model_config
+from headatlas.core.models import ModelSpec
+
+# Snakemake has loaded the --configfile files already (a syntax error stops it before this
+# line; its message names no line, `--verbose` shows the parser's): catch duplicate keys.
+for _f in workflow.overwrite_configfiles or []:
+    check_yaml(_f)
+
 validate(config, "../schemas/config.schema.yaml")
 
 
@@ -59,6 +67,21 @@ def _resolve_models(entries):
 
 
 MODELS = _resolve_models(config["models"])
+
+
+def _check_max_lengths():
+    """max_length against the position limit of every model whose config.json is readable now
+    (derived models against their base's); the others are checked when extraction loads them."""
+    past_last = config["extraction"]["rep_position"] == "past_last"
+    for name, m in MODELS.items():
+        kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
+        base = MODELS[m["source"][kind]["base"]] if kind else m
+        found = local_model_config(ModelSpec.from_config(base))
+        if found:
+            check_max_length(ModelSpec.from_config(m), found[0], found[1], past_last)
+
+
+_check_max_lengths()
 CORPORA = config["corpora"]
 EXTRACTION = config["extraction"]
 

@@ -10,19 +10,19 @@
 
 from __future__ import annotations
 
-import gzip
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import Record, load_records
+import numpy as np
+
+from .data import CorpusError, Record, load_records, read_lines
+
+__all__ = ["CorpusError"]  # defined in .data, raised by every reader here
 
 _ENTITY = re.compile(r"\(\d+\)|\(\d+|\d+\)")
-
-
-class CorpusError(ValueError):
-    """Malformed corpus input; the message names the file and line."""
+INVALID_TREES = ("error", "skip")
 
 
 @dataclass
@@ -39,80 +39,119 @@ class ConlluSentence:
     entity: list[str] = field(default_factory=list)  # raw Entity= value per word, "" if none
 
 
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def tree_problem(head) -> tuple[int, str] | None:
+    """The first defect of a dependency tree, as (0-based word index, what), or None for a tree.
+
+    ``head`` is 1-based per word, 0 = ROOT (as in CoNLL-U). Checked in this order: heads in
+    0..n, no word its own head, exactly one root, every word reaches the root (no cycle).
+    """
+    h = np.asarray(head, dtype=np.int64)
+    n = len(h)
+    bad = np.flatnonzero((h < 0) | (h > n))
+    if bad.size:
+        return int(bad[0]), f"word {bad[0] + 1} has HEAD {h[bad[0]]} outside 0..{n}"
+    loop = np.flatnonzero(h == np.arange(1, n + 1))
+    if loop.size:
+        return int(loop[0]), f"word {loop[0] + 1} is its own head"
+    roots = np.flatnonzero(h == 0)
+    if roots.size == 0:
+        return 0, "no root (no word has HEAD 0)"
+    if roots.size > 1:
+        return int(roots[1]), f"{roots.size} roots (words {', '.join(str(r + 1) for r in roots)} have HEAD 0); a tree has exactly one"
+    up = np.concatenate([[0], h])  # up[i] = head of word i (1-based), up[0] = 0
+    for _ in range(int(np.ceil(np.log2(n + 1))) + 1):  # pointer jumping: 2^k >= n + 1 steps up
+        up = up[up]
+    stuck = np.flatnonzero(up[1:])  # words that never reach the root
+    if stuck.size:
+        cycle, w = [], int(up[stuck[0] + 1])  # after n steps up, a word on the cycle
+        while w not in cycle:
+            cycle.append(w)
+            w = int(h[w - 1])
+        first = min(cycle)
+        k = cycle.index(first)
+        cycle = cycle[k:] + cycle[:k]
+        return first - 1, f"cycle {' -> '.join(map(str, cycle + [first]))} (words {', '.join(str(i + 1) for i in stuck)} do not reach the root)"
+    return None
 
 
-def read_conllu(path: str | Path) -> list[ConlluSentence]:
+def read_conllu(path: str | Path, invalid_trees: str = "error", skipped: list[str] | None = None) -> list[ConlluSentence]:
     """Parse a CoNLL-U file into sentences of syntactic words.
 
-    Raises CorpusError naming ``path:line`` for a malformed line.
+    Raises CorpusError naming ``path:line`` for a malformed line. Every sentence must be a
+    tree (:func:`tree_problem`); a sentence that is not raises CorpusError naming the line of
+    the offending word and the sentence id, or with ``invalid_trees="skip"`` is left out and
+    its message appended to ``skipped``.
     """
+    if invalid_trees not in INVALID_TREES:
+        raise ValueError(f"invalid_trees must be one of {INVALID_TREES}, got {invalid_trees!r}")
     path = Path(path)
     sentences: list[ConlluSentence] = []
     doc = ""
     cur: ConlluSentence | None = None
+    lines: list[int] = []  # line number of each word of cur
     sent_id = ""
 
-    def finish(lineno: int) -> None:
+    def finish() -> None:
         nonlocal cur
         if cur is not None and cur.words:
-            n = len(cur.words)
-            for i, h in enumerate(cur.head):
-                if not 0 <= h <= n:
-                    raise CorpusError(f"{path}:{lineno}: sentence {cur.sent_id!r}: word {i + 1} has HEAD {h} outside 0..{n}")
-            sentences.append(cur)
+            problem = tree_problem(cur.head)
+            if problem is None:
+                sentences.append(cur)
+            else:
+                msg = f"{path}:{lines[problem[0]]}: sentence {cur.sent_id!r} is not a tree: {problem[1]}"
+                if invalid_trees == "error":
+                    raise CorpusError(msg)
+                if skipped is not None:
+                    skipped.append(msg)
         cur = None
+        lines.clear()
 
-    with _open_text(path) as fh:
-        lineno = 0
-        for lineno, raw in enumerate(fh, 1):
-            line = raw.rstrip("\n")
-            if not line.strip():
-                finish(lineno)
-                continue
-            if line.startswith("#"):
-                m = re.match(r"#\s*newdoc id\s*=\s*(.+)", line)
-                if m:
-                    doc = m.group(1).strip()
-                m = re.match(r"#\s*sent_id\s*=\s*(.+)", line)
-                if m:
-                    sent_id = m.group(1).strip()
-                continue
-            cols = line.split("\t")
-            if len(cols) != 10:
-                raise CorpusError(f"{path}:{lineno}: expected 10 tab-separated columns, found {len(cols)}")
-            tid = cols[0]
-            if "-" in tid or "." in tid:  # multi-word token or empty node
-                if not re.fullmatch(r"\d+-\d+|\d+\.\d+", tid):
-                    raise CorpusError(f"{path}:{lineno}: bad token ID {tid!r}")
-                continue
-            if not tid.isdigit():
+    for lineno, raw in enumerate(read_lines(path), 1):
+        line = raw.rstrip("\n")
+        if not line.strip():
+            finish()
+            continue
+        if line.startswith("#"):
+            m = re.match(r"#\s*newdoc id\s*=\s*(.+)", line)
+            if m:
+                doc = m.group(1).strip()
+            m = re.match(r"#\s*sent_id\s*=\s*(.+)", line)
+            if m:
+                sent_id = m.group(1).strip()
+            continue
+        cols = line.split("\t")
+        if len(cols) != 10:
+            raise CorpusError(f"{path}:{lineno}: expected 10 tab-separated columns, found {len(cols)}")
+        tid = cols[0]
+        if "-" in tid or "." in tid:  # multi-word token or empty node
+            if not re.fullmatch(r"\d+-\d+|\d+\.\d+", tid):
                 raise CorpusError(f"{path}:{lineno}: bad token ID {tid!r}")
-            if cur is None:
-                cur = ConlluSentence(sent_id=sent_id or f"{path.name}:{lineno}", doc=doc)
-                sent_id = ""
-            if int(tid) != len(cur.words) + 1:
-                raise CorpusError(f"{path}:{lineno}: token ID {tid} out of order (expected {len(cur.words) + 1})")
-            try:
-                head = int(cols[6])
-            except ValueError:
-                raise CorpusError(f"{path}:{lineno}: HEAD {cols[6]!r} is not an integer") from None
-            cur.words.append(cols[1])
-            cur.lemma.append(cols[2])
-            cur.upos.append(cols[3])
-            cur.xpos.append(cols[4])
-            cur.feats.append(cols[5])
-            cur.head.append(head)
-            cur.deprel.append(cols[7])
-            ent = ""
-            for item in cols[9].split("|"):
-                if item.startswith("Entity="):
-                    ent = item[len("Entity=") :]
-            cur.entity.append(ent)
-        finish(lineno + 1)
+            continue
+        if not tid.isdigit():
+            raise CorpusError(f"{path}:{lineno}: bad token ID {tid!r}")
+        if cur is None:
+            cur = ConlluSentence(sent_id=sent_id or f"{path.name}:{lineno}", doc=doc)
+            sent_id = ""
+        if int(tid) != len(cur.words) + 1:
+            raise CorpusError(f"{path}:{lineno}: token ID {tid} out of order (expected {len(cur.words) + 1})")
+        try:
+            head = int(cols[6])
+        except ValueError:
+            raise CorpusError(f"{path}:{lineno}: HEAD {cols[6]!r} is not an integer") from None
+        lines.append(lineno)
+        cur.words.append(cols[1])
+        cur.lemma.append(cols[2])
+        cur.upos.append(cols[3])
+        cur.xpos.append(cols[4])
+        cur.feats.append(cols[5])
+        cur.head.append(head)
+        cur.deprel.append(cols[7])
+        ent = ""
+        for item in cols[9].split("|"):
+            if item.startswith("Entity="):
+                ent = item[len("Entity=") :]
+        cur.entity.append(ent)
+    finish()
     return sentences
 
 
@@ -215,32 +254,31 @@ _WIKI_JOINERS = {"@-@": "-", "@,@": ",", "@.@": "."}
 def wikitext_articles(path: str | Path) -> list[list[list[str]]]:
     """Articles as lists of paragraphs of words; headers dropped, ``@-@`` joiners undone."""
     articles: list[list[list[str]]] = []
-    with _open_text(Path(path)) as fh:
-        for line in fh:
-            s = line.strip()
-            if not s:
-                continue
-            if s.startswith("= ") and s.endswith(" ="):
-                if not s.startswith("= = "):
-                    articles.append([])
-                continue
-            if not articles:
+    for line in read_lines(path):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("= ") and s.endswith(" ="):
+            if not s.startswith("= = "):
                 articles.append([])
-            words: list[str] = []
+            continue
+        if not articles:
+            articles.append([])
+        words: list[str] = []
+        glue = False
+        for w in s.split():
+            if w in _WIKI_JOINERS:
+                if words:
+                    words[-1] += _WIKI_JOINERS[w]
+                    glue = True
+                continue
+            if glue and words:
+                words[-1] += w
+            else:
+                words.append(w)
             glue = False
-            for w in s.split():
-                if w in _WIKI_JOINERS:
-                    if words:
-                        words[-1] += _WIKI_JOINERS[w]
-                        glue = True
-                    continue
-                if glue and words:
-                    words[-1] += w
-                else:
-                    words.append(w)
-                glue = False
-            if words:
-                articles[-1].append(words)
+        if words:
+            articles[-1].append(words)
     return [a for a in articles if a]
 
 
@@ -283,54 +321,110 @@ def wiki_segments(path: str | Path, n_segments: int, max_words: int, seed: int) 
 # --- TSV tasks ------------------------------------------------------------------
 
 
-def tsv_records(path: str | Path, text_columns: int, label_column: int | None, limit: int = 0, prefix: str = "") -> list[Record]:
-    """Whitespace-tokenised sentences (one text column) or pairs (two) from a TSV file."""
+HEADER_NAMES = {"sentence", "sentence1", "sentence2", "sentence_a", "sentence_b", "text", "text_a", "text_b", "premise", "hypothesis", "question", "label", "score"}
+
+
+def _numeric(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def header_reason(first: list[str], others: list[str | None], text_columns: int, label_column: int | None) -> str:
+    """Why the first row of a TSV file looks like a column header ("" when it does not).
+
+    Conservative: the text cells are all one header-like name (``sentence``, ``text_a``, ...),
+    or the label occurs nowhere else while every other label repeats (classes) or is a number.
+    ``others`` are the labels of the other rows.
+    """
+    names = [first[i].strip().lower() for i in range(text_columns)]
+    if all(n in HEADER_NAMES for n in names):
+        return f"its text columns are named {names}"
+    if label_column is None or len(others) < 2:
+        return ""
+    label = first[label_column].strip()
+    if label in others:
+        return ""
+    if all(_numeric(o) for o in others) and not _numeric(label):
+        return f"its label {label!r} is not a number while every other label is"
+    counts: dict[str, int] = {}
+    for o in others:
+        counts[o] = counts.get(o, 0) + 1
+    if min(counts.values()) > 1:
+        return f"its label {label!r} occurs nowhere else while every other label ({sorted(counts)[:5]}) repeats"
+    return ""
+
+
+def tsv_records(
+    path: str | Path, text_columns: int, label_column: int | None, limit: int = 0, prefix: str = "", header: bool | str = "auto"
+) -> list[Record]:
+    """Whitespace-tokenised sentences (one text column) or pairs (two) from a TSV file.
+
+    ``header``: True skips the first non-empty line, False reads it as a record, "auto" raises
+    CorpusError when it looks like a column header (:func:`header_reason`).
+    """
     path = Path(path)
-    records = []
-    with _open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            cols = line.rstrip("\n").split("\t")
-            need = text_columns + (0 if label_column is None else 1)
-            if len(cols) < need:
-                raise CorpusError(f"{path}:{lineno}: expected at least {need} tab-separated columns, found {len(cols)}")
-            parts = [cols[i].split() for i in range(text_columns)]
-            if any(not p for p in parts):
-                raise CorpusError(f"{path}:{lineno}: empty sentence")
-            words = [w for p in parts for w in p]
-            segment = [k for k, p in enumerate(parts) for _ in p]
-            label = cols[label_column].strip() if label_column is not None else ""
-            records.append(
-                Record(
-                    id=f"{prefix or path.stem}-{lineno}",
-                    words=tuple(words),
-                    segment=tuple(segment),
-                    sentence=tuple(segment),
-                    label=label,
-                )
+    need = text_columns + (0 if label_column is None else 1)
+    rows: list[tuple[int, list[str]]] = []
+    for lineno, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        cols = line.rstrip("\n").split("\t")
+        if len(cols) < need:
+            raise CorpusError(f"{path}:{lineno}: expected at least {need} tab-separated columns, found {len(cols)}")
+        rows.append((lineno, cols))
+    if rows and header is True:
+        rows = rows[1:]
+    elif rows and header == "auto":
+        others = [cols[label_column].strip() for _, cols in rows[1:]] if label_column is not None else []
+        why = header_reason(rows[0][1], others, text_columns, label_column)
+        if why:
+            raise CorpusError(
+                f"{path}:{rows[0][0]}: this line looks like a column header ({why}); remove it, or set the corpus "
+                "option header: true to skip it (header: false reads it as a record)"
             )
-            if limit and len(records) >= limit:
-                break
+    records = []
+    for lineno, cols in rows[: limit or None]:
+        parts = [cols[i].split() for i in range(text_columns)]
+        if any(not p for p in parts):
+            raise CorpusError(f"{path}:{lineno}: empty sentence")
+        words = [w for p in parts for w in p]
+        segment = [k for k, p in enumerate(parts) for _ in p]
+        label = cols[label_column].strip() if label_column is not None else ""
+        records.append(
+            Record(
+                id=f"{prefix or path.stem}-{lineno}",
+                words=tuple(words),
+                segment=tuple(segment),
+                sentence=tuple(segment),
+                label=label,
+            )
+        )
     return records
 
 
-def build_corpus(spec: dict, name: str = "") -> list[Record]:
-    """Build the records of one corpus from its config entry."""
+def build_corpus(spec: dict, name: str = "", skipped: list[str] | None = None) -> list[Record]:
+    """Build the records of one corpus from its config entry.
+
+    Sentences left out by ``invalid_trees: skip`` are appended to ``skipped`` (one message each).
+    """
     kind = spec["kind"]
     paths = spec["paths"] if "paths" in spec else [spec["path"]]
+    invalid = spec.get("invalid_trees", "error")
     records: list[Record] = []
     for p in paths:
         if kind == "conllu":
-            records += sentence_records(read_conllu(p))
+            records += sentence_records(read_conllu(p, invalid, skipped))
         elif kind == "conllu_documents":
-            records += document_records(read_conllu(p), path=str(p), max_words=spec.get("max_words", 0))
+            records += document_records(read_conllu(p, invalid, skipped), path=str(p), max_words=spec.get("max_words", 0))
         elif kind == "wikitext":
             records += wiki_segments(p, spec["n_segments"], spec["max_words"], spec["seed"])
         elif kind == "records":
             records += load_records(p)
         elif kind == "tsv":
-            records += tsv_records(p, spec["text_columns"], spec.get("label_column"), prefix=f"{name}-{Path(p).stem}")
+            records += tsv_records(p, spec["text_columns"], spec.get("label_column"), prefix=f"{name}-{Path(p).stem}", header=spec.get("header", "auto"))
         else:
             raise CorpusError(f"corpus {name!r}: unknown kind {kind!r}")
     limit = spec.get("limit", 0)

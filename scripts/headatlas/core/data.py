@@ -100,9 +100,35 @@ class TokenizedRecord:
         return len(self.ids)
 
 
+class CorpusError(ValueError):
+    """Malformed input; the message names the file and line."""
+
+
 def _open(path: Path, mode: str):
     path = Path(path)
     return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else open(path, mode, encoding="utf-8")
+
+
+def _bad_utf8(path: Path) -> str:
+    """``file:line: not UTF-8 (byte 0x.. at column ..)`` for the first undecodable byte of a file."""
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):  # no UTF-8 sequence spans a newline byte
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+    return f"{path}: not UTF-8"
+
+
+def read_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file (``.gz`` read transparently), as text-mode ``open`` yields them;
+    an undecodable byte raises CorpusError naming the file, line and column."""
+    path = Path(path)
+    with _open(path, "r") as fh:
+        try:
+            yield from fh
+        except UnicodeDecodeError:
+            raise CorpusError(_bad_utf8(path)) from None
 
 
 def write_records(records: Iterable[Record], path: str | Path) -> int:
@@ -116,20 +142,19 @@ def write_records(records: Iterable[Record], path: str | Path) -> int:
 
 def read_records(path: str | Path) -> Iterator[Record]:
     """Yield records from a JSON-lines corpus; errors name the file and line."""
-    with _open(Path(path), "r") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield Record.from_dict(json.loads(line))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: bad corpus record: {e}") from e
+    for lineno, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            yield Record.from_dict(json.loads(line))
+        except (ValueError, TypeError) as e:
+            raise CorpusError(f"{path}:{lineno}: bad corpus record: {e}") from e
 
 
 def load_records(path: str | Path) -> list[Record]:
     records = list(read_records(path))
     if not records:
-        raise ValueError(f"{path}: corpus is empty")
+        raise CorpusError(f"{path}: corpus is empty")
     return records
 
 

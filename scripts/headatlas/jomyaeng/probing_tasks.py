@@ -95,6 +95,8 @@ class Source:
 
     @property
     def root(self) -> int:
+        if self.head.count(-1) != 1:  # read_conllu rejects such sentences; this guards other sources
+            raise GeneratorError(f"source sentence {self.sent_id!r} ({self.id}) has {self.head.count(-1)} roots; a tree has exactly one")
         return self.head.index(-1)
 
     def children(self, i: int) -> list[int]:

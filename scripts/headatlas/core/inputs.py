@@ -1,0 +1,141 @@
+"""Checks of the workflow's inputs before any job runs: config files and model position limits.
+
+- :func:`check_yaml`: a config file's YAML syntax errors and duplicate keys, as ``file:line:column``
+  (Snakemake's own message for a bad ``--configfile`` names neither).
+- :func:`position_limit` / :func:`check_max_length`: a model's ``max_length`` against the position
+  limit in its ``config.json``, naming both numbers and the key (instead of a raw torch size
+  mismatch in the middle of extraction).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from .data import CorpusError, read_lines
+from .models import ModelError, ModelSpec, model_kind, resolve
+
+# position-limit keys of config.json, in the order they are looked for
+POSITION_KEYS = ("max_position_embeddings", "n_positions")
+# model types whose learned positions start after the padding index (RoBERTa's 514 = 512 + 2)
+PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert"}
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and line, or the key."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader reports it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise ConfigError(f"{self.name}:{key_node.start_mark.line + 1}: key {key!r} given twice in one mapping (first on line {first})")
+        return super().construct_mapping(node, deep)
+
+
+def check_yaml(path: str | Path) -> dict:
+    """Load a YAML config file; a syntax error, a duplicate key or a top level that is not a
+    mapping raises ConfigError naming ``file:line``. Files using YTE templates
+    (``__use_yte__: true``) are checked for syntax only."""
+    path = Path(path)
+    try:
+        text = "".join(read_lines(path))
+    except CorpusError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        data = yaml.safe_load(text)
+        if not (isinstance(data, dict) and data.get("__use_yte__")):
+            loader = _StrictLoader(text)
+            loader.name = str(path)
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = "; ".join(x for x in (e.context, e.problem) if x)
+        raise ConfigError(f"{where}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: YAML error: {e}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: a config file is a mapping of keys (models:, corpora:, ...), not a {type(data).__name__}")
+    return data or {}
+
+
+def position_limit(config: dict) -> tuple[str, int] | None:
+    """(key, most tokens the model takes) from a ``config.json`` dict, or None when it has no limit key.
+
+    RoBERTa-style models start positions after the padding index, so their limit is
+    ``max_position_embeddings - pad_token_id - 1`` (514 -> 512).
+    """
+    for key in POSITION_KEYS:
+        n = config.get(key)
+        if isinstance(n, int) and n > 0:
+            if config.get("model_type") in PADDING_OFFSET_TYPES:
+                n -= int(config.get("pad_token_id") or 0) + 1
+            return key, n
+    return None
+
+
+def check_max_length(spec: ModelSpec, config: dict, where: str, past_last: bool = False) -> None:
+    """Raise ModelError when ``spec.max_length`` tokens (one more for a decoder that reads its
+    representations one past the last token) exceed the model's position limit.
+
+    ``config`` is the model's ``config.json`` as a dict; ``where`` names it in the message.
+    """
+    limit = position_limit(config)
+    if limit is None:
+        return
+    key, n = limit
+    try:
+        extra = 1 if past_last and model_kind(SimpleNamespace(**config), spec) == "decoder" else 0
+    except ModelError:
+        extra = 0
+    if spec.max_length + extra > n:
+        plus = " (+1 token read one past the last, extraction.rep_position: past_last)" if extra else ""
+        raise ModelError(
+            f"model {spec.name!r}: max_length {spec.max_length}{plus} is above the model's position limit {n} "
+            f"({where}: {key} {config[key]}); set config key models[{spec.name}].max_length to at most {n - extra}"
+        )
+
+
+def local_model_config(spec: ModelSpec) -> tuple[dict, str] | None:
+    """(config.json as a dict, its path) when it is readable without a network: a ``path`` or
+    ``package`` source, or a hub id already in the Hugging Face cache; else None."""
+    kind = spec.source_kind
+    if kind in ("path", "package"):
+        try:
+            loc, _ = resolve(spec)
+        except ModelError:
+            return None  # the extraction job reports it
+        path = Path(loc) / "config.json"
+    elif kind == "hub":
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(spec.source["hub"], "config.json", revision=spec.source.get("revision"))
+        except Exception:  # noqa: BLE001 - no cache, no package: nothing to check
+            return None
+        if not isinstance(found, str):
+            return None
+        path = Path(found)
+    else:
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), str(path)
+    except (OSError, ValueError):
+        return None
