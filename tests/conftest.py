@@ -19,6 +19,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from tiny_workflow import BERT_SPECIALS, BPE_SPECIAL, EWT_DEV, REPO, RESOURCES, WIKI_TEST  # noqa: F401, E402
 from tiny_workflow import bpe_tokenizer as train_bpe_tokenizer  # noqa: E402
+from tiny_workflow import wordpiece_tokenizer  # noqa: E402
 
 SICK_TEST = RESOURCES / "sick" / "sicktest-ent.tsv"
 TINY_NAMES = ("bert", "electra", "gpt2", "llama")
@@ -129,7 +130,6 @@ def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict
     from transformers import (
         BertConfig,
         BertModel,
-        BertTokenizerFast,
         ElectraConfig,
         ElectraModel,
         GPT2Config,
@@ -140,7 +140,7 @@ def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict
     root = tmp_path_factory.mktemp("tiny_models")
     dirs = {name: root / name for name in TINY_NAMES}
 
-    wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)
+    wp = wordpiece_tokenizer(bert_vocab_file)
     n_wp = len(wp)
     torch.manual_seed(0)
     bert = BertModel(

@@ -62,6 +62,18 @@ def _wordpiece_vocab(path: Path) -> None:
     path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
 
 
+def wordpiece_tokenizer(vocab_path: str | Path):
+    """A lower-casing BERT WordPiece tokenizer over the pieces of ``vocab_path`` (one a line).
+
+    The vocabulary goes in as a dict: transformers 5 ignores ``vocab_file=`` and would leave
+    only the 5 special tokens, so every word would become [UNK].
+    """
+    from transformers import BertTokenizerFast
+
+    pieces = Path(vocab_path).read_text(encoding="utf-8").splitlines()
+    return BertTokenizerFast(vocab={p: i for i, p in enumerate(pieces)}, do_lower_case=True)
+
+
 def bpe_tokenizer():
     """A byte-level BPE tokenizer (vocabulary 500) trained on the first 300 WikiText-2 test lines."""
     from tokenizers import ByteLevelBPETokenizer
@@ -87,7 +99,7 @@ def build_models(root: str | Path) -> dict[str, Path]:
     Deterministic: the same weights and vocabularies on every call.
     """
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast, GPT2Config, GPT2Model
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
 
     root = Path(root)
     dirs = {"tinybert": root / "bert", "tinygpt2": root / "gpt2"}
@@ -96,7 +108,7 @@ def build_models(root: str | Path) -> dict[str, Path]:
 
     vocab = root / "wordpiece_vocab.txt"
     _wordpiece_vocab(vocab)
-    wp = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    wp = wordpiece_tokenizer(vocab)
     torch.manual_seed(0)
     bert = BertModel(
         BertConfig(vocab_size=len(wp), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=256)
