@@ -20,6 +20,7 @@ from headatlas.core.data import load_records
 from headatlas.core.inputs import ConfigError, check_max_length, check_yaml, position_limit
 from headatlas.core.models import ModelError, ModelSpec
 from headatlas.jomyaeng.probing_tasks import GeneratorError, Source, load_sources
+from headatlas.jomyaeng.ptb import read_trees
 
 EWT_TEST = RESOURCES / "ud_english_ewt" / "en_ewt-ud-test.conllu"
 SCHEMAS = REPO / "workflow" / "schemas"
@@ -109,13 +110,14 @@ def test_jomyaeng_sources_reject_a_rootless_sentence(tmp_path):
 
 
 @pytest.mark.parametrize("gz", [False, True])
-@pytest.mark.parametrize("kind", ["conllu", "tsv", "wikitext", "records"])
+@pytest.mark.parametrize("kind", ["conllu", "tsv", "wikitext", "records", "ptb"])
 def test_non_utf8_byte_names_file_line_and_column(tmp_path, kind, gz):
     good = {
         "conllu": "\n".join(GOOD) + "\n",
         "tsv": "a good film\t1\nbad\t0\n" * 300,  # the bad byte is far past the first read buffer
         "wikitext": " = T = \n one two \n three four \n" * 300,
         "records": '{"id": "a", "words": ["x"], "segment": [0]}\n',
+        "ptb": "(ROOT (S (NP (DT a)) (VP (VBZ is))))\n",
     }[kind]
     data = good.encode() + "caf".encode() + b"\xe9 x\t0\n"  # latin-1 'é' on the last line, column 4
     line = good.count("\n") + 1
@@ -126,6 +128,7 @@ def test_non_utf8_byte_names_file_line_and_column(tmp_path, kind, gz):
         "tsv": lambda: tsv_records(path, 1, 1),
         "wikitext": lambda: wikitext_articles(path),
         "records": lambda: load_records(path),
+        "ptb": lambda: read_trees(path),
     }[kind]
     with pytest.raises(CorpusError) as err:
         read()

@@ -8,10 +8,11 @@ curly variants) in leaf position are turned back into brackets.
 
 from __future__ import annotations
 
-import gzip
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..core.data import read_lines
 
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 _UNESCAPE = {"-LRB-": "(", "-RRB-": ")", "-LCB-": "{", "-RCB-": "}", "-LSB-": "[", "-RSB-": "]"}
@@ -138,7 +139,4 @@ def parse_trees(text: str, where: str = "<string>") -> list[Tree]:
 
 def read_trees(path: str | Path) -> list[Tree]:
     """Trees of a (optionally gzipped) bracketed file."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return parse_trees(fh.read(), where=str(path))
+    return parse_trees("".join(read_lines(path)), where=str(path))
