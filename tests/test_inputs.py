@@ -202,6 +202,8 @@ def test_check_yaml_names_line_of_syntax_errors_and_duplicate_keys(tmp_path):
         check_yaml(path)
     path.write_text("base: &b {x: 1}\nother:\n  <<: *b\n  x: 2\n", encoding="utf-8")  # a merge key overridden: fine
     assert check_yaml(path) == {"base": {"x": 1}, "other": {"x": 2}}
+    path.write_text('{"models":\t[], "corpora": {}}', encoding="utf-8")  # JSON, as Snakemake reads it
+    assert check_yaml(path) == {"models": [], "corpora": {}}
     assert check_yaml(REPO / "config" / "config.yaml")["models"]
     assert check_yaml(REPO / "config" / "paper.yaml")["models"]
 

@@ -73,7 +73,7 @@ def _check_max_lengths():
     """max_length against the position limit of every model whose config.json is readable now
     (derived models against their base's); the others are checked when extraction loads them."""
     past_last = config["extraction"]["rep_position"] == "past_last"
-    for name, m in MODELS.items():
+    for m in MODELS.values():
         kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
         base = MODELS[m["source"][kind]["base"]] if kind else m
         found = local_model_config(ModelSpec.from_config(base))
@@ -82,6 +82,7 @@ def _check_max_lengths():
 
 
 _check_max_lengths()
+
 CORPORA = config["corpora"]
 EXTRACTION = config["extraction"]
 

@@ -19,8 +19,6 @@ import numpy as np
 
 from .data import CorpusError, Record, load_records, read_lines
 
-__all__ = ["CorpusError"]  # defined in .data, raised by every reader here
-
 _ENTITY = re.compile(r"\(\d+\)|\(\d+|\d+\)")
 INVALID_TREES = ("error", "skip")
 

@@ -49,12 +49,20 @@ class _StrictLoader(yaml.SafeLoader):
 def check_yaml(path: str | Path) -> dict:
     """Load a YAML config file; a syntax error, a duplicate key or a top level that is not a
     mapping raises ConfigError naming ``file:line``. Files using YTE templates
-    (``__use_yte__: true``) are checked for syntax only."""
+    (``__use_yte__: true``) are checked for syntax only, JSON files not at all."""
     path = Path(path)
     try:
         text = "".join(read_lines(path))
     except CorpusError as e:
         raise ConfigError(str(e)) from None
+    try:
+        data = json.loads(text)  # Snakemake reads a JSON file as JSON first
+    except ValueError:
+        pass
+    else:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}:1: a config file is a mapping of keys (models:, corpora:, ...), not a {type(data).__name__}")
+        return data
     try:
         data = yaml.safe_load(text)
         if not (isinstance(data, dict) and data.get("__use_yte__")):
