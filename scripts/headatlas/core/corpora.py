@@ -2,10 +2,13 @@
 
 - CoNLL-U with gold trees (UD English EWT, GUM/OntoGUM); multi-word token lines
   (``3-4``) and empty nodes (``8.1``) are skipped; OntoGUM coreference brackets in
-  MISC (``Entity=(12``, ``12)``, ``(12)``) become mentions.
+  MISC (``Entity=(12``, ``12)``, ``(12)``) become mentions. Every sentence must be a
+  dependency tree (:func:`tree_problem`).
 - Clark-style Wikipedia segments from WikiText-2: two consecutive paragraphs as a pair.
 - Tab-separated sentence pairs (SICK) and labelled sentences (SST-2).
 - Records already in headatlas's JSON-lines format (written by another rule, e.g. a task generator).
+
+Every error is a CorpusError naming the file and line (a byte that is not UTF-8 included).
 """
 
 from __future__ import annotations
