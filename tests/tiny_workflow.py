@@ -175,10 +175,18 @@ def tiny_config(
             spec["paths"] = [_absolute(p) for p in spec["paths"]]
         if spec.get("kind") == "wikitext":
             spec["n_segments"] = min(spec.get("n_segments", limit), limit)
-        spec["limit"] = limit
+        if spec.get("kind") != "records":  # generated corpora are sized by their generator (below), not cut
+            spec["limit"] = limit
         spec.pop("shards", None)
         kept[name] = spec
     cfg["corpora"] = kept
+    jm = cfg.get("analysis", {}).get("jomyaeng")
+    if jm:  # a prefix of the generated sentences would hold one task's train items only: shrink every task instead
+        small = {"train": 2 * limit, "dev": limit, "test": limit}
+        jm.setdefault("generator", {})["sizes"] = dict(small)
+        jm["generator"]["wc_words"] = min(jm["generator"].get("wc_words", 30), 4)
+        for task in jm.get("downstream", {}).values():
+            task["sizes"] = dict(small)
     cfg.setdefault("extraction", {})
     cfg["extraction"].update(shards=shards, threads=1)
     return cfg
