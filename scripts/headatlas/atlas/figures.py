@@ -99,7 +99,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, pat
     handles = [Patch(facecolor=BEHAVIOUR_COLOURS[k], edgecolor="#999999", label=f"Clark: {k}") for k in shown]
     handles += [Line2D([], [], marker=m, color=c, linestyle="none", label=f"Pande: {r} (FDR)") for r, (m, _, c) in ROLE_MARKERS.items()]
     if any(f"pande_{r}_stability_fdr" in atlas for r in ROLE_MARKERS):
-        handles += [Line2D([], [], marker="s", color="#54278f", linestyle="none", alpha=stability_alpha(v), label=f"label holds in {v:.0%} of resamples")
+        handles += [Line2D([], [], marker="s", color="#54278f", linestyle="none", alpha=stability_alpha(v), label=f"Pande opacity: label holds in {v:.0%} of bootstrap resamples")
                     for v in (1.0, 0.5, 0.0)]  # fmt: skip
     handles += [Patch(facecolor="white", edgecolor="black", linewidth=2, label="Clark: best relation > offset baseline + 5 pts")]
     if cats:
