@@ -350,3 +350,19 @@ def test_tiny_models_through_every_analysis(tmp_path):
         assert len(by_corpus) == len(heads) * by_corpus["corpus"].nunique() and by_corpus["corpus"].nunique() == 3
         assert (res / "pande" / model / "length.png").stat().st_size > 0
     assert [p for p in res.rglob("*") if ".tmp" in p.name] == []
+
+
+def test_config_keys_have_schema_defaults_and_reach_the_settings():
+    import yaml
+
+    from tiny_workflow import REPO
+
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "pande.schema.yaml").read_text())["properties"]
+    assert schema["stability_resamples"]["default"] == 200 and schema["stability_resamples"]["minimum"] == 0
+    assert schema["length_bins"]["default"] == 8 and schema["length_heads"]["default"] == 3
+    assert HypothesisSettings.from_config({"stability_resamples": 7, "near_p": 0.1}).stability_resamples == 7
+    assert "stability_resamples" in (REPO / "workflow" / "rules" / "pande.smk").read_text()
+    # an empty corpus draws nothing and leaves the others' draws alone
+    c = stratified_counts(0, [0, 3], ["a", "b"], 4)
+    assert c.shape == (4, 3) and (c.sum(1) == 3).all()
+    np.testing.assert_array_equal(c, stratified_counts(0, [3], ["b"], 4))
