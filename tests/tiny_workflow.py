@@ -147,6 +147,9 @@ def tiny_config(
     every corpus of a config, so unused corpora would only cost time); if it names none, the
     first corpus is kept. ``analyses`` keeps only those sections of the ``analysis:`` block
     (None: all of them); ``corpora`` cuts every section's ``corpora`` list to those corpora.
+    Generated corpora (kind ``records``) are not cut (a prefix would hold one task's train items
+    only); the Jo & Myaeng generator and downstream sizes shrink instead (train 2 x limit, dev and
+    test limit, 4 WordContent words).
     """
     with open(base or REPO / "config" / "config.yaml", encoding="utf-8") as fh:
         cfg = yaml.safe_load(fh)
