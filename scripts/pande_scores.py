@@ -18,6 +18,7 @@ records = load_records(sm.input.corpus)
 records = trees_of(records, load_records(sm.input.trees[0]) if sm.input.trees else None)
 with AttentionStore(list(sm.input.shards)) as store:
     result = score_store(store, records, settings, threads=sm.threads)
+    result["lengths"] = store.lengths[: len(store)]  # tokens per sequence, for the score-against-length figure
     meta = {"model": store.meta["model"], "model_kind": store.meta.get("model_kind"), "corpus": sm.wildcards.corpus}
 meta["trees"] = "spacy" if sm.input.trees else "gold"
 save_scores(sm.output[0], result, meta)

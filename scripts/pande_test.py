@@ -1,4 +1,5 @@
-"""Rule pande_test: the per head x role tests of one model, pooled over the analysed corpora."""
+"""Rule pande_test: the per head x role tests of one model, pooled over the analysed corpora
+(with the stability of each label), and the same tests on each corpus alone."""
 
 import sys
 
@@ -12,6 +13,7 @@ from headatlas.core.runner import setup  # noqa: E402
 sm = snakemake  # noqa: F821
 log = setup(sm)
 settings = HypothesisSettings.from_config(sm.params.tests)
-table = model_table(list(sm.input), sm.wildcards.model, settings, threads=sm.threads)
-with atomic_path(sm.output[0]) as tmp:
+table, by_corpus = model_table(list(sm.input), sm.wildcards.model, settings, threads=sm.threads)
+with atomic_path(sm.output.heads) as tmp, atomic_path(sm.output.by_corpus) as tmp2:
     write_table(table, tmp)
+    write_table(by_corpus, tmp2)

@@ -159,6 +159,9 @@ def tiny_config(
     every corpus of a config, so unused corpora would only cost time); if it names none, the
     first corpus is kept. ``analyses`` keeps only those sections of the ``analysis:`` block
     (None: all of them); ``corpora`` cuts every section's ``corpora`` list to those corpora.
+    Generated corpora (kind ``records``) are not cut (a prefix would hold one task's train items
+    only); the Jo & Myaeng generator and downstream sizes shrink instead (train 2 x limit, dev and
+    test limit, 4 WordContent words).
     """
     with open(base or REPO / "config" / "config.yaml", encoding="utf-8") as fh:
         cfg = yaml.safe_load(fh)
@@ -187,10 +190,18 @@ def tiny_config(
             spec["paths"] = [_absolute(p) for p in spec["paths"]]
         if spec.get("kind") == "wikitext":
             spec["n_segments"] = min(spec.get("n_segments", limit), limit)
-        spec["limit"] = limit
+        if spec.get("kind") != "records":  # generated corpora are sized by their generator (below), not cut
+            spec["limit"] = limit
         spec.pop("shards", None)
         kept[name] = spec
     cfg["corpora"] = kept
+    jm = cfg.get("analysis", {}).get("jomyaeng")
+    if jm:  # a prefix of the generated sentences would hold one task's train items only: shrink every task instead
+        small = {"train": 2 * limit, "dev": limit, "test": limit}
+        jm.setdefault("generator", {})["sizes"] = dict(small)
+        jm["generator"]["wc_words"] = min(jm["generator"].get("wc_words", 30), 4)
+        for task in jm.get("downstream", {}).values():
+            task["sizes"] = dict(small)
     cfg.setdefault("extraction", {})
     cfg["extraction"].update(shards=shards, threads=1)
     return cfg

@@ -30,6 +30,10 @@ PANDE_TREES = {
 }
 PANDE_FILES = [
     "heads.tsv",
+    "heads_by_corpus.tsv",
+    "length.tsv",
+    "length_trend.tsv",
+    "length.png",
     "role_grid.png",
     "colocation.tsv",
     "colocation.png",
@@ -112,9 +116,15 @@ rule pande_test:
             corpus=PANDE_CORPORA[wc.model],
         ),
     output:
-        report(
+        heads=report(
             "results/pande/{model}/heads.tsv",
             caption="../report/pande_heads.rst",
+            category="Heads hypothesis (Pande)",
+            subcategory="{model}",
+        ),
+        by_corpus=report(
+            "results/pande/{model}/heads_by_corpus.tsv",
+            caption="../report/pande_heads_by_corpus.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
@@ -139,10 +149,43 @@ rule pande_test:
                 "nonparametric",
                 "permutations",
                 "seed",
+                "stability_resamples",
             )
         },
     script:
         "../../scripts/pande_test.py"
+
+
+rule pande_length:
+    input:
+        scores=lambda wc: expand(
+            "results/pande/{model}/scores/{corpus}.h5",
+            model=wc.model,
+            corpus=PANDE_CORPORA[wc.model],
+        ),
+        heads="results/pande/{model}/heads.tsv",
+    output:
+        table="results/pande/{model}/length.tsv",
+        trend="results/pande/{model}/length_trend.tsv",
+        figure=report(
+            "results/pande/{model}/length.png",
+            caption="../report/pande_length.rst",
+            category="Heads hypothesis (Pande)",
+            subcategory="{model}",
+        ),
+    log:
+        "logs/pande_length/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=10,
+    params:
+        bins=PANDE["length_bins"],
+        heads=PANDE["length_heads"],
+    script:
+        "../../scripts/pande_length.py"
 
 
 rule pande_figures:

@@ -49,14 +49,25 @@ def mds_columns(mds: pd.DataFrame) -> pd.DataFrame:
     return mds[KEY + ["mds_x", "mds_y"]].rename(columns={"mds_x": "clark_mds_x", "mds_y": "clark_mds_y"})
 
 
+PANDE_STABILITY = ["stability_faithful", "stability_fdr", "corpus_share_faithful", "corpus_share_fdr"]
+
+
 def pande_columns(pande: pd.DataFrame) -> pd.DataFrame:
-    """Per role: effect size (mean score / tau) and significance in both modes."""
+    """Per role: effect size (mean score / tau), significance in both modes and, when the table
+    has them, the stability of each label (share of bootstrap resamples, of corpora)."""
     wide = pande.pivot_table(index=KEY, columns="role", values=["effect", "significant_faithful", "significant_fdr"], aggfunc="first")
     wide.columns = [f"pande_{role}_{'effect' if v == 'effect' else v.replace('significant_', 'sig_')}" for v, role in wide.columns]
     wide = wide.reset_index()
     for c in wide.columns:
         if "_sig_" in c:
             wide[c] = wide[c].map(lambda v: str(v) == "True")
+    stab = [c for c in PANDE_STABILITY if c in pande]
+    if stab:  # after the columns above, so that those keep their place; NA where a role has no test
+        roles = list(dict.fromkeys(pande["role"]))
+        extra = pande.pivot_table(index=KEY, columns="role", values=stab, aggfunc="first", dropna=False)
+        extra = extra.reindex(columns=pd.MultiIndex.from_product([stab, roles]))
+        extra.columns = [f"pande_{role}_{v}" for v, role in extra.columns]
+        wide = wide.merge(extra.reset_index(), on=KEY, how="left")
     return wide
 
 

@@ -38,6 +38,25 @@ ROLE_MARKERS = {
 }
 
 
+def stability_alpha(share) -> float:
+    """Marker opacity for a label that holds in ``share`` of the bootstrap resamples: 1 when it
+    always holds (or no stability is known), fading to 0.2 when it never does."""
+    try:
+        share = float(share)
+    except (TypeError, ValueError):
+        return 1.0
+    return 1.0 if not np.isfinite(share) else float(0.2 + 0.8 * np.clip(share, 0.0, 1.0))
+
+
+def _fmt(v, spec: str = ".2f") -> str:
+    """A number for a figure title; 'n/a' for NaN or None."""
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return "n/a"
+    return format(v, spec) if np.isfinite(v) else "n/a"
+
+
 def _save(fig, paths) -> None:
     for p in paths:
         fig.savefig(p, dpi=110, bbox_inches="tight")
@@ -64,7 +83,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, pat
         ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, facecolor=colour, edgecolor="black" if framed else "#cccccc", linewidth=2.0 if framed else 0.5))
         for role, (marker, (dx, dy), mc) in ROLE_MARKERS.items():
             if bool(row.get(f"pande_{role}_sig_fdr", False)):
-                ax.plot(head + dx, layer + dy, marker=marker, color=mc, markersize=4.5, linestyle="none")
+                ax.plot(head + dx, layer + dy, marker=marker, color=mc, markersize=4.5, linestyle="none", alpha=stability_alpha(row.get(f"pande_{role}_stability_fdr")))
         if cats:
             ax.text(head, layer, {"surface": "S", "syntactic": "Y", "semantic": "M"}[best_cat[(layer, head)]], ha="center", va="center", fontsize=6.5, color="#333333")
     ax.set_xlim(-0.5, n_heads - 0.5)
@@ -79,6 +98,9 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, pat
     shown = legend_behaviours(atlas.get("clark_behaviour", []))
     handles = [Patch(facecolor=BEHAVIOUR_COLOURS[k], edgecolor="#999999", label=f"Clark: {k}") for k in shown]
     handles += [Line2D([], [], marker=m, color=c, linestyle="none", label=f"Pande: {r} (FDR)") for r, (m, _, c) in ROLE_MARKERS.items()]
+    if any(f"pande_{r}_stability_fdr" in atlas for r in ROLE_MARKERS):
+        handles += [Line2D([], [], marker="s", color="#54278f", linestyle="none", alpha=stability_alpha(v), label=f"Pande opacity: label holds in {v:.0%} of bootstrap resamples")
+                    for v in (1.0, 0.5, 0.0)]  # fmt: skip
     handles += [Patch(facecolor="white", edgecolor="black", linewidth=2, label="Clark: best relation > offset baseline + 5 pts")]
     if cats:
         handles += [Patch(facecolor="white", edgecolor="white", label="text: best J&M category (S/Y/M)")]
@@ -97,18 +119,26 @@ def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, 
         ax.scatter(scores[a], scores[b], c=scores["layer"], cmap="viridis", s=14)
         ax.set_xlabel(names[a], fontsize=8)
         ax.set_ylabel(names[b], fontsize=8)
-        ax.set_title(f"rho = {r.spearman:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]\ntop-{r.top_k} overlap {r.top_k_overlap} (chance {r.top_k_chance:.1f})", fontsize=8)
+        ax.set_title(f"rho = {_fmt(r.spearman)} [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] (n = {r.n_heads})\ntop-{r.top_k} overlap {r.top_k_overlap} (chance {_fmt(r.top_k_chance, '.1f')})", fontsize=8)
     if not pairs:
         axes[0][0].text(0.5, 0.5, "fewer than two methods available", ha="center", va="center")
         axes[0][0].set_axis_off()
     if len(rel):
         ax = axes[0][-1]
         y = np.arange(len(rel))
-        ax.errorbar(rel["spearman"], y, xerr=[rel["spearman"] - rel["ci_low"], rel["ci_high"] - rel["spearman"]], fmt="o", color="#a50f15")
+        # the CI as a line from its ends (a percentile interval need not contain the estimate: no error-bar lengths)
+        lo, hi, rho = (rel[c].to_numpy(dtype=float) for c in ("ci_low", "ci_high", "spearman"))
+        ax.hlines(y, lo, hi, color="#a50f15", linewidth=1.5)
+        ax.plot(rho, y, "o", color="#a50f15")
+        for yy, v in zip(y, rho):
+            if not np.isfinite(v):
+                ax.text(0, yy, "n/a (too few heads or no spread)", fontsize=7, va="center", ha="center", color="#666666")
         ax.set_yticks(y, [a.replace("clark_", "") for a in rel["method_a"]], fontsize=8)
+        ax.set_ylim(-0.5, len(rel) - 0.5)
         ax.axvline(0, color="#999999", linewidth=0.8)
+        ax.set_xlim(-1.05, 1.05)
         ax.set_xlabel("Spearman rho, Clark accuracy vs Pande effect", fontsize=8)
-        ax.set_title("per relation (95% bootstrap CI)", fontsize=8)
+        ax.set_title("per relation (line: 95% percentile bootstrap CI)", fontsize=8)
     fig.suptitle(f"{model}: do the methods pick the same syntactic heads? (colour = layer)", fontsize=9)
     fig.tight_layout()
     _save(fig, paths)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from . import figures as pf
 from ..core.finetune import read_metrics
-from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues
+from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues, with_stability
 from ..core.io import atomic_path
 from .sieves import blas_threads
 
@@ -35,6 +35,8 @@ def save_scores(path: str | Path, result: dict, meta: dict) -> None:
             f.create_dataset("scores", data=result["scores"])  # [N, layers, heads, roles]
             f.create_dataset("pair_counts", data=result["pair_counts"])  # [N, relations + union]
             f.create_dataset("is_pair", data=result["is_pair"])
+            if "lengths" in result:  # tokens per sequence (the score-against-length figure)
+                f.create_dataset("lengths", data=np.asarray(result["lengths"], dtype=np.int64))
             f.create_dataset("record_id", data=[str(r) for r in result["record_id"]], dtype=text)
             f.create_dataset("roles", data=list(result["roles"]), dtype=text)
             f.create_dataset("relations", data=list(result["relations"]), dtype=text)
@@ -47,6 +49,7 @@ def load_scores(path: str | Path) -> dict:
 
     with h5py.File(path, "r") as f:
         out = {k: f[k][()] for k in ("scores", "pair_counts", "is_pair")}
+        out["lengths"] = f["lengths"][()] if "lengths" in f else None
         for k in ("record_id", "roles", "relations"):
             out[k] = [str(x) for x in f[k].asstr()[()]]
         out["notes"] = json.loads(f.attrs["notes"])
@@ -68,19 +71,23 @@ def pooled_scores(paths: list[str | Path]) -> tuple[np.ndarray, list[str], list[
     return scores, roles, [p["notes"] for p in parts], [p["meta"] for p in parts], [len(p["scores"]) for p in parts]
 
 
-def model_table(paths: list[str | Path], model: str, settings: HypothesisSettings, threads: int = 1) -> pd.DataFrame:
-    """The per head x role table of one model from its per-corpus score files (BLAS on
-    ``threads`` threads)."""
+def model_table(paths: list[str | Path], model: str, settings: HypothesisSettings, threads: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The per head x role tables of one model from its per-corpus score files (BLAS on
+    ``threads`` threads): the pooled test (the paper's, with the stability columns appended)
+    and the same test on each corpus alone."""
     with blas_threads(threads):
         return _model_table(paths, model, settings)
 
 
-def _model_table(paths: list[str | Path], model: str, settings: HypothesisSettings) -> pd.DataFrame:
+def _model_table(paths: list[str | Path], model: str, settings: HypothesisSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
     scores, roles, notes, metas, sizes = pooled_scores(paths)
     valid = ~np.isnan(scores[:, 0, 0, :])
     for meta, path in zip(metas, paths):
         if meta.get("model") != model:
             raise ValueError(f"{path}: scores of model {meta.get('model')!r}, expected {model!r}")
+    names = [str(m["corpus"]) for m in metas]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a corpus is given twice: {names} ({paths})")
     start = 0
     for meta, n in zip(metas, sizes):
         log.info("corpus %s (%s trees): %d sequences; sentences per role %s", meta["corpus"], meta.get("trees"), n,
@@ -100,8 +107,25 @@ def _model_table(paths: list[str | Path], model: str, settings: HypothesisSettin
         if diff > 1e-10:
             raise AssertionError(f"faithful p-values differ from scipy by {diff:.3g} (> 1e-10)")
     counts = pf.role_counts(table)
-    log.info("significant heads per role (of %d):\n%s", len(table) // len(roles), counts.to_string(index=False))
-    return table
+    log.info("significant heads per role (of %d), pooled over %s:\n%s", len(table) // len(roles), names, counts.to_string(index=False))
+    # the same test on each corpus alone (the paper tests each task separately); FDR family = one corpus
+    parts, start = [], 0
+    for name, n, note in zip(names, sizes, notes):
+        part = head_table(scores[start : start + n], roles, model, settings, note)
+        part.insert(1, "corpus", name)
+        parts.append(part)
+        start += n
+    by_corpus = pd.concat(parts, ignore_index=True)
+    wide = by_corpus.pivot_table(index="role", columns="corpus", values="significant_faithful", aggfunc="sum", sort=False)
+    log.info("faithful-significant heads per role and corpus (pooled: %s):\n%s", dict(zip(counts["role"], counts["faithful"])),
+             wide.reindex(columns=names).to_string())  # fmt: skip
+    table = with_stability(table, scores.reshape(len(scores), -1), sizes, names, by_corpus, settings)
+    lab = table[table["significant_faithful"]]
+    if len(lab):
+        log.info("faithful labels: median stability %.2f over %d bootstrap resamples; %d of %d hold in every corpus tested",
+                 float(lab["stability_faithful"].median()), settings.stability_resamples,
+                 int((lab["corpus_share_faithful"] == 1).sum()), len(lab))  # fmt: skip
+    return table, by_corpus
 
 
 def write_table(table: pd.DataFrame, path: str | Path) -> None:
@@ -111,7 +135,8 @@ def write_table(table: pd.DataFrame, path: str | Path) -> None:
 def read_table(path: str | Path) -> pd.DataFrame:
     t = pd.read_csv(path, sep="\t", na_values=["NA"], keep_default_na=False)
     for col in ("significant_faithful", "significant_fdr", "significant_nonparam_fdr"):
-        t[col] = t[col].astype(str).str.lower().eq("true")
+        if col in t:
+            t[col] = t[col].astype(str).str.lower().eq("true")
     return t
 
 
@@ -172,3 +197,29 @@ def finetune_comparison(base_path: str | Path, tuned_path: str | Path, model_dir
         "role_changes_per_layer": changed.to_dict(),
         "sep_mean_per_layer": sep.set_index("layer").round(4).to_dict(orient="index"),
     }
+
+
+def length_analysis(score_paths: list[str | Path], table_path: str | Path, out: dict, n_bins: int = 8, top: int = 3) -> pd.DataFrame:
+    """Sieve score against sequence length: per role, the mean score per corpus and length bin
+    of the ``top`` strongest heads and the median head (``out["table"]``, ``out["figure"]``), and
+    per corpus and role the Spearman correlation of score with length over all heads
+    (``out["trend"]``). Returns the trend table."""
+    parts = [load_scores(p) for p in score_paths]
+    for p, path in zip(parts, score_paths):
+        if p["lengths"] is None:
+            raise ValueError(f"{path}: no 'lengths' dataset (written by an older pande_scores); delete it and rerun pande_scores")
+    scores, roles, _, metas, sizes = pooled_scores(score_paths)
+    corpora = [str(m["corpus"]) for m in metas]
+    lengths = np.concatenate([p["lengths"] for p in parts]) if parts else np.zeros(0, np.int64)
+    corpus = np.repeat(np.arange(len(parts)), sizes)
+    table = read_table(table_path)
+    model = str(table["model"].iloc[0])
+    bins = pf.length_table(scores, lengths, corpus, corpora, roles, pf.picked_heads(table, top), n_bins)
+    bins.insert(0, "model", model)
+    trend = pf.length_trend(scores, lengths, corpus, corpora, roles)
+    trend.insert(0, "model", model)
+    for df, key in ((bins, "table"), (trend, "trend")):
+        with atomic_path(out[key]) as tmp:
+            df.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
+    pf.length_figure(bins, roles, out["figure"], model, float(table["tau"].iloc[0]))
+    return trend

@@ -369,3 +369,143 @@ def compare_sep_figure(before: pd.DataFrame, after: pd.DataFrame, path: str | Pa
     ax.set_title(f"Attention to [SEP] before and after fine-tuning (dots: heads){subtitle}", fontsize=10)
     fig.tight_layout()
     _save(fig, path)
+
+
+# --- score against sequence length ----------------------------------------------------------
+
+_CORPUS_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def length_bin_edges(lengths: np.ndarray, n_bins: int = 8) -> np.ndarray:
+    """Integer bin edges of equal width over the sequence lengths (bin k: edges[k] <= n < edges[k + 1])."""
+    lengths = np.asarray(lengths)
+    if not len(lengths):
+        return np.array([0, 1])
+    lo, hi = int(lengths.min()), int(lengths.max()) + 1
+    return np.unique(np.round(np.linspace(lo, hi, n_bins + 1)).astype(np.int64))
+
+
+def picked_heads(table: pd.DataFrame, top: int = 3) -> pd.DataFrame:
+    """Per role: the ``top`` heads with the highest pooled mean score and the median head
+    (rank len // 2 of the heads with a mean), as rows role, pick, layer, head, head_mean."""
+    t = table[np.isfinite(table["mean"].to_numpy(dtype=float))]
+    rows = []
+    for role in ordered_roles(table["role"].unique()):
+        r = t[t["role"] == role].sort_values(["mean", "layer", "head"], ascending=[False, True, True], kind="stable")
+        if r.empty:
+            continue
+        picks = [(f"strongest {k + 1}", r.iloc[k]) for k in range(min(top, len(r)))]
+        picks.append(("median", r.iloc[len(r) // 2]))
+        rows += [{"role": role, "pick": name, "layer": int(h["layer"]), "head": int(h["head"]), "head_mean": float(h["mean"])} for name, h in picks]
+    return pd.DataFrame(rows, columns=["role", "pick", "layer", "head", "head_mean"])
+
+
+def length_table(scores: np.ndarray, lengths: np.ndarray, corpus: np.ndarray, corpora: list[str], roles: list[str], picks: pd.DataFrame, n_bins: int = 8) -> pd.DataFrame:
+    """Mean sentence score of each picked head per corpus and length bin.
+
+    ``scores`` [N, L, H, R] (NaN = no query or pair), ``lengths`` [N] tokens, ``corpus`` [N]
+    index into ``corpora``; ``picks`` from :func:`picked_heads`. All picks are gathered at once
+    and summed per (corpus, bin) with ``np.add.at``."""
+    cols = ["role", "pick", "layer", "head", "head_mean", "corpus", "bin_low", "bin_high", "mean_length", "sentences", "mean_score"]
+    if picks.empty or not len(scores):
+        return pd.DataFrame(columns=cols)
+    edges = length_bin_edges(lengths, n_bins)
+    nb = len(edges) - 1
+    b = np.clip(np.searchsorted(edges, lengths, side="right") - 1, 0, nb - 1)
+    g = np.asarray(corpus) * nb + b  # [N] group
+    r_idx = picks["role"].map({r: i for i, r in enumerate(roles)}).to_numpy()
+    v = scores[:, picks["layer"].to_numpy(), picks["head"].to_numpy(), r_idx].astype(np.float64)  # [N, K]
+    ok = ~np.isnan(v)
+    groups = len(corpora) * nb
+    sums = np.zeros((groups, v.shape[1]))
+    cnt = np.zeros((groups, v.shape[1]))
+    lsum = np.zeros((groups, v.shape[1]))
+    np.add.at(sums, g, np.where(ok, v, 0.0))
+    np.add.at(cnt, g, ok.astype(np.float64))
+    np.add.at(lsum, g, ok * np.asarray(lengths, dtype=np.float64)[:, None])
+    gi, k = np.nonzero(cnt > 0)
+    ci, bi = np.divmod(gi, nb)
+    out = picks.iloc[k].reset_index(drop=True)
+    out["corpus"] = np.asarray(corpora, dtype=object)[ci]
+    out["bin_low"] = edges[bi]
+    out["bin_high"] = edges[bi + 1]
+    out["mean_length"] = lsum[gi, k] / cnt[gi, k]
+    out["sentences"] = cnt[gi, k].astype(np.int64)
+    out["mean_score"] = sums[gi, k] / cnt[gi, k]
+    order = pd.Categorical(out["pick"], categories=list(dict.fromkeys(picks["pick"])))
+    out = out.assign(_r=out["role"].map({r: i for i, r in enumerate(roles)}), _p=order.codes)
+    return out.sort_values(["_r", "_p", "corpus", "bin_low"], kind="stable").drop(columns=["_r", "_p"])[cols].reset_index(drop=True)
+
+
+def length_trend(scores: np.ndarray, lengths: np.ndarray, corpus: np.ndarray, corpora: list[str], roles: list[str]) -> pd.DataFrame:
+    """Per corpus and role, over every head: Spearman correlation between a sentence's length
+    and its score (heads with at least 3 sentences and some spread); the median and the share
+    of heads with a positive correlation."""
+    from scipy import stats
+
+    n_seq = len(scores)
+    x = scores.reshape(n_seq, -1, len(roles)).astype(np.float64)  # [N, heads, R]
+    rows = []
+    for c, name in enumerate(corpora):
+        sel = np.asarray(corpus) == c
+        for r, role in enumerate(roles):
+            v = x[sel, :, r]
+            rows_ok = ~np.isnan(v).any(1)  # a role's heads share their sentences
+            v, n = v[rows_ok], np.asarray(lengths, dtype=np.float64)[sel][rows_ok]
+            rho = np.full(v.shape[1], np.nan)
+            if len(v) >= 3 and np.ptp(n) > 0:
+                rv = stats.rankdata(v, axis=0)
+                rn = stats.rankdata(n)
+                rv -= rv.mean(0)
+                rn -= rn.mean()
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    rho = (rv * rn[:, None]).sum(0) / np.sqrt((rv**2).sum(0) * (rn**2).sum())
+            fin = rho[np.isfinite(rho)]
+            rows.append({"corpus": name, "role": role, "sentences": int(len(v)), "heads": int(len(fin)),
+                         "median_spearman": float(np.median(fin)) if len(fin) else np.nan,
+                         "share_positive": float((fin > 0).mean()) if len(fin) else np.nan})  # fmt: skip
+    return pd.DataFrame(rows, columns=["corpus", "role", "sentences", "heads", "median_spearman", "share_positive"])
+
+
+def length_figure(bins: pd.DataFrame, roles: list[str], path: str | Path, model: str, tau: float) -> None:
+    """Per role: mean score per length bin of the strongest heads and the median head, one
+    marker per corpus, one colour per head."""
+    plt = _plt()
+    roles = ordered_roles(roles)
+    cols = min(5, max(1, len(roles)))
+    rows = int(np.ceil(max(1, len(roles)) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 3.3, rows * 2.9 + 0.8), squeeze=False)
+    corpora = list(dict.fromkeys(bins["corpus"])) if len(bins) else []
+    markers = {c: _CORPUS_MARKERS[i % len(_CORPUS_MARKERS)] for i, c in enumerate(corpora)}
+    for ax, role in zip(axes.ravel(), roles):
+        b = bins[bins["role"] == role]
+        picks = list(dict.fromkeys(b["pick"]))
+        for i, pick in enumerate(picks):
+            colour = "0.35" if pick == "median" else _COLORS[i % len(_COLORS)]
+            p = b[b["pick"] == pick]
+            label = f"{pick}: {p['layer'].iloc[0]}-{p['head'].iloc[0]}"
+            for corpus, q in p.groupby("corpus", sort=False):
+                ax.plot(q["mean_length"], q["mean_score"], marker=markers[corpus], color=colour, linewidth=0.9, markersize=3.5,
+                        linestyle="--" if pick == "median" else "-", label=label)  # fmt: skip
+                label = None
+        if b.empty:
+            ax.text(0.5, 0.5, "no head with a score", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        elif np.isfinite(tau):
+            ax.axhline(tau, color="black", linewidth=0.7, linestyle=":")
+        ax.set_title(role, fontsize=8)
+        ax.tick_params(labelsize=6)
+        ax.grid(alpha=0.3)
+        if len(picks):
+            ax.legend(fontsize=5.5, frameon=False, title="head (layer-head, 0-based)", title_fontsize=5.5)
+    for ax in axes.ravel()[len(roles) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("sequence length n (tokens; bin mean)", fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean sentence score in the bin", fontsize=7)
+    handles = [plt.Line2D([], [], marker=m, color="black", linestyle="none", label=c) for c, m in markers.items()]
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False, title="corpus (marker)", title_fontsize=7)
+    fig.suptitle(f"{model}: sieve score against sequence length (dotted: tau = {tau:g}; dashed grey: the median head)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    _save(fig, path)

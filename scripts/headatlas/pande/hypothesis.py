@@ -11,6 +11,12 @@ Rigorous (reported alongside, not in the paper):
 - optionally a seeded sign-flip permutation test of the same hypothesis (null: the scores are
   symmetric about tau) or a one-sided Wilcoxon signed-rank test, also FDR-adjusted.
 
+Stability (not in the paper): the sieve score grows with the sequence length n, so a pooled test
+is dominated by the corpus with the longest inputs. Each label therefore carries the share of
+seeded bootstrap resamples (sentences resampled within each corpus) in which it holds, and the
+share of corpora in which the per-corpus test gives it (:func:`stability_shares`,
+:func:`corpus_shares`).
+
 Everything is vectorised over heads: a role's heads share the same sentences (a sentence
 enters a role when it has a query, or a pair, for it), so one resampling matrix serves all.
 """
@@ -34,6 +40,8 @@ COLUMNS = [
     "effect_ci_high", "tau", "statistic", "df", "p", "p_adj", "p_nonparam", "p_nonparam_adj",
     "significant_faithful", "significant_fdr", "significant_nonparam_fdr", "note",
 ]  # fmt: skip
+# appended to the pooled table (after COLUMNS): bootstrap and per-corpus stability of each label
+STABILITY_COLUMNS = ["stability_faithful", "stability_fdr", "corpus_share_faithful", "corpus_share_fdr", "corpora_tested"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class HypothesisSettings:
     nonparametric: str = "sign_flip"
     permutations: int = 1000
     seed: int = 0
+    stability_resamples: int = 200
 
     def __post_init__(self):
         if self.ddof not in (0, 1):
@@ -57,10 +66,12 @@ class HypothesisSettings:
             raise ValueError(f"ci must lie in (0, 1), not {self.ci}")
         if self.nonparametric not in NONPARAMETRIC:
             raise ValueError(f"nonparametric must be one of {NONPARAMETRIC}, not {self.nonparametric!r}")
+        if self.stability_resamples < 0:
+            raise ValueError(f"stability_resamples must be >= 0, not {self.stability_resamples}")
 
     @classmethod
     def from_config(cls, section: dict) -> "HypothesisSettings":
-        keys = ("tau", "alpha", "ddof", "fdr_method", "bootstrap", "ci", "nonparametric", "permutations", "seed")
+        keys = ("tau", "alpha", "ddof", "fdr_method", "bootstrap", "ci", "nonparametric", "permutations", "seed", "stability_resamples")
         return cls(**{k: section[k] for k in keys if k in section})
 
 
@@ -78,6 +89,13 @@ def one_sided_t(x: np.ndarray, tau: float, ddof: int = 0) -> dict[str, np.ndarra
         mean = np.where(ok, x, 0.0).sum(0) / n
         ss = np.where(ok, (x - mean) ** 2, 0.0).sum(0)
         sd = np.sqrt(ss / (n - ddof))
+    t, df, p = _t_p(n, mean, sd, tau)
+    return {"n": n, "mean": np.where(n > 0, mean, np.nan), "sd": np.where(n > 0, sd, np.nan), "t": t, "df": df, "p": p}
+
+
+def _t_p(n: np.ndarray, mean: np.ndarray, sd: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """t, df and one-sided p from per-column n, mean and sd (the rules of :func:`one_sided_t`)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
         diff = mean - tau
         t = diff / (sd / np.sqrt(n))
         flat = sd <= 1e-12 * np.maximum(1.0, np.abs(mean))  # rounding noise of a constant sample
@@ -88,7 +106,7 @@ def one_sided_t(x: np.ndarray, tau: float, ddof: int = 0) -> dict[str, np.ndarra
     p = np.full(t.shape, np.nan)
     good = ~np.isnan(t)
     p[good] = stats.t.sf(t[good], df[good])
-    return {"n": n, "mean": np.where(n > 0, mean, np.nan), "sd": np.where(n > 0, sd, np.nan), "t": t, "df": df, "p": p}
+    return t, df, p
 
 
 def nan_patterns(x: np.ndarray):
@@ -284,3 +302,84 @@ def pooled_notes(per_corpus: list[dict], roles: list[str], pooled_n: dict[str, i
         reasons = [d[role] for d in per_corpus if role in d]
         out[role] = "; ".join(reasons) if reasons else "no sentence"
     return out
+
+
+# --- stability of the labels ---------------------------------------------------------------
+
+
+def stratified_counts(seed: int, sizes: list[int], names: list[str], b: int) -> np.ndarray:
+    """[b, sum(sizes)] bootstrap counts that resample each corpus's sentences within that corpus
+    (corpus k: rows sum(sizes[:k]).. of the pooled sentences). A corpus's draws depend only on
+    ``seed``, its name and its size, so adding a corpus leaves the others' draws alone."""
+    parts = [resample_counts(np.random.default_rng([seed, zlib.crc32(name.encode()), n]), n, b) for n, name in zip(sizes, names)]
+    return np.concatenate(parts, axis=1) if parts else np.zeros((b, 0))
+
+
+def resampled_t(counts: np.ndarray, x: np.ndarray, tau: float, ddof: int = 0) -> dict[str, np.ndarray]:
+    """:func:`one_sided_t` of every column of x [N, C] (NaN = absent) in each of the weighted
+    resamples ``counts`` [B, N] at once: n, mean and sd from three matrix products."""
+    x = np.asarray(x, dtype=np.float64)
+    ok = ~np.isnan(x)
+    n_col = ok.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centre = np.where(n_col > 0, np.where(ok, x, 0.0).sum(0) / n_col, 0.0)  # centring keeps the sums exact-ish
+    xc = np.where(ok, x - centre, 0.0)
+    n = counts @ ok.astype(np.float64)  # [B, C]
+    s1 = counts @ xc
+    s2 = counts @ (xc * xc)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = s1 / n
+        ss = np.maximum(s2 - s1 * m, 0.0)
+        sd = np.sqrt(ss / (n - ddof))
+        mean = centre + m
+    t, df, p = _t_p(n, mean, sd, tau)
+    return {"n": n, "mean": np.where(n > 0, mean, np.nan), "t": t, "p": p}
+
+
+def stability_shares(x: np.ndarray, sizes: list[int], names: list[str], settings: HypothesisSettings, chunk: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """Share of ``settings.stability_resamples`` stratified bootstrap resamples of the pooled
+    sentences (x [N, C], NaN = absent; corpora of ``sizes``) in which each column is
+    significant: faithful (p < alpha) and after the FDR adjustment over all C columns of that
+    resample. NaN where the pooled sample itself has no test (n < 2), no resample or tau <= 0."""
+    s = settings
+    x = np.asarray(x, dtype=np.float64)
+    nan = np.full(x.shape[1], np.nan)
+    if s.stability_resamples == 0 or not s.tau > 0:
+        return nan, nan.copy()
+    if sum(sizes) != len(x):
+        raise ValueError(f"corpus sizes {sizes} do not add up to the {len(x)} sentences")
+    counts = stratified_counts(s.seed, sizes, names, s.stability_resamples)
+    faithful = np.zeros(x.shape[1])
+    fdr = np.zeros(x.shape[1])
+    for b0 in range(0, len(counts), chunk):  # bounded memory; a loop over resamples, not heads
+        p = resampled_t(counts[b0 : b0 + chunk], x, s.tau, s.ddof)["p"]
+        faithful += (np.nan_to_num(p, nan=1.0) < s.alpha).sum(0)
+        fdr += np.stack([adjust(row, s.alpha, s.fdr_method)[1] for row in p]).sum(0)
+    testable = (~np.isnan(x)).sum(0) >= 2
+    return np.where(testable, faithful / len(counts), np.nan), np.where(testable, fdr / len(counts), np.nan)
+
+
+def corpus_shares(by_corpus: pd.DataFrame) -> pd.DataFrame:
+    """Per layer, head and role: the share of the corpora with a test (a p-value) in which the
+    per-corpus test gives the label, faithful and FDR, and the number of such corpora."""
+    t = by_corpus.assign(tested=by_corpus["p"].notna())
+    t = t.assign(f=t["significant_faithful"] & t["tested"], q=t["significant_fdr"] & t["tested"])
+    g = t.groupby(["layer", "head", "role"], sort=False)[["tested", "f", "q"]].sum().reset_index()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tested = g["tested"].to_numpy(dtype=float)
+        g["corpus_share_faithful"] = np.where(tested > 0, g["f"] / np.maximum(tested, 1), np.nan)
+        g["corpus_share_fdr"] = np.where(tested > 0, g["q"] / np.maximum(tested, 1), np.nan)
+    g["corpora_tested"] = g["tested"].astype(np.int64)
+    return g[["layer", "head", "role", "corpus_share_faithful", "corpus_share_fdr", "corpora_tested"]]
+
+
+def with_stability(pooled: pd.DataFrame, x: np.ndarray, sizes: list[int], names: list[str], by_corpus: pd.DataFrame, settings: HypothesisSettings) -> pd.DataFrame:
+    """The pooled table (rows in :func:`head_table` order, x [N, rows]) with STABILITY_COLUMNS appended."""
+    if x.shape[1] != len(pooled):
+        raise ValueError(f"{x.shape[1]} score columns for {len(pooled)} table rows")
+    out = pooled.copy()
+    out["stability_faithful"], out["stability_fdr"] = stability_shares(x, sizes, names, settings)
+    shares = corpus_shares(by_corpus)
+    out = out.merge(shares, on=["layer", "head", "role"], how="left", validate="one_to_one")
+    out["corpora_tested"] = out["corpora_tested"].fillna(0).astype(np.int64)
+    return out[list(pooled.columns) + STABILITY_COLUMNS]
