@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
-from headatlas.core.store import AttentionStore, AttentionWriter, layer_file, word_level, word_units
+from headatlas.core.store import AttentionStore, AttentionWriter, StoreError, layer_file, word_level, word_units
 
 N_LAYERS, N_HEADS = 2, 3
 
@@ -58,7 +58,7 @@ def write_store(out, tokenized, maps, ids, storage_dtype="float32", order=None, 
 def test_round_trip(tmp_path, corpus):
     tokenized, maps, ids = corpus
     out = write_store(tmp_path / "store", tokenized, maps, ids, order=[3, 0, 4, 2, 1], meta={"model": "m", "corpus": "c"})
-    assert sorted(p.name for p in out.iterdir()) == ["layer_00.h5", "layer_01.h5", "meta.json", "tokens.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["layer_00.h5", "layer_01.h5", "manifest.json", "meta.json", "tokens.h5"]
     with AttentionStore(out) as st:
         assert len(st) == len(tokenized)
         assert (st.n_layers, st.n_heads) == (N_LAYERS, N_HEADS)
@@ -122,8 +122,8 @@ def test_shards_read_as_one_store(tmp_path, corpus):
     tokenized, maps, ids = corpus
     single = write_store(tmp_path / "all", tokenized, maps, ids)
     cut = 2
-    a = write_store(tmp_path / "shard0", tokenized[:cut], [m[:cut] for m in maps], ids[:cut])
-    b = write_store(tmp_path / "shard1", tokenized[cut:], [m[cut:] for m in maps], ids[cut:])
+    a = write_store(tmp_path / "shard0", tokenized[:cut], [m[:cut] for m in maps], ids[:cut], meta={"model": "m", "shard": 0, "n_shards": 2})
+    b = write_store(tmp_path / "shard1", tokenized[cut:], [m[cut:] for m in maps], ids[cut:], meta={"model": "m", "shard": 1, "n_shards": 2})
     with AttentionStore(single) as one, AttentionStore([a, b]) as two:
         assert len(two) == len(one) == 5
         assert two.lengths.tolist() == one.lengths.tolist()
@@ -150,7 +150,7 @@ def test_shards_must_agree(tmp_path, corpus):
     b = write_store(tmp_path / "b", tokenized[2:], [m[2:] for m in maps], ids[2:], meta={"model": "other"})
     with pytest.raises(ValueError, match="model"):
         AttentionStore([a, b])
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(StoreError, match="missing"):
         AttentionStore([a, tmp_path / "missing"])
 
 
