@@ -56,7 +56,7 @@ CHECKSUM = "sha256"  # faster than blake2b here (767 vs 526 MB/s, hashlib, one c
 # Row sums of stored maps may miss 1 by rounding: float32 maps computed in float32 by ~n * 6e-8;
 # float16 storage (2^-11 per cell) or half-precision compute (bfloat16: 2^-9) by up to ~2e-3.
 ROW_SUM_TOL = {"float32": 1e-3, "half": 1e-2}
-REBUILD = "delete the directory and rerun snakemake (it extracts it again)"
+REBUILD = "delete the directory and rerun snakemake to extract it again"
 
 
 class StoreError(ValueError):
@@ -126,11 +126,11 @@ def map_faults(cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int 
     faults = []
     for h, c in zip(*np.nonzero(bad_cell)):
         t = row_of_cell[c]
-        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"value {cells[h, c]!r} outside [0, 1]"))
+        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"value {float(cells[h, c]):.6g} outside [0, 1]"))
         if stop_at and len(faults) >= stop_at:
             return faults
     for h, t in zip(*np.nonzero(bad_row)):
-        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"row sums to {sums[h, t]!r}, not 1 (tolerance {tol:g})"))
+        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"row sums to {float(sums[h, t]):.6g}, not 1 (tolerance {tol:g})"))
         if stop_at and len(faults) >= stop_at:
             break
     return faults
@@ -369,7 +369,12 @@ def _index(value, size: int, what: str) -> int:
 
 
 def _read_tokens(d: Path, manifest: dict) -> dict:
+    """The token table, checked: its checksum (the table is small and read whole anyway), then
+    its consistency with itself and the manifest."""
     path = d / "tokens.h5"
+    want = manifest["files"].get("tokens.h5", {}).get(manifest.get("checksum", CHECKSUM))
+    if want is not None and file_checksum(path) != want:
+        raise StoreError(f"{path}: {manifest.get('checksum', CHECKSUM)} checksum differs from the manifest (contents changed); {REBUILD}")
     try:
         with h5py.File(path, "r") as f:
             t = {k: (f[k].asstr()[()] if k in ("piece", "record_id") else f[k][()]) for k in (
@@ -407,7 +412,7 @@ class AttentionStore:
     Sequence indices are global across shards, in shard order. Every index (sequence, layer,
     head) is an integer in 0..size-1: negative indices, floats and out-of-range runs raise.
     Opening checks each directory's manifest (present, current layout, file sizes) and token
-    table; every read of maps checks its values (finite, in [0, 1], rows summing to 1 within
+    table (checksum and consistency); every read of maps checks its values (finite, in [0, 1], rows summing to 1 within
     :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record.
     """
 
