@@ -115,7 +115,9 @@ def map_faults(cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int 
         return []
     starts = row_starts(lengths) if starts is None else starts
     sums = np.add.reduceat(cells, starts, axis=1)
-    if cells.min() >= 0 and cells.max() <= 1 + tol and np.abs(sums - 1).max() <= tol:  # NaN fails every comparison
+    # cells >= 0 and every row summing to at most 1 + tol bound each cell by 1 + tol; NaN and inf
+    # fail one of the two comparisons: two passes over the cells
+    if cells.min() >= 0 and np.abs(sums - 1).max() <= tol:
         return []
     # slow path, only on a fault: say where
     tok_seq = np.repeat(np.arange(len(lengths)), lengths)
