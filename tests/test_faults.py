@@ -187,3 +187,15 @@ def test_dag_reruns_the_extraction_of_a_truncated_store(tmp_path, tiny_models):
     text = output_of(dry)
     assert dry.returncode == 0 and job_stats(dry.stdout) == {"extract_attention": 1}, text[-3000:]
     assert f"damaged attention store, its extraction will rerun: {target}/layer_01.h5: 100 bytes" in text
+
+
+def test_random_bytes_in_the_representations_fail_their_readers(store_dir):
+    path = layer_file(store_dir, 0)
+    with h5py.File(path, "r") as f:
+        offset = f["head_vectors"].id.get_offset()
+    scribble(path, offset + 40, 8)
+    with AttentionStore(store_dir) as st:
+        st.hidden(0), st.head_vectors(1)
+        with pytest.raises(StoreError, match=rf"{path}: head_vectors of layer 0 differ from their sha256"):
+            st.head_vectors(0)
+    assert any("layer_00.h5: sha256 checksum differs" in f for f in verify_store(store_dir))

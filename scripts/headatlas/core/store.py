@@ -76,6 +76,11 @@ def file_checksum(path: str | Path, block: int = 8 * 2**20) -> str:
     return h.hexdigest()
 
 
+def data_checksum(array: np.ndarray) -> str:
+    """Checksum of an array's contents (C order bytes)."""
+    return hashlib.new(CHECKSUM, np.ascontiguousarray(array).data).hexdigest()
+
+
 def row_sum_tolerance(meta: dict) -> float:
     """How far a stored row's sum may lie from 1 (see :data:`ROW_SUM_TOL`)."""
     full = meta.get("storage_dtype", "float32") == "float32" and meta.get("compute_dtype", "float32") == "float32"
@@ -314,10 +319,14 @@ class AttentionWriter:
     def _write_manifest(self) -> None:
         """manifest.json, last: every file's size and checksum, each layer's counts."""
         n_cells = int(self.cell_offsets[-1])
-        layers = {
-            layer_file(self.tmp, layer).name: {"n_sequences": len(self.lengths), "n_cells": n_cells if self.store_maps else 0, "n_heads": self.n_heads}
-            for layer in range(self.n_layers)
-        }
+        layers = {}
+        for layer in range(self.n_layers):
+            path = layer_file(self.tmp, layer)
+            entry = {"n_sequences": len(self.lengths), "n_cells": n_cells if self.store_maps else 0, "n_heads": self.n_heads}
+            if self.rep_shapes is not None:  # small, read whole, and not checkable by value: checksum their contents
+                with h5py.File(path, "r") as f:
+                    entry["data_" + CHECKSUM] = {key: data_checksum(f[key][()]) for key in ("head_vectors", "hidden")}
+            layers[path.name] = entry
         names = ["tokens.h5", "meta.json"] + list(layers)
         files = {name: {"size": (self.tmp / name).stat().st_size, CHECKSUM: file_checksum(self.tmp / name)} for name in names}
         manifest = {
@@ -415,7 +424,8 @@ class AttentionStore:
     head) is an integer in 0..size-1: negative indices, floats and out-of-range runs raise.
     Opening checks each directory's manifest (present, current layout, file sizes) and token
     table (checksum and consistency); every read of maps checks its values (finite, in [0, 1], rows summing to 1 within
-    :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record.
+    :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record; a read of
+    representations checks their checksum (they are small and read whole).
     """
 
     def __init__(self, directories: str | Path | Sequence[str | Path], check_values: bool = True):
@@ -622,9 +632,9 @@ class AttentionStore:
             if key not in f:
                 raise StoreError(f"{f.filename}: no {key} stored (extracted with reps: false)")
             x = f[key][()]
-            if self.check_values and not np.isfinite(x).all():
-                k = int(self.shard_starts[s] + np.argwhere(~np.isfinite(x))[0][0])
-                raise StoreError(f"{f.filename}: non-finite {key} at layer {layer}, sequence {k} (record {self.record_id[k]}); the file is damaged: {REBUILD}")
+            want = self.manifests[s]["layers"].get(Path(f.filename).name, {}).get("data_" + CHECKSUM, {}).get(key)
+            if self.check_values and want is not None and data_checksum(x) != want:
+                raise StoreError(f"{f.filename}: {key} of layer {layer} differ from their {CHECKSUM} in the manifest; the file is damaged: {REBUILD}")
             parts.append(x)
         return np.concatenate(parts)
 
