@@ -24,9 +24,14 @@ Layout of one extraction output directory (one model x corpus x shard)::
                          real token (or one past it) for decoders
       /hidden            float32 [N, D]     the layer's hidden state at the same position
     meta.json            the same metadata, for people
+    manifest.json        written last: layout version, every file's size and sha256, per layer its
+                         sequences and cells (and a checksum of its representations)
 
 Padded rows and columns are never stored. A directory is written under a temporary name
-and renamed when complete, so a killed job leaves nothing a later rule would accept.
+and renamed when complete, so a killed job leaves nothing a later rule would accept; the
+next writer of the same output removes temporaries of dead processes. Readers check the
+manifest on open and every map's values on read (see :class:`AttentionStore`);
+:func:`verify_store` checks everything.
 """
 
 from __future__ import annotations
