@@ -202,7 +202,9 @@ def _rerun_damaged_stores():
     for d in extraction_targets():
         problem = store_problem(d)
         if problem:
-            logger.warning(f"damaged attention store, its extraction will rerun: {problem}")
+            logger.warning(
+                f"damaged attention store, its extraction will rerun: {problem}"
+            )
             stamp = Path(d) / ".snakemake_timestamp"
             if stamp.exists():
                 os.utime(stamp, (0, 0))
