@@ -199,3 +199,20 @@ def test_random_bytes_in_the_representations_fail_their_readers(store_dir):
         with pytest.raises(StoreError, match=rf"{path}: head_vectors of layer 0 differ from their sha256"):
             st.head_vectors(0)
     assert any("layer_00.h5: sha256 checksum differs" in f for f in verify_store(store_dir))
+
+
+def test_extraction_refuses_maps_that_are_not_distributions(tmp_path, tiny_loaded, ewt_records):
+    from headatlas.core.models import ModelError
+
+    spec, model, tokenizer, config = tiny_loaded("bert")
+
+    def zero_row(module, args, output):
+        output.attentions[1][0, 2, 3, :] = 0.0  # layer 1, head 2, query row 3 of the batch's first sequence
+
+    handle = model.register_forward_hook(zero_row)
+    try:
+        with pytest.raises(ModelError, match=r"model 'bert': layer 1, head 2, record .+, query row 3: attention row sums to 0"):
+            extract(ewt_records[:4], spec, model, tokenizer, config, tmp_path / "out")
+    finally:
+        handle.remove()
+    assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ import numpy as np
 from .align import bos_id, encode_record
 from .data import Counts, Record, TokenizedRecord
 from .models import ModelError, ModelSpec, model_kind, package_versions
-from .store import AttentionWriter, budget_runs
+from .store import AttentionWriter, budget_runs, map_faults, row_sum_tolerance
 
 log = logging.getLogger("headatlas.core.extract")
 
@@ -253,9 +253,14 @@ def extract(
     shapes = rep_shapes(model, n_layers, n_heads) if reps else None
     lengths = np.array([len(t) for t in tokenized])
     store_dtype = np.dtype(storage_dtype)
+    tol = row_sum_tolerance({"storage_dtype": str(store_dtype), "compute_dtype": spec.dtype})
+
     def write_window(writer, start, stop, buf, head_buf, hidden_buf):
         for layer in range(n_layers):
             if maps:
+                # the readers' value check, at the source: a model whose maps are not distributions fails here
+                for head, k, q, what in map_faults(buf[layer], lengths[start:stop], tol):
+                    raise ModelError(f"model {spec.name!r}: layer {layer}, head {head}, record {ids[start + k]}, query row {q}: attention {what}")
                 writer.write_cells(start, stop, layer, buf[layer])
             if reps:
                 writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
