@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
 import pytest
 
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
-from headatlas.core.store import AttentionStore, AttentionWriter, layer_file, word_level, word_units
+from headatlas.core.store import AttentionStore, AttentionWriter, StoreError, layer_file, word_level, word_units
 
 N_LAYERS, N_HEADS = 2, 3
 
@@ -58,7 +59,7 @@ def write_store(out, tokenized, maps, ids, storage_dtype="float32", order=None, 
 def test_round_trip(tmp_path, corpus):
     tokenized, maps, ids = corpus
     out = write_store(tmp_path / "store", tokenized, maps, ids, order=[3, 0, 4, 2, 1], meta={"model": "m", "corpus": "c"})
-    assert sorted(p.name for p in out.iterdir()) == ["layer_00.h5", "layer_01.h5", "meta.json", "tokens.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["layer_00.h5", "layer_01.h5", "manifest.json", "meta.json", "tokens.h5"]
     with AttentionStore(out) as st:
         assert len(st) == len(tokenized)
         assert (st.n_layers, st.n_heads) == (N_LAYERS, N_HEADS)
@@ -122,8 +123,8 @@ def test_shards_read_as_one_store(tmp_path, corpus):
     tokenized, maps, ids = corpus
     single = write_store(tmp_path / "all", tokenized, maps, ids)
     cut = 2
-    a = write_store(tmp_path / "shard0", tokenized[:cut], [m[:cut] for m in maps], ids[:cut])
-    b = write_store(tmp_path / "shard1", tokenized[cut:], [m[cut:] for m in maps], ids[cut:])
+    a = write_store(tmp_path / "shard0", tokenized[:cut], [m[:cut] for m in maps], ids[:cut], meta={"model": "m", "shard": 0, "n_shards": 2})
+    b = write_store(tmp_path / "shard1", tokenized[cut:], [m[cut:] for m in maps], ids[cut:], meta={"model": "m", "shard": 1, "n_shards": 2})
     with AttentionStore(single) as one, AttentionStore([a, b]) as two:
         assert len(two) == len(one) == 5
         assert two.lengths.tolist() == one.lengths.tolist()
@@ -150,7 +151,7 @@ def test_shards_must_agree(tmp_path, corpus):
     b = write_store(tmp_path / "b", tokenized[2:], [m[2:] for m in maps], ids[2:], meta={"model": "other"})
     with pytest.raises(ValueError, match="model"):
         AttentionStore([a, b])
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(StoreError, match="missing"):
         AttentionStore([a, tmp_path / "missing"])
 
 
@@ -261,3 +262,224 @@ def test_store_word_maps(tmp_path, corpus):
         np.testing.assert_allclose(got, ref, rtol=1e-6)
         assert unit_word.tolist() == ref_word.tolist()
         assert got.shape[1] == len(set(t["word"].tolist()) - {-1}) + 2
+
+
+# --- manifest, value checks, index rule, shards, chunks, empty stores (issue 11, 12) ------------
+
+
+def test_manifest_lists_every_file_with_size_and_checksum(tmp_path, corpus):
+    from headatlas.core.store import LAYOUT_VERSION, file_checksum
+
+    tokenized, maps, ids = corpus
+    out = write_store(tmp_path / "s", tokenized, maps, ids)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["layout_version"] == LAYOUT_VERSION and man["checksum"] == "sha256"
+    assert sorted(man["files"]) == ["layer_00.h5", "layer_01.h5", "meta.json", "tokens.h5"]
+    for name, entry in man["files"].items():
+        assert entry["size"] == (out / name).stat().st_size
+        assert entry["sha256"] == file_checksum(out / name)
+    assert man["n_sequences"] == 5 and man["n_tokens"] == sum(len(t) for t in tokenized)
+    assert man["layers"]["layer_01.h5"] == {"n_sequences": 5, "n_cells": sum(len(t) ** 2 for t in tokenized), "n_heads": N_HEADS}
+
+
+def test_old_or_foreign_layout_is_rejected_with_the_rebuild_advice(tmp_path, corpus):
+    tokenized, maps, ids = corpus
+    out = write_store(tmp_path / "s", tokenized, maps, ids)
+    man = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps(dict(man, layout_version=99)))
+    with pytest.raises(StoreError, match=r"manifest.json: store layout version 99.*delete the directory and rerun snakemake"):
+        AttentionStore(out)
+    (out / "manifest.json").unlink()  # a store from before the manifest
+    with pytest.raises(StoreError, match=r"manifest.json: missing.*layout version 1.*rerun snakemake"):
+        AttentionStore(out)
+
+
+def _bad_store(tmp_path, corpus, layer, k, head, row, value, storage_dtype="float32"):
+    tokenized, maps, ids = corpus
+    maps = [[m.copy() for m in per_layer] for per_layer in maps]
+    maps[layer][k][head, row] = value
+    return write_store(tmp_path / "bad", tokenized, maps, ids, storage_dtype=storage_dtype)
+
+
+@pytest.mark.parametrize("value, what", [(0.0, "row sums to 0"), (np.nan, "value nan"), (-0.25, "value -0.25"), (2.0, "value 2 outside")])
+def test_every_read_checks_values_and_names_file_layer_head_record(tmp_path, corpus, value, what):
+    out = _bad_store(tmp_path, corpus, layer=1, k=2, head=2, row=1, value=value)
+    where = rf"layer_01.h5: invalid attention map at layer 1, head 2, sequence 2 \(record rec-2\), query row 1: {what}"
+    with AttentionStore(out) as st:
+        st.maps(1, 1), st.maps(0, 2), st.maps(1, 2, heads=0)  # other sequences, layers and heads are fine
+        for read in (
+            lambda: st.maps(1, 2),
+            lambda: st.maps(1, 2, heads=2),
+            lambda: st.head(1, 2),
+            lambda: st.head_maps(1, 2),
+            lambda: st.layer_maps(1),
+            lambda: st.layer_maps(1, 2, 3),
+            lambda: st.layer_cells(1, 0, 5),
+            lambda: st.word_maps(1, 2),
+        ):
+            with pytest.raises(StoreError, match=where):
+                read()
+    with AttentionStore(out, check_values=False) as st:
+        assert st.maps(1, 2).shape == (N_HEADS, 3, 3)
+
+
+def test_row_sum_tolerance_depends_on_the_stored_precision(tmp_path, corpus):
+    from headatlas.core.store import ROW_SUM_TOL
+
+    tokenized, maps, ids = corpus
+    row = maps[0][0][0, 0]
+    off = row + np.array([5e-3, 0, 0, 0, 0], dtype=np.float32)  # sums to 1.005
+    assert ROW_SUM_TOL["float32"] < 5e-3 < ROW_SUM_TOL["half"]
+    with AttentionStore(_bad_store(tmp_path / "a", corpus, 0, 0, 0, 0, off)) as st:
+        with pytest.raises(StoreError, match="row sums to 1.00"):
+            st.maps(0, 0)
+    with AttentionStore(_bad_store(tmp_path / "b", corpus, 0, 0, 0, 0, off, storage_dtype="float16")) as st:
+        st.maps(0, 0)
+    # float16 rounding of honest maps never trips the check (rows of up to 512 cells)
+    rng = np.random.default_rng(3)
+    from headatlas.core.store import map_faults
+
+    for n in (3, 64, 512):
+        a = rng.dirichlet(np.full(n, 0.05), size=(2, n)).astype(np.float16).astype(np.float32)
+        assert map_faults(a.reshape(2, n * n), np.array([n]), ROW_SUM_TOL["half"]) == []
+
+
+def test_map_faults_hand_computed():
+    from headatlas.core.store import map_faults, row_starts
+
+    assert row_starts(np.array([2, 1, 3])).tolist() == [0, 2, 4, 5, 8, 11]
+    a = np.array([0.5, 0.5, 1.0, 0.0, 1.0]), np.array([1.0]), np.array([1, 0, 0, 0.2, 0.8, 0, 0, 0, 1.0])
+    cells = np.concatenate([np.concatenate([x.reshape(-1) for x in (np.array([0.5, 0.5, 1.0, 0.0]), a[1], a[2])])])[None]
+    assert map_faults(cells, np.array([2, 1, 3]), 1e-3) == []
+    cells[0, 5 + 3 : 5 + 6] = [0.2, 0.2, 0.2]  # sequence 2, row 1 sums to 0.6
+    assert map_faults(cells, np.array([2, 1, 3]), 1e-3) == [(0, 2, 1, "row sums to 0.6, not 1 (tolerance 0.001)")]
+
+
+def test_one_index_rule_everywhere(tmp_path, corpus):
+    tokenized, maps, ids = corpus
+    out = write_store(tmp_path / "s", tokenized, maps, ids)
+    with AttentionStore(out) as st:
+        for call in (
+            lambda: st.maps(0, -1),
+            lambda: st.maps(0, 5),
+            lambda: st.tokens(-1),
+            lambda: st.tokens(5),
+            lambda: st.word_maps(0, -1),
+            lambda: st.maps(-1, 0),
+            lambda: st.maps(N_LAYERS, 0),
+            lambda: st.head(0, -1),
+            lambda: st.head(0, N_HEADS),
+            lambda: st.maps(0, 0, heads=-1),
+            lambda: st.maps(0, 0, heads=slice(-2, None)),
+            lambda: st.layer_maps(0, 0, 6),
+            lambda: st.layer_maps(0, -1),
+            lambda: st.layer_maps(0, 3, 2),
+            lambda: st.layer_cells(0, 4, 6),
+            lambda: st.head_maps(N_LAYERS, 0),
+        ):
+            with pytest.raises(IndexError, match="outside 0..[0-9]+( \\(negative indices are not accepted\\))?"):
+                call()
+        for call in (lambda: st.maps(1.0, 0), lambda: st.maps(0, 1.0), lambda: st.tokens(True), lambda: st.layer_maps(0, 0, 2.5)):
+            with pytest.raises(TypeError, match="must be an integer"):
+                call()
+        assert st.maps(np.int64(1), np.int32(4)).shape == (N_HEADS, 4, 4)  # numpy integers are integers
+        assert st.layer_maps(0, 5, 5) == [] and st.layer_maps(0, 2, None)[0].shape == (N_HEADS, 3, 3)
+
+
+def _shards(tmp_path, data, n_shards=2, **meta):
+    tokenized, maps, ids = data
+    cuts = np.linspace(0, len(tokenized), n_shards + 1).astype(int)
+    out = []
+    for s in range(n_shards):
+        a, b = cuts[s], cuts[s + 1]
+        m = {"model": "m", "corpus": "c", "shard": s, "n_shards": n_shards}
+        m.update({k: v[s] if isinstance(v, list) else v for k, v in meta.items()})
+        out.append(write_store(tmp_path / f"shard{s}of{n_shards}", tokenized[a:b], [x[a:b] for x in maps], ids[a:b], meta=m))
+    return out
+
+
+def test_shards_must_be_one_extraction_each_once_in_order(tmp_path, corpus):
+    a, b = _shards(tmp_path, corpus)
+    with AttentionStore([a, b]) as st:
+        assert len(st) == 5 and st.shard_of.tolist() == [0, 0, 1, 1, 1]
+    with pytest.raises(StoreError, match="shard 0 given twice"):
+        AttentionStore([a, a])
+    with pytest.raises(StoreError, match="shard 0 given after shard 1"):
+        AttentionStore([b, a])
+    other = _shards(tmp_path / "o", corpus, corpus=["c", "d"])
+    with pytest.raises(StoreError, match="corpus 'd' differs"):
+        AttentionStore(other)
+    other = _shards(tmp_path / "m", corpus, model=["m", "x"])
+    with pytest.raises(StoreError, match="model 'x' differs"):
+        AttentionStore(other)
+    tokenized, maps, ids = corpus
+    plain = write_store(tmp_path / "plain", tokenized[:2], [x[:2] for x in maps], ids[:2], meta={"model": "m", "corpus": "c", "n_shards": 2})
+    with pytest.raises(StoreError, match="no shard index"):
+        AttentionStore([plain, b])
+
+
+def test_chunks_fit_the_budget_and_never_cross_shards(tmp_path, corpus):
+    tokenized, maps, ids = corpus  # lengths 5, 9, 3, 7, 4 in shards [5, 9] and [3, 7, 4]
+    with AttentionStore(_shards(tmp_path, corpus)) as st:
+        assert st.chunks(10**9) == [(0, 2), (2, 5)]
+        assert st.chunks(1) == [(k, k + 1) for k in range(5)]
+        runs = st.chunks((9 + 49) * 4 * N_HEADS)
+        assert runs == [(0, 1), (1, 2), (2, 4), (4, 5)]
+        for layer in range(N_LAYERS):
+            for k0, k1 in runs + [(0, 5), (1, 4)]:  # also runs across the shard boundary
+                cells = st.layer_cells(layer, k0, k1)
+                assert cells.dtype == np.float32
+                want = np.concatenate([maps[layer][k].reshape(N_HEADS, -1) for k in range(k0, k1)], axis=1)
+                np.testing.assert_array_equal(cells, want)
+
+
+def test_empty_shards_are_valid_empty_stores(tmp_path, corpus):
+    from headatlas.core.store import verify_store
+
+    tokenized, maps, ids = corpus
+    empty = write_store(tmp_path / "shard0of3", [], [[], []], [], meta={"model": "m", "shard": 0, "n_shards": 3})
+    full = write_store(tmp_path / "shard1of3", tokenized, maps, ids, meta={"model": "m", "shard": 1, "n_shards": 3})
+    empty2 = write_store(tmp_path / "shard2of3", [], [[], []], [], meta={"model": "m", "shard": 2, "n_shards": 3})
+    assert verify_store(empty) == []
+    with AttentionStore(empty) as st:
+        assert len(st) == 0 and st.chunks(100) == [] and st.layer_maps(0) == []
+        assert st.head(1, 2)[0].shape == (0,) and st.layer_cells(0, 0, 0).shape == (N_HEADS, 0)
+    with AttentionStore([empty, full, empty2]) as st:
+        assert len(st) == 5 and st.chunks(10**9) == [(0, 5)]
+        np.testing.assert_array_equal(st.maps(1, 4), maps[1][4])
+        np.testing.assert_array_equal(st.head(0, 1)[0][: 25], maps[0][0][1].reshape(-1))
+
+
+def test_writer_removes_temporaries_of_dead_jobs_only(tmp_path, corpus):
+    import subprocess
+    import sys
+
+    tokenized, maps, ids = corpus
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f"s.tmp{dead}"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "layer_00.h5").write_bytes(b"half written")
+    alive = tmp_path / f"s.tmp{os.getppid()}"
+    alive.mkdir()
+    unrelated = tmp_path / f"other.tmp{dead}"
+    unrelated.mkdir()
+    write_store(tmp_path / "s", tokenized, maps, ids)
+    assert not stale.exists() and alive.exists() and unrelated.exists()
+
+
+def test_verify_finds_changed_bytes_and_bad_values(tmp_path, corpus):
+    from headatlas.core.store import verify_store
+
+    tokenized, maps, ids = corpus
+    good = write_store(tmp_path / "good", tokenized, maps, ids)
+    assert verify_store(good) == []
+    bad = _bad_store(tmp_path, corpus, layer=0, k=3, head=1, row=0, value=0.0)
+    man = json.loads((bad / "manifest.json").read_text())
+    faults = verify_store(bad)
+    assert len(faults) == 1 and "layer_00.h5: layer 0, head 1, sequence 3 (record rec-3), query row 0: row sums to 0" in faults[0]
+    with open(bad / "meta.json", "r+b") as fh:  # same size, other bytes
+        fh.seek(2)
+        fh.write(b"X")
+    assert (bad / "meta.json").stat().st_size == man["files"]["meta.json"]["size"]
+    faults = verify_store(bad)
+    assert any("meta.json: sha256 checksum differs" in f for f in faults) and len(faults) == 2

@@ -207,3 +207,32 @@ def all_targets():
         for t in f()
         if f is extraction_targets or not helpers.intersection(Path(t).parts)
     ]
+
+
+# --- store integrity (owner: the attention store, headatlas.core.store) ---------------------------
+# A store whose manifest is missing, of an old layout, or lists a file that is missing or has another
+# size (truncated, replaced, deleted) is damaged: warn naming the file, and date it back to the epoch
+# so that Snakemake sees it older than its inputs and reruns its extraction (in a dry run too).
+import os
+import sys as _sys
+
+from snakemake.logging import logger
+
+_sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+from headatlas.core.store import store_problem  # noqa: E402
+
+
+def _rerun_damaged_stores():
+    for d in extraction_targets():
+        problem = store_problem(d)
+        if problem:
+            logger.warning(
+                f"damaged attention store, its extraction will rerun: {problem}"
+            )
+            stamp = Path(d) / ".snakemake_timestamp"
+            if stamp.exists():
+                os.utime(stamp, (0, 0))
+            os.utime(d, (0, 0))
+
+
+_rerun_damaged_stores()

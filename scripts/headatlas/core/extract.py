@@ -16,7 +16,7 @@ import numpy as np
 from .align import bos_id, encode_record
 from .data import Counts, Record, TokenizedRecord
 from .models import ModelError, ModelSpec, model_kind, package_versions
-from .store import AttentionWriter
+from .store import AttentionWriter, budget_runs, map_faults, row_sum_tolerance
 
 log = logging.getLogger("headatlas.core.extract")
 
@@ -58,16 +58,8 @@ def tokenize_records(
 
 def storage_windows(lengths: np.ndarray, bytes_per_cell: int, budget: int) -> list[tuple[int, int]]:
     """Consecutive [start, stop) ranges of sequences whose n x n maps fit in ``budget`` bytes
-    (at least one sequence each)."""
-    size = np.asarray(lengths, dtype=np.int64) ** 2 * bytes_per_cell
-    out, start, acc = [], 0, 0
-    for i, b in enumerate(size):
-        if i > start and acc + b > budget:
-            out.append((start, i))
-            start, acc = i, 0
-        acc += b
-    out.append((start, len(size)))
-    return out
+    (at least one sequence each; none for no sequence)."""
+    return budget_runs(np.asarray(lengths, dtype=np.int64) ** 2 * bytes_per_cell, budget)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
@@ -234,8 +226,10 @@ def extract(
         "model %s: %d records, %d sequences, %d skipped (longer than %d tokens), %d truncated",
         spec.name, counts["records"], counts["sequences"], counts["skipped_too_long"], spec.max_length, counts["truncated"],
     )
-    if not tokenized:
+    if records and not tokenized:
         raise ModelError(f"model {spec.name!r}: every record is longer than max_length {spec.max_length}; nothing to extract")
+    if not records:  # a shard of a corpus split in more shards than it has records: a valid empty store
+        log.warning("model %s: no record in this shard; writing an empty store", spec.name)
     n_layers, n_heads = model_shape(config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     full_meta = dict(
@@ -259,9 +253,14 @@ def extract(
     shapes = rep_shapes(model, n_layers, n_heads) if reps else None
     lengths = np.array([len(t) for t in tokenized])
     store_dtype = np.dtype(storage_dtype)
+    tol = row_sum_tolerance({"storage_dtype": str(store_dtype), "compute_dtype": spec.dtype})
+
     def write_window(writer, start, stop, buf, head_buf, hidden_buf):
         for layer in range(n_layers):
             if maps:
+                # the readers' value check, at the source: a model whose maps are not distributions fails here
+                for head, k, q, what in map_faults(buf[layer], lengths[start:stop], tol):
+                    raise ModelError(f"model {spec.name!r}: layer {layer}, head {head}, record {ids[start + k]}, query row {q}: attention {what}")
                 writer.write_cells(start, stop, layer, buf[layer])
             if reps:
                 writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])

@@ -24,15 +24,24 @@ Layout of one extraction output directory (one model x corpus x shard)::
                          real token (or one past it) for decoders
       /hidden            float32 [N, D]     the layer's hidden state at the same position
     meta.json            the same metadata, for people
+    manifest.json        written last: layout version, every file's size and sha256, per layer its
+                         sequences and cells (and a checksum of its representations)
 
 Padded rows and columns are never stored. A directory is written under a temporary name
-and renamed when complete, so a killed job leaves nothing a later rule would accept.
+and renamed when complete, so a killed job leaves nothing a later rule would accept; the
+next writer of the same output removes temporaries of dead processes. Readers check the
+manifest on open and every map's values on read (see :class:`AttentionStore`);
+:func:`verify_store` checks everything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import operator
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Sequence
@@ -40,17 +49,176 @@ from typing import Sequence
 import h5py
 import numpy as np
 
-from .data import SPECIAL_NONE, TokenizedRecord
+from .data import SPECIAL_NAMES, SPECIAL_NONE, TokenizedRecord
+
+log = logging.getLogger("headatlas.core.store")
 
 STR = h5py.string_dtype(encoding="utf-8")
+MANIFEST = "manifest.json"
+# 1: no manifest (before the integrity checks); 2: manifest.json with sizes and checksums
+LAYOUT_VERSION = 2
+CHECKSUM = "sha256"  # faster than blake2b here (767 vs 526 MB/s, hashlib, one core)
+# Row sums of stored maps may miss 1 by rounding: float32 maps computed in float32 by ~n * 6e-8;
+# float16 storage (2^-11 per cell) or half-precision compute (bfloat16: 2^-9) by up to ~2e-3.
+ROW_SUM_TOL = {"float32": 1e-3, "half": 1e-2}
+REBUILD = "delete the directory and rerun snakemake to extract it again"
+
+
+class StoreError(ValueError):
+    """A store on disk that is missing, damaged, inconsistent or holds invalid maps; the
+    message names the file (and the layer, head and sequence for a bad value)."""
 
 
 def layer_file(directory: str | Path, layer: int) -> Path:
     return Path(directory) / f"layer_{layer:02d}.h5"
 
 
+def file_checksum(path: str | Path, block: int = 8 * 2**20) -> str:
+    h = hashlib.new(CHECKSUM)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def data_checksum(array: np.ndarray) -> str:
+    """Checksum of an array's contents (C order bytes)."""
+    return hashlib.new(CHECKSUM, np.ascontiguousarray(array).data).hexdigest()
+
+
+def row_sum_tolerance(meta: dict) -> float:
+    """How far a stored row's sum may lie from 1 (see :data:`ROW_SUM_TOL`)."""
+    full = meta.get("storage_dtype", "float32") == "float32" and meta.get("compute_dtype", "float32") == "float32"
+    return ROW_SUM_TOL["float32" if full else "half"]
+
+
+def budget_runs(sizes: np.ndarray, budget: int, groups: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) runs of items whose ``sizes`` sum to at most ``budget`` (at
+    least one item each) and that never mix two ``groups`` (e.g. shards)."""
+    out, start, acc = [], 0, 0
+    for i, b in enumerate(np.asarray(sizes, dtype=np.int64).tolist()):
+        if i > start and (acc + b > budget or (groups is not None and groups[i] != groups[start])):
+            out.append((start, i))
+            start, acc = i, 0
+        acc += b
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+def row_starts(lengths: np.ndarray) -> np.ndarray:
+    """The flat cell index of every row (query token) of sequences stored back to back."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cell_off = np.concatenate([[0], np.cumsum(lengths**2)])[:-1]
+    seq = np.repeat(np.arange(len(lengths)), lengths)
+    tok_off = np.concatenate([[0], np.cumsum(lengths)])[:-1]
+    return cell_off[seq] + (np.arange(int(lengths.sum())) - tok_off[seq]) * lengths[seq]
+
+
+def map_faults(cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int | None = 1, starts: np.ndarray | None = None) -> list[tuple[int, int, int, str]]:
+    """Check flat maps [h, sum n^2] of sequences with ``lengths`` stored back to back: every cell
+    finite and within [0, 1 + tol], every row summing to 1 within ``tol``. Returns up to
+    ``stop_at`` faults (row of ``cells``, sequence, query row, what); [] when all is well.
+    ``starts`` (the :func:`row_starts` of ``lengths``) may be given to save recomputing them."""
+    cells = np.atleast_2d(cells)
+    if cells.size == 0:
+        return []
+    starts = row_starts(lengths) if starts is None else starts
+    sums = np.add.reduceat(cells, starts, axis=1)
+    # cells >= 0 and every row summing to at most 1 + tol bound each cell by 1 + tol; NaN and inf
+    # fail one of the two comparisons: two passes over the cells
+    if cells.min() >= 0 and np.abs(sums - 1).max() <= tol:
+        return []
+    # slow path, only on a fault: say where
+    tok_seq = np.repeat(np.arange(len(lengths)), lengths)
+    tok_off = np.concatenate([[0], np.cumsum(lengths)])
+    bad_row = ~(np.abs(sums - 1) <= tol)
+    bad_cell = ~((cells >= 0) & (cells <= 1 + tol))
+    row_of_cell = np.searchsorted(starts, np.arange(cells.shape[1]), side="right") - 1
+    faults = []
+    for h, c in zip(*np.nonzero(bad_cell)):
+        t = row_of_cell[c]
+        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"value {float(cells[h, c]):.6g} outside [0, 1]"))
+        if stop_at and len(faults) >= stop_at:
+            return faults
+    for h, t in zip(*np.nonzero(bad_row)):
+        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"row sums to {float(sums[h, t]):.6g}, not 1 (tolerance {tol:g})"))
+        if stop_at and len(faults) >= stop_at:
+            break
+    return faults
+
+
+def remove_stale_temporaries(out: str | Path) -> list[Path]:
+    """Remove ``{out}.tmp<PID>`` left next to ``out`` by killed jobs (PID no longer alive here)."""
+    out = Path(out)
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    pattern = re.compile(re.escape(out.name) + r"\.tmp(\d+)$")
+    for p in out.parent.iterdir():
+        m = pattern.match(p.name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            log.warning("%s: left in place, process %s is still running", p, m.group(1))
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # alive, another user's
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        log.warning("%s: removed the temporary output of a killed job", p)
+        removed.append(p)
+    return removed
+
+
+def read_manifest(directory: str | Path) -> dict:
+    """The store's manifest, after the cheap checks: present, current layout, every listed file
+    there with its recorded size. Raises :class:`StoreError` naming the file."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise StoreError(f"{directory}: missing; is it an extraction output?")
+    if not path.is_file():
+        raise StoreError(
+            f"{path}: missing. The store was written by an older headatlas (layout version 1) or by a job that did "
+            f"not finish; {REBUILD}"
+        )
+    try:
+        man = json.loads(path.read_text())
+        version, files = man["layout_version"], man["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise StoreError(f"{path}: unreadable manifest ({e}); {REBUILD}") from None
+    if version != LAYOUT_VERSION:
+        raise StoreError(f"{path}: store layout version {version}, this headatlas reads version {LAYOUT_VERSION}; {REBUILD}")
+    for name, entry in files.items():
+        f = directory / name
+        if not f.is_file():
+            raise StoreError(f"{f}: missing (listed in {path}); {REBUILD}")
+        size = f.stat().st_size
+        if size != entry["size"]:
+            raise StoreError(f"{f}: {size} bytes, the manifest says {entry['size']} (truncated or replaced); {REBUILD}")
+    return man
+
+
+def store_problem(directory: str | Path) -> str | None:
+    """Why an existing store directory is not usable (cheap checks of :func:`read_manifest`), or
+    None when it is, or when it does not exist (then it is simply not built yet)."""
+    if not Path(directory).exists():
+        return None
+    try:
+        read_manifest(directory)
+    except StoreError as e:
+        return str(e)
+    return None
+
+
 class AttentionWriter:
-    """Write the maps of one extraction job; use as a context manager."""
+    """Write the maps of one extraction job; use as a context manager.
+
+    ``close`` writes ``manifest.json`` last (sizes and checksums of every file) and renames the
+    temporary directory to ``out_dir``; an empty ``tokenized`` gives a valid empty store."""
 
     def __init__(
         self,
@@ -64,16 +232,15 @@ class AttentionWriter:
         maps: bool = True,
         rep_shapes: tuple[int, int] | None = None,
     ):
-        if not tokenized:
-            raise ValueError(f"{out_dir}: no sequence to store")
         self.out_dir = Path(out_dir)
         self.tmp = self.out_dir.with_name(self.out_dir.name + f".tmp{os.getpid()}")
+        remove_stale_temporaries(self.out_dir)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
         self.n_layers, self.n_heads = n_layers, n_heads
         self.dtype = np.dtype(storage_dtype)
         self.lengths = np.array([len(t) for t in tokenized], dtype=np.int64)
-        self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)])
+        self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)]).astype(np.int64)
         self.store_maps = maps
         self.written = np.zeros((n_layers, len(tokenized)), dtype=bool)
         self.reps_written = np.zeros((n_layers, len(tokenized)), dtype=bool)
@@ -95,17 +262,19 @@ class AttentionWriter:
             self.files.append(f)
 
     def _write_tokens(self, tokenized: Sequence[TokenizedRecord], record_ids: Sequence[str]) -> None:
-        cat = lambda attr, dt: np.concatenate([np.asarray(getattr(t, attr), dtype=dt) for t in tokenized])  # noqa: E731
+        def cat(attr, dt):
+            return np.concatenate([np.asarray(getattr(t, attr), dtype=dt) for t in tokenized] + [np.zeros(0, dtype=dt)])
+
         with h5py.File(self.tmp / "tokens.h5", "w") as f:
             f.create_dataset("input_ids", data=cat("ids", np.int32))
-            f.create_dataset("piece", data=[p for t in tokenized for p in t.pieces], dtype=STR)
+            f.create_dataset("piece", data=np.array([p for t in tokenized for p in t.pieces], dtype=object), dtype=STR)
             f.create_dataset("word", data=cat("word", np.int32))
             f.create_dataset("special", data=cat("special", np.int8))
             f.create_dataset("segment", data=cat("segment", np.int8))
-            f.create_dataset("token_offsets", data=np.concatenate([[0], np.cumsum(self.lengths)]))
+            f.create_dataset("token_offsets", data=np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64))
             f.create_dataset("lengths", data=self.lengths.astype(np.int32))
             f.create_dataset("record_index", data=np.array([t.record_index for t in tokenized], dtype=np.int64))
-            f.create_dataset("record_id", data=list(record_ids), dtype=STR)
+            f.create_dataset("record_id", data=np.array(list(record_ids), dtype=object), dtype=STR)
             f.create_dataset("n_words", data=np.array([t.n_words for t in tokenized], dtype=np.int32))
             f.create_dataset("truncated", data=np.array([t.truncated for t in tokenized], dtype=bool))
 
@@ -142,12 +311,43 @@ class AttentionWriter:
             if wanted and not done.all():
                 missing = np.argwhere(~done)[:3].tolist()
                 raise RuntimeError(f"{self.out_dir}: {what} missing for (layer, sequence) {missing}")
-        meta = dict(self.meta, n_layers=self.n_layers, n_heads=self.n_heads, n_sequences=len(self.lengths), storage_dtype=str(self.dtype))
+        meta = dict(
+            self.meta, n_layers=self.n_layers, n_heads=self.n_heads, n_sequences=len(self.lengths), storage_dtype=str(self.dtype), layout_version=LAYOUT_VERSION
+        )
         with h5py.File(self.tmp / "tokens.h5", "a") as f:
             f.attrs["meta"] = json.dumps(meta)
         (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        self._write_manifest()
         shutil.rmtree(self.out_dir, ignore_errors=True)
         os.replace(self.tmp, self.out_dir)
+
+    def _write_manifest(self) -> None:
+        """manifest.json, last: every file's size and checksum, each layer's counts."""
+        n_cells = int(self.cell_offsets[-1])
+        layers = {}
+        for layer in range(self.n_layers):
+            path = layer_file(self.tmp, layer)
+            entry = {"n_sequences": len(self.lengths), "n_cells": n_cells if self.store_maps else 0, "n_heads": self.n_heads}
+            if self.rep_shapes is not None:  # small, read whole, and not checkable by value: checksum their contents
+                with h5py.File(path, "r") as f:
+                    entry["data_" + CHECKSUM] = {key: data_checksum(f[key][()]) for key in ("head_vectors", "hidden")}
+            layers[path.name] = entry
+        names = ["tokens.h5", "meta.json"] + list(layers)
+        files = {name: {"size": (self.tmp / name).stat().st_size, CHECKSUM: file_checksum(self.tmp / name)} for name in names}
+        manifest = {
+            "layout_version": LAYOUT_VERSION,
+            "checksum": CHECKSUM,
+            "n_sequences": len(self.lengths),
+            "n_tokens": int(self.lengths.sum()),
+            "n_layers": self.n_layers,
+            "maps": bool(self.store_maps),
+            "reps": self.rep_shapes is not None,
+            "files": files,
+            "layers": layers,
+        }
+        part = self.tmp / (MANIFEST + ".part")
+        part.write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(part, self.tmp / MANIFEST)
 
     def abort(self) -> None:
         for f in self.files:
@@ -173,66 +373,141 @@ class AttentionWriter:
         return False
 
 
+def _index(value, size: int, what: str) -> int:
+    """The store's one index rule: a Python or numpy integer in 0..size-1; negative indices,
+    floats and booleans are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} index must be an integer, not {type(value).__name__} {value!r}")
+    value = operator.index(value)
+    if not 0 <= value < size:
+        raise IndexError(f"{what} {value} outside 0..{size - 1} (negative indices are not accepted)")
+    return value
+
+
+def _read_tokens(d: Path, manifest: dict) -> dict:
+    """The token table, checked: its checksum (the table is small and read whole anyway), then
+    its consistency with itself and the manifest."""
+    path = d / "tokens.h5"
+    want = manifest["files"].get("tokens.h5", {}).get(manifest.get("checksum", CHECKSUM))
+    if want is not None and file_checksum(path) != want:
+        raise StoreError(f"{path}: {manifest.get('checksum', CHECKSUM)} checksum differs from the manifest (contents changed); {REBUILD}")
+    try:
+        with h5py.File(path, "r") as f:
+            t = {k: (f[k].asstr()[()] if k in ("piece", "record_id") else f[k][()]) for k in (
+                "input_ids", "piece", "word", "special", "segment", "token_offsets", "lengths", "record_index", "record_id", "n_words")}
+            t["meta"] = json.loads(f.attrs["meta"])
+    except Exception as e:  # h5py raises OSError, KeyError, ValueError, UnicodeDecodeError ... on damage
+        raise StoreError(f"{path}: cannot read the token table ({type(e).__name__}: {e}); {REBUILD}") from None
+    lengths = t["lengths"].astype(np.int64)
+    n, n_tok = len(lengths), int(lengths.sum())
+    problems = []
+    if n != manifest["n_sequences"] or n_tok != manifest["n_tokens"]:
+        problems.append(f"{n} sequences and {n_tok} tokens, the manifest says {manifest['n_sequences']} and {manifest['n_tokens']}")
+    if n and lengths.min() < 1:
+        problems.append("a sequence of length < 1")
+    if not np.array_equal(t["token_offsets"], np.concatenate([[0], np.cumsum(lengths)])):
+        problems.append("token_offsets do not match lengths")
+    for k in ("input_ids", "piece", "word", "special", "segment"):
+        if len(t[k]) != n_tok:
+            problems.append(f"{k} has {len(t[k])} entries, not {n_tok}")
+    for k in ("record_index", "record_id", "n_words"):
+        if len(t[k]) != n:
+            problems.append(f"{k} has {len(t[k])} entries, not {n}")
+    if n > 1 and not (np.diff(t["record_index"]) > 0).all():
+        problems.append("record_index not increasing")
+    if n_tok and (t["word"].min() < -1 or not np.isin(t["special"], list(SPECIAL_NAMES)).all()):
+        problems.append("word or special out of range")
+    if problems:
+        raise StoreError(f"{path}: inconsistent token table: {'; '.join(problems)}; {REBUILD}")
+    return t
+
+
 class AttentionStore:
     """Read the maps of one or more extraction directories (shards, in order) as one store.
 
-    Sequence indices are global across shards, in shard order.
+    Sequence indices are global across shards, in shard order. Every index (sequence, layer,
+    head) is an integer in 0..size-1: negative indices, floats and out-of-range runs raise.
+    Opening checks each directory's manifest (present, current layout, file sizes) and token
+    table (checksum and consistency); every read of maps checks its values (finite, in [0, 1], rows summing to 1 within
+    :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record; a read of
+    representations checks their checksum (they are small and read whole).
     """
 
-    def __init__(self, directories: str | Path | Sequence[str | Path]):
+    def __init__(self, directories: str | Path | Sequence[str | Path], check_values: bool = True):
         if isinstance(directories, (str, Path)):
             directories = [directories]
-        self.dirs = [Path(d) for d in directories]
+        self.dirs = [Path(d).parent if Path(d).name == MANIFEST else Path(d) for d in directories]
         if not self.dirs:
             raise ValueError("no extraction directory given")
-        self.metas = []
-        tables: dict[str, list] = {k: [] for k in ("input_ids", "piece", "word", "special", "segment")}
-        lengths, record_index, record_id, n_words = [], [], [], []
-        for d in self.dirs:
-            path = d / "tokens.h5"
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: missing; is {d} an extraction output?")
-            with h5py.File(path, "r") as f:
-                self.metas.append(json.loads(f.attrs["meta"]))
-                for k in tables:
-                    tables[k].append(f[k].asstr()[()] if k == "piece" else f[k][()])
-                lengths.append(f["lengths"][()])
-                record_index.append(f["record_index"][()])
-                record_id.append(f["record_id"].asstr()[()])
-                n_words.append(f["n_words"][()])
+        self.check_values = check_values
+        self.manifests = [read_manifest(d) for d in self.dirs]
+        tables = [_read_tokens(d, m) for d, m in zip(self.dirs, self.manifests)]
+        self.metas = [t["meta"] for t in tables]
         self.meta = self.metas[0]
-        for d, m in zip(self.dirs, self.metas):
-            for key in ("model", "n_layers", "n_heads"):
-                if m.get(key) != self.meta.get(key):
-                    raise ValueError(f"{d}: {key} {m.get(key)!r} differs from {self.dirs[0]}'s {self.meta.get(key)!r}")
+        self._check_shards([t["record_index"] for t in tables])
         self.n_layers, self.n_heads = int(self.meta["n_layers"]), int(self.meta["n_heads"])
-        self.lengths = np.concatenate(lengths).astype(np.int64)
-        self.record_index = np.concatenate(record_index)
-        self.record_id = np.concatenate(record_id)
-        self.n_words = np.concatenate(n_words)
-        self.input_ids = np.concatenate(tables["input_ids"])
-        self.piece = np.concatenate(tables["piece"])
-        self.word = np.concatenate(tables["word"]).astype(np.int64)
-        self.special = np.concatenate(tables["special"]).astype(np.int64)
-        self.segment = np.concatenate(tables["segment"]).astype(np.int64)
+        cat = lambda key: np.concatenate([t[key] for t in tables])  # noqa: E731
+        self.lengths = cat("lengths").astype(np.int64)
+        self.record_index = cat("record_index")
+        self.record_id = cat("record_id")
+        self.n_words = cat("n_words")
+        self.input_ids = cat("input_ids")
+        self.piece = cat("piece")
+        self.word = cat("word").astype(np.int64)
+        self.special = cat("special").astype(np.int64)
+        self.segment = cat("segment").astype(np.int64)
         self.token_offsets = np.concatenate([[0], np.cumsum(self.lengths)])
         self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)])
-        # which shard holds each sequence, and its local index there
-        counts = [len(x) for x in lengths]
-        self._shard = np.repeat(np.arange(len(counts)), counts)
-        self._local = np.concatenate([np.arange(c) for c in counts])
-        self._shard_cells = np.concatenate([[0], np.cumsum([int((x.astype(np.int64) ** 2).sum()) for x in lengths])])
+        counts = [len(t["lengths"]) for t in tables]
+        self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # shard s holds k in [starts[s], starts[s+1])
+        self.shard_of = np.repeat(np.arange(len(counts)), counts)
+        self.tolerance = row_sum_tolerance(self.meta)
+        self._row_starts = row_starts(self.lengths)
         self._files: dict[tuple[int, int], h5py.File] = {}
+
+    def _check_shards(self, record_index: list[np.ndarray]) -> None:
+        """Shards of one extraction (model, corpus, settings), each once, in order."""
+        first = self.dirs[0]
+        for d, m in zip(self.dirs[1:], self.metas[1:]):
+            for key in ("model", "corpus", "n_layers", "n_heads", "storage_dtype", "config_hash", "maps", "reps", "n_shards"):
+                if m.get(key) != self.meta.get(key):
+                    raise StoreError(f"{d}: {key} {m.get(key)!r} differs from {first}'s {self.meta.get(key)!r}; shards of one store must come from one extraction")
+        if len(self.dirs) > 1:
+            seen: dict[int, Path] = {}
+            for d, m in zip(self.dirs, self.metas):
+                if "shard" not in m:
+                    raise StoreError(f"{d / 'meta.json'}: no shard index; cannot combine it with other directories")
+                s = int(m["shard"])
+                if s in seen:
+                    raise StoreError(f"{d}: shard {s} given twice (also {seen[s]})")
+                if seen and s < max(seen):
+                    raise StoreError(f"{d}: shard {s} given after shard {max(seen)}; give shards in order")
+                seen[s] = d
+            last = -1
+            for d, ri in zip(self.dirs, record_index):
+                if len(ri) and ri[0] <= last:
+                    raise StoreError(f"{d}: its records start at {ri[0]}, not after the previous shard's last record {last}")
+                last = int(ri[-1]) if len(ri) else last
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def _file(self, shard: int, layer: int) -> h5py.File:
-        if not 0 <= layer < self.n_layers:
-            raise IndexError(f"layer {layer} outside 0..{self.n_layers - 1}")
+        layer = _index(layer, self.n_layers, "layer")
         key = (shard, layer)
         if key not in self._files:
-            self._files[key] = h5py.File(layer_file(self.dirs[shard], layer), "r")
+            path = layer_file(self.dirs[shard], layer)
+            try:
+                f = h5py.File(path, "r")
+                off, attn = f["cell_offsets"][()], f.get("attn")
+            except Exception as e:
+                raise StoreError(f"{path}: cannot read the layer file ({type(e).__name__}: {e}); {REBUILD}") from None
+            a, b = self.shard_starts[shard], self.shard_starts[shard + 1]
+            want = self.cell_offsets[a : b + 1] - self.cell_offsets[a]
+            if not np.array_equal(off, want) or (attn is not None and attn.shape != (self.n_heads, int(want[-1]))):
+                f.close()
+                raise StoreError(f"{path}: cell offsets or map shape do not match the token table; {REBUILD}")
+            self._files[key] = f
         return self._files[key]
 
     def close(self) -> None:
@@ -247,8 +522,64 @@ class AttentionStore:
         self.close()
         return False
 
+    def _run(self, k_start, k_stop) -> tuple[int, int]:
+        if k_stop is None:
+            k_stop = len(self)
+        for v in (k_start, k_stop):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"sequence index must be an integer, not {type(v).__name__} {v!r}")
+        if not 0 <= k_start <= k_stop <= len(self):
+            raise IndexError(f"sequences {k_start}..{k_stop} outside 0..{len(self)} (negative indices are not accepted)")
+        return int(k_start), int(k_stop)
+
+    def _heads(self, heads):
+        if heads is None:
+            return slice(None)
+        if isinstance(heads, slice):
+            for v in (heads.start, heads.stop):
+                if v is not None and not (isinstance(v, (int, np.integer)) and 0 <= v <= self.n_heads):
+                    raise IndexError(f"head slice {heads} outside 0..{self.n_heads} (negative indices are not accepted)")
+            return heads
+        return _index(heads, self.n_heads, "head")
+
+    def _read(self, layer: int, k0: int, k1: int, heads=slice(None)) -> np.ndarray:
+        """float32 cells [h, sum n^2] (or [sum n^2] for one head) of sequences k0..k1-1, checked."""
+        layer = _index(layer, self.n_layers, "layer")
+        if k0 == k1:
+            return np.zeros((0,) if isinstance(heads, int) else (len(range(self.n_heads)[heads]), 0), dtype=np.float32)
+        parts = []
+        for s in range(len(self.dirs)):
+            a, b = max(k0, int(self.shard_starts[s])), min(k1, int(self.shard_starts[s + 1]))
+            if a >= b:
+                continue
+            f = self._file(s, layer)
+            if "attn" not in f:
+                raise StoreError(f"{f.filename}: no maps stored (extracted with maps: false)")
+            base = self.cell_offsets[self.shard_starts[s]]
+            lo, hi = int(self.cell_offsets[a] - base), int(self.cell_offsets[b] - base)
+            part = np.asarray(f["attn"][heads, lo:hi], dtype=np.float32)
+            if self.check_values:
+                self._check(part, layer, s, a, b, heads)
+            parts.append(part)
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts, axis=-1)
+
+    def _check(self, cells: np.ndarray, layer: int, shard: int, k0: int, k1: int, heads) -> None:
+        starts = self._row_starts[self.token_offsets[k0] : self.token_offsets[k1]] - self.cell_offsets[k0]
+        faults = map_faults(cells, self.lengths[k0:k1], self.tolerance, starts=starts)
+        if faults:
+            row, k, q, what = faults[0]
+            head = heads if isinstance(heads, int) else range(self.n_heads)[heads][row]
+            k += k0
+            raise StoreError(
+                f"{layer_file(self.dirs[shard], layer)}: invalid attention map at layer {layer}, head {head}, sequence {k} "
+                f"(record {self.record_id[k]}), query row {q}: {what}; the file is damaged: {REBUILD}"
+            )
+
     def tokens(self, k: int) -> dict[str, np.ndarray]:
         """The token table rows of sequence k."""
+        k = _index(k, len(self), "sequence")
         a, b = self.token_offsets[k], self.token_offsets[k + 1]
         return {
             "input_ids": self.input_ids[a:b],
@@ -260,13 +591,9 @@ class AttentionStore:
 
     def maps(self, layer: int, k: int, heads: slice | int | None = None) -> np.ndarray:
         """The [heads, n, n] maps (float32) of sequence k at ``layer``; ``heads`` picks some."""
-        shard, local = int(self._shard[k]), int(self._local[k])
-        f = self._file(shard, layer)
-        off = f["cell_offsets"]
-        a, b = int(off[local]), int(off[local + 1])
+        k = _index(k, len(self), "sequence")
+        block = self._read(layer, k, k + 1, self._heads(heads))
         n = int(self.lengths[k])
-        sel = slice(None) if heads is None else heads
-        block = f["attn"][sel, a:b].astype(np.float32)
         return block.reshape(block.shape[:-1] + (n, n))
 
     def head(self, layer: int, head: int) -> tuple[np.ndarray, np.ndarray]:
@@ -274,42 +601,127 @@ class AttentionStore:
 
         Sequence k's map is ``flat[off[k]:off[k+1]].reshape(n_k, n_k)``.
         """
-        parts = [self._file(s, layer)["attn"][head, :] for s in range(len(self.dirs))]
-        flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return flat.astype(np.float32, copy=False), self.cell_offsets
+        return self._read(layer, 0, len(self), _index(head, self.n_heads, "head")), self.cell_offsets
 
     def head_maps(self, layer: int, head: int) -> list[np.ndarray]:
         """One head across all sequences as a list of n x n views."""
         flat, off = self.head(layer, head)
         return [flat[off[k] : off[k + 1]].reshape(n, n) for k, n in enumerate(self.lengths)]
 
+    def chunks(self, max_bytes: int) -> list[tuple[int, int]]:
+        """Runs (k0, k1) of consecutive sequences whose maps of one layer (all heads, float32) fit
+        in ``max_bytes`` (a run holds at least one sequence) and that never cross a shard
+        boundary, so that :meth:`layer_cells` reads each run in one piece. Covers 0..N."""
+        max_cells = max(1, int(max_bytes) // (4 * self.n_heads))
+        return budget_runs(self.lengths**2, max_cells, self.shard_of)
+
+    def layer_cells(self, layer: int, k0: int, k1: int) -> np.ndarray:
+        """The flat float32 cells [H, sum n^2] of sequences k0..k1-1 at ``layer``, checked; sequence
+        k's map of head h is ``cells[h, c[k]-c[k0] : c[k+1]-c[k0]].reshape(n, n)`` with
+        c = :attr:`cell_offsets`. A run inside one shard (see :meth:`chunks`) is one read, no copy."""
+        k0, k1 = self._run(k0, k1)
+        return self._read(layer, k0, k1)
+
     def layer_maps(self, layer: int, k_start: int = 0, k_stop: int | None = None) -> list[np.ndarray]:
         """All heads of a run of sequences in one read per shard: list of [H, n, n]."""
-        k_stop = len(self) if k_stop is None else k_stop
-        out = []
-        for s in np.unique(self._shard[k_start:k_stop]):
-            ks = np.arange(k_start, k_stop)[self._shard[k_start:k_stop] == s]
-            f = self._file(int(s), layer)
-            off = f["cell_offsets"][()]
-            lo, hi = self._local[ks[0]], self._local[ks[-1]]
-            block = f["attn"][:, off[lo] : off[hi + 1]].astype(np.float32)
-            for k, local in zip(ks, range(lo, hi + 1)):
-                n = int(self.lengths[k])
-                out.append(block[:, off[local] - off[lo] : off[local + 1] - off[lo]].reshape(self.n_heads, n, n))
-        return out
+        k_start, k_stop = self._run(k_start, k_stop)
+        cells = self._read(layer, k_start, k_stop)
+        off = self.cell_offsets[k_start : k_stop + 1] - self.cell_offsets[k_start]
+        return [cells[:, off[i] : off[i + 1]].reshape(self.n_heads, n, n) for i, n in enumerate(self.lengths[k_start:k_stop].tolist())]
+
+    def _reps(self, layer: int, key: str) -> np.ndarray:
+        layer = _index(layer, self.n_layers, "layer")
+        parts = []
+        for s in range(len(self.dirs)):
+            f = self._file(s, layer)
+            if key not in f:
+                raise StoreError(f"{f.filename}: no {key} stored (extracted with reps: false)")
+            x = f[key][()]
+            want = self.manifests[s]["layers"].get(Path(f.filename).name, {}).get("data_" + CHECKSUM, {}).get(key)
+            if self.check_values and want is not None and data_checksum(x) != want:
+                raise StoreError(f"{f.filename}: {key} of layer {layer} differ from their {CHECKSUM} in the manifest; the file is damaged: {REBUILD}")
+            parts.append(x)
+        return np.concatenate(parts)
 
     def head_vectors(self, layer: int) -> np.ndarray:
         """Per-head representations of every sequence at ``layer``: [N, H, d] float32."""
-        return np.concatenate([self._file(s, layer)["head_vectors"][()] for s in range(len(self.dirs))])
+        return self._reps(layer, "head_vectors")
 
     def hidden(self, layer: int) -> np.ndarray:
         """The layer's hidden state at the representation position: [N, D] float32."""
-        return np.concatenate([self._file(s, layer)["hidden"][()] for s in range(len(self.dirs))])
+        return self._reps(layer, "hidden")
 
     def word_maps(self, layer: int, k: int, mode: str = "mean") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Clark's word-level maps of sequence k: see :func:`word_level`."""
         t = self.tokens(k)
         return word_level(self.maps(layer, k), t["word"], t["special"], mode)
+
+
+def verify_store(directory: str | Path) -> list[str]:
+    """Every fault of one store directory, one line each ([] if none): manifest, checksums,
+    token table, layer files and every map value (all heads, all sequences)."""
+    directory = Path(directory)
+    try:
+        man = read_manifest(directory)
+    except StoreError as e:
+        return [str(e)]
+    faults = []
+    for name, entry in man["files"].items():
+        want = entry.get(man.get("checksum", CHECKSUM))
+        if want is not None and file_checksum(directory / name) != want:
+            faults.append(f"{directory / name}: {man.get('checksum', CHECKSUM)} checksum differs from the manifest (contents changed); {REBUILD}")
+    unlisted = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".") and p.name not in man["files"] and p.name != MANIFEST)
+    if unlisted:
+        faults.append(f"{directory}: files not in the manifest: {', '.join(unlisted)}")
+    try:
+        store = AttentionStore(directory)
+    except StoreError as e:
+        return faults + [str(e)]
+    with store:
+        for layer in range(store.n_layers):
+            try:
+                f = store._file(0, layer)
+            except StoreError as e:
+                faults.append(str(e))
+                continue
+            if "attn" in f:
+                for k0, k1 in store.chunks(64 * 2**20):
+                    cells = np.asarray(f["attn"][:, int(store.cell_offsets[k0]) : int(store.cell_offsets[k1])], dtype=np.float32)
+                    for row, k, q, what in map_faults(cells, store.lengths[k0:k1], store.tolerance, stop_at=20):
+                        k += k0
+                        faults.append(f"{f.filename}: layer {layer}, head {row}, sequence {k} (record {store.record_id[k]}), query row {q}: {what}")
+            for key in ("head_vectors", "hidden"):
+                if key in f:
+                    bad = ~np.isfinite(f[key][()])
+                    if bad.any():
+                        k = int(np.argwhere(bad)[0][0])
+                        faults.append(f"{f.filename}: layer {layer}: {int(bad.sum())} non-finite values in {key}, first at sequence {k} (record {store.record_id[k]})")
+    return faults
+
+
+def describe_store(directories: Sequence[str | Path]) -> dict:
+    """What a store holds (after the cheap checks of opening it): model, corpus, shards,
+    sequences, tokens, bytes, layout version."""
+    with AttentionStore(directories) as st:
+        m = st.meta
+        return {
+            "directories": [str(d) for d in st.dirs],
+            "model": m.get("model"),
+            "model_kind": m.get("model_kind"),
+            "corpus": m.get("corpus"),
+            "shards": [m2.get("shard") for m2 in st.metas],
+            "n_shards": m.get("n_shards"),
+            "layers": st.n_layers,
+            "heads": st.n_heads,
+            "sequences": len(st),
+            "tokens": int(st.lengths.sum()),
+            "cells_per_head": int(st.cell_offsets[-1]),
+            "bytes": int(sum(e["size"] for man in st.manifests for e in man["files"].values())),
+            "storage_dtype": m.get("storage_dtype"),
+            "maps": m.get("maps", True),
+            "reps": m.get("reps"),
+            "layout_version": st.manifests[0]["layout_version"],
+        }
 
 
 def word_units(word: np.ndarray, special: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -349,20 +349,6 @@ def sequence_scores(
     return plan.scores(maps.reshape(m, n * n))[:, 0], plan.pair_counts[0]
 
 
-def _chunks(lengths: np.ndarray, shard: np.ndarray, max_cells: int) -> list[tuple[int, int]]:
-    """Runs of sequences of one shard with at most ``max_cells`` cells (at least one sequence)."""
-    out, start, size = [], 0, 0
-    for k, n in enumerate(lengths):
-        c = int(n) ** 2
-        if k > start and (size + c > max_cells or shard[k] != shard[start]):
-            out.append((start, k))
-            start, size = k, 0
-        size += c
-    if start < len(lengths):
-        out.append((start, len(lengths)))
-    return out
-
-
 def score_store(store, records: list[Record], settings: SieveSettings, max_bytes: int = 256 << 20, threads: int = 1) -> dict:
     """Sentence scores of every stored sequence for every layer, head and role.
 
@@ -390,16 +376,6 @@ def blas_threads(n: int):
     return threadpool_limits(limits=n, user_api="blas")
 
 
-def _layer_cells(store, layer: int, k0: int, k1: int) -> np.ndarray:
-    """The flat cells [heads, sum of n^2] of sequences k0..k1-1 (all in one shard) at ``layer``:
-    one read of the stored layout, no per-sequence copies."""
-    shard = int(store._shard[k0])
-    lo, hi = int(store._local[k0]), int(store._local[k1 - 1])
-    f = store._file(shard, layer)
-    off = f["cell_offsets"]
-    return np.asarray(f["attn"][:, int(off[lo]) : int(off[hi + 1])], dtype=np.float32)
-
-
 def _score_store(store, records: list[Record], settings: SieveSettings, max_bytes: int) -> dict:
     causal = store.meta.get("model_kind") == "decoder"
     n_layers, n_heads = store.n_layers, store.n_heads
@@ -410,8 +386,7 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
     pairs_present = np.zeros(len(settings.relations) + 1, dtype=np.int64)
     is_pair = np.zeros(n, dtype=bool)
     has_trees = np.zeros(n, dtype=bool)
-    max_cells = max(1, max_bytes // (4 * n_heads))
-    for k0, k1 in _chunks(store.lengths[:n], store._shard, max_cells):
+    for k0, k1 in store.chunks(max_bytes):
         a, b = store.token_offsets[k0], store.token_offsets[k1]
         pairs = []
         for k in range(k0, k1):
@@ -422,7 +397,7 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
             pairs_present[-1] += len(pairs[-1][2])
         plan = SievePlan(store.lengths[k0:k1], store.special[a:b], store.segment[a:b], store.word[a:b], pairs, settings, causal)
         for layer in range(n_layers):
-            scores[k0:k1, layer] = plan.scores(_layer_cells(store, layer, k0, k1)).transpose(1, 0, 2)
+            scores[k0:k1, layer] = plan.scores(store.layer_cells(layer, k0, k1)).transpose(1, 0, 2)
         pair_counts[k0:k1] = plan.pair_counts
         is_pair[k0:k1] = plan.is_pair
     notes = {}

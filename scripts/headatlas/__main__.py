@@ -1,0 +1,7 @@
+"""``python -m headatlas``: the headatlas command (see :mod:`headatlas.cli`)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
