@@ -9,7 +9,6 @@ value projection's output), and Clark's surface statistics computed on the store
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import torch
 
 from conftest import REPO, tiny_llama_config, tiny_spec
 from headatlas.core.data import Record
-from headatlas.core.models import ARCHITECTURES, ModelError, architecture, decoder_bos, embedding_parameters, load, model_kind, word_embeddings
+from headatlas.core.extract import head_output_modules
+from headatlas.core.models import ARCHITECTURES, ModelError, architecture, architecture_markdown, architecture_module, decoder_bos, embedding_parameters, load, model_kind, word_embeddings
 from headatlas.core.store import AttentionStore
 
 WIDTH, LAYERS, HEADS, FFN, POSITIONS = 32, 2, 4, 37, 128
@@ -63,6 +63,7 @@ TINY_CONFIGS = {
     "mistral": lambda v, s: _decoder(v, s, num_key_value_heads=2, sliding_window=8),
     "phi3": lambda v, s: _decoder(v, s, num_key_value_heads=2),
     "gemma": lambda v, s: _decoder(v, s, num_key_value_heads=1, head_dim=8),
+    "gemma2": lambda v, s: _decoder(v, s, num_key_value_heads=2, head_dim=8, sliding_window=8, attn_logit_softcapping=50.0),
     "gemma3_text": lambda v, s: _decoder(v, s, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
     "qwen2": lambda v, s: _decoder(v, s, num_key_value_heads=2),
     "qwen3": lambda v, s: _decoder(v, s, num_key_value_heads=2, head_dim=8),
@@ -111,7 +112,7 @@ VALUES = {
     "opt": ("decoder.layers.{layer}.self_attn.v_proj", None),
     "phi": (_V, None),
     "phi3": ("layers.{layer}.self_attn.qkv_proj", _phi3),
-    **{t: (_V, None) for t in ("llama", "mistral", "gemma", "gemma3_text", "qwen2", "qwen3", "olmo")},
+    **{t: (_V, None) for t in ("llama", "mistral", "gemma", "gemma2", "gemma3_text", "qwen2", "qwen3", "olmo")},
 }
 
 
@@ -215,6 +216,9 @@ def test_extraction_head_vectors_and_surface(model_type, arch_model, arch_store)
             assert all(st.tokens(k)["input_ids"][0] == bos for k in range(len(st)))
         vectors = [st.head_vectors(layer) for layer in range(n_layers)]
         head_dim = vectors[0].shape[-1]
+        proj = head_output_modules(model, n_layers)
+        assert (type(proj[0]).__name__ == "Conv1D") == arch.conv1d  # the weight layout rep_shapes reads
+        assert len(set(map(id, proj))) == (config.num_hidden_groups if arch.shared_layers else n_layers)
         assert vectors[0].shape == (len(st), n_heads, head_dim)
         assert head_dim == getattr(config, "head_dim", None) or head_dim * n_heads == config.hidden_size
         assert st.hidden(0).shape == (len(st), config.hidden_size)
@@ -263,6 +267,9 @@ def test_embeddings_and_lm_head_rows(model_type, arch_model):
     spec, model, tokenizer, config, _ = arch_model(model_type)
     arch = ARCHITECTURES[model_type]
     assert word_embeddings(model) is model.get_input_embeddings()
+    # every listed module exists, except position tables the tiny config switches off (DeBERTa: relative positions only)
+    absent = [path for path in arch.embeddings if architecture_module(model, path) is None]
+    assert absent == (["embeddings.position_embeddings"] if model_type.startswith("deberta") else [])
     keep = embedding_parameters(model)
     assert dict(model.named_parameters())[keep[0]] is model.get_input_embeddings().weight
     # independently: the word embeddings and every learned absolute position table, by module name
@@ -282,32 +289,10 @@ def test_embeddings_and_lm_head_rows(model_type, arch_model):
 def test_readme_table_matches_architectures():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     section = text.split("## Supported model types", 1)[1].split("\n## ", 1)[0]
+    table = architecture_markdown()
+    assert table in section, (
+        "README 'Supported model types' differs from ARCHITECTURES; paste the output of\n"
+        "PYTHONPATH=scripts python -c 'from headatlas.core.models import architecture_markdown as t; print(t())'"
+    )
     rows = [line for line in section.splitlines() if line.startswith("| `")]
-    documented = {re.match(r"\| `([^`]+)`", r).group(1): [c.strip() for c in r.strip("|").split("|")] for r in rows}
-    assert list(documented) == list(ARCHITECTURES), "README 'Supported model types' must list ARCHITECTURES in order"
-    for mt, cells in documented.items():
-        assert cells == readme_row(mt), f"README row of {mt} differs from ARCHITECTURES: {cells} != {readme_row(mt)}"
-
-
-def readme_row(model_type: str) -> list[str]:
-    """The README table cells of one ARCHITECTURES row."""
-    a = ARCHITECTURES[model_type]
-    return [
-        f"`{model_type}`",
-        a.kind,
-        f"`{a.head_output}`" + (" (shared by a layer group)" if a.shared_layers else ""),
-        "Conv1D" if a.conv1d else "Linear",
-        a.rep_position,
-        ", ".join(f"`{e}`" for e in a.embeddings),
-        ", ".join(f"`{h}`" for h in a.lm_head) if a.lm_head else "none",
-        f"`{a.bos_field}`" if a.bos else "no",
-        f"`{a.kv_heads_field}`" if a.kv_heads_field else "",
-    ]
-
-
-if __name__ == "__main__":  # print the README table
-    print("| model type | kind | per-head output projection | weight | representation | embeddings kept by random-init | LM head | BOS | KV heads |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for mt in ARCHITECTURES:
-        print("| " + " | ".join(readme_row(mt)) + " |")
-    print(json.dumps(sorted(ARCHITECTURES)))
+    assert [r.split("`")[1] for r in rows] == list(ARCHITECTURES)

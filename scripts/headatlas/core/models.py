@@ -92,11 +92,34 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
     "phi3": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
     "gemma": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "gemma2": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
     "gemma3_text": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
     "qwen2": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
     "qwen3": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
     "olmo": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
 }
+
+
+def architecture_markdown() -> str:
+    """The README's table of supported model types (``tests/test_architectures.py`` checks the README against it)."""
+    lines = [
+        "| model type | kind | per-head output projection | weight | representation | embeddings (kept by random-init) | LM head | BOS (`auto`) | KV heads |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mt, a in ARCHITECTURES.items():
+        cells = [
+            f"`{mt}`",
+            a.kind,
+            f"`{a.head_output}`" + (" (one per layer group)" if a.shared_layers else ""),
+            "Conv1D" if a.conv1d else "Linear",
+            a.rep_position,
+            ", ".join(f"`{e}`" for e in a.embeddings),
+            ", ".join(f"`{h}`" for h in a.lm_head) if a.lm_head else "none",
+            f"yes, `{a.bos_field}`" if a.bos else ("no" if a.kind == "decoder" else ""),
+            f"`{a.kv_heads_field}`" if a.kv_heads_field else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def architecture(model_type: str, model: str = "") -> Architecture:
