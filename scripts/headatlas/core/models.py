@@ -32,6 +32,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .align import bos_id
+
 
 
 class ModelError(RuntimeError):
@@ -229,8 +231,6 @@ def decoder_bos(tokenizer, config, spec: ModelSpec) -> int | None:
     """The id prepended to every input: None for encoders; for decoders the config's
     ``bos_token``, where 'auto' follows the model type's BOS convention (the tokenizer's BOS,
     else the config field the table names; nothing for types trained without one)."""
-    from .align import bos_id
-
     if model_kind(config, spec) != "decoder":
         return None
     if spec.bos_token != "auto":
