@@ -71,19 +71,13 @@ TINY_CONFIGS = {
 }
 
 
-def _split(out, model, layer, sl):
-    return out[..., sl]
-
-
 def _neox(out, model, layer):  # fused per head: [q_h | k_h | v_h] for every head
     d = model.config.hidden_size // model.config.num_attention_heads
     return out.reshape(*out.shape[:-1], -1, 3 * d)[..., 2 * d :].flatten(-2)
 
 
 def _deberta(out, model, layer):  # fused per head like GPT-NeoX, plus a separate value bias
-    a = model.encoder.layer[layer].attention.self
-    d = a.attention_head_size
-    return _neox(out, model, layer) + a.v_bias
+    return _neox(out, model, layer) + model.encoder.layer[layer].attention.self.v_bias
 
 
 def _phi3(out, model, layer):  # [q (H d) | k (KV d) | v (KV d)]
