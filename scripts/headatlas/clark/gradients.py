@@ -102,15 +102,20 @@ def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
     that ``from_pretrained`` would initialise at random gives meaningless gradients.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from ..core.models import architecture
 
     auto = AutoModelForMaskedLM if kind == "encoder" else AutoModelForCausalLM
+    model_type = AutoConfig.from_pretrained(loc, **(kwargs or {})).model_type
+    head = architecture(model_type).lm_head  # the LM head's modules, from the architecture table
+    if head is None:
+        return None, f"transformers has no {auto.__name__} class for model type {model_type!r}"
     try:
         model, info = auto.from_pretrained(loc, attn_implementation="eager", dtype=torch.float32, output_loading_info=True, **(kwargs or {}))
     except ValueError as e:  # no such head class for this architecture
         return None, f"{auto.__name__} cannot load this architecture: {str(e).splitlines()[0]}"
-    prefix = model.base_model_prefix + "."
-    head_missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(prefix))
+    head_missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(tuple(h + "." for h in head)))
     if head_missing:
         what = "masked-LM" if kind == "encoder" else "causal-LM"
         return None, f"the checkpoint has no {what} head (missing weights: {', '.join(head_missing[:4])}{' ...' if len(head_missing) > 4 else ''})"
@@ -135,6 +140,7 @@ def gradient_importance(
     import torch.nn.functional as F
 
     from ..core.extract import length_batches, model_inputs
+    from ..core.models import word_embeddings
 
     causal = kind == "decoder"
     n_layers = int(model.config.num_hidden_layers)
@@ -145,7 +151,7 @@ def gradient_importance(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if not causal and tokenizer.mask_token_id is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no mask token; masked-LM loss impossible")
-    embed = model.get_input_embeddings()
+    embed = word_embeddings(model)
     vocab = int(model.config.vocab_size)
     sums = np.zeros((n_layers, len(KEY_TYPES)))
     counts = np.zeros((n_layers, len(KEY_TYPES)))
@@ -231,9 +237,8 @@ def gradient_table(
     model has no LM head."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from ..core.align import bos_id
     from ..core.extract import tokenize_records
-    from ..core.models import model_kind, pick_device, resolve
+    from ..core.models import decoder_bos, model_kind, pick_device, resolve
 
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)
@@ -248,7 +253,7 @@ def gradient_table(
         reason = f"tokenizer {type(tokenizer).__name__} has no mask token, so there is no masked-LM loss"
         log.warning("model %s: gradient importance skipped: %s", spec.name, reason)
         return skipped_table(spec.name, kind, reason)
-    bos = bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None
+    bos = decoder_bos(tokenizer, config, spec)
     tokenized, counts = tokenize_records(records[:n_segments], tokenizer, kind, spec.max_length, overflow, bos)
     if not tokenized:
         raise ValueError(f"model {spec.name!r}: none of the first {n_segments} records fits in {spec.max_length} tokens")

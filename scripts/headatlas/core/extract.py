@@ -13,9 +13,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .align import bos_id, encode_record
+from .align import encode_record
 from .data import Counts, Record, TokenizedRecord
-from .models import ModelError, ModelSpec, model_kind, package_versions
+from .models import ModelError, ModelSpec, architecture, decoder_bos, model_kind, package_versions
 from .store import AttentionWriter, budget_runs, map_faults, row_sum_tolerance
 
 log = logging.getLogger("headatlas.core.extract")
@@ -104,20 +104,30 @@ def model_inputs(batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id
     return inputs
 
 
-_HEAD_OUTPUT = re.compile(r"(?:^|\.)(?:layer|h|layers)\.(\d+)\.(?:attention\.output\.dense|attn\.c_proj|self_attn\.o_proj)$")
+def _head_output(model_type: str, name: str = "") -> re.Pattern:
+    """The model type's head-output path (ARCHITECTURES) as a regex; group 1 = layer (or group) index."""
+    path = architecture(model_type, name).head_output
+    return re.compile(r"(?:^|\.)" + re.escape(path).replace(re.escape("{layer}"), r"(\d+)") + "$")
 
 
 def head_output_modules(model, n_layers: int, name: str = "") -> list:
-    """Per layer, the attention output projection; its input is the concatenated per-head
-    context vectors sum_j A_ij v_j (heads in head-major order)."""
+    """Per layer, the attention output projection (its row in ARCHITECTURES); its input is
+    the concatenated per-head context vectors sum_j A_ij v_j (heads in head-major order). A
+    model whose layers share weights (ALBERT) gets the same module for every layer of a group."""
+    mt = model.config.model_type
+    pattern = _head_output(mt, name)
     found = {}
     for mod_name, module in model.named_modules():
-        m = _HEAD_OUTPUT.search(mod_name)
+        m = pattern.search(mod_name)
         if m:
             found[int(m.group(1))] = module
-    if sorted(found) != list(range(n_layers)):
-        raise ModelError(f"model {name!r}: cannot find the attention output projection of every layer (found layers {sorted(found)})")
-    return [found[i] for i in range(n_layers)]
+    n_mod = n_layers if not architecture(mt).shared_layers else len(found)
+    if not found or sorted(found) != list(range(n_mod)) or n_layers % n_mod:
+        raise ModelError(
+            f"model {name!r} ({mt}): cannot find the attention output projection {pattern.pattern!r} of every layer "
+            f"(found {sorted(found)} for {n_layers} layers)"
+        )
+    return [found[i * n_mod // n_layers] for i in range(n_layers)]
 
 
 def rep_positions(batch: Sequence[TokenizedRecord], kind: str, position: str) -> np.ndarray:
@@ -148,21 +158,21 @@ def forward_batches(
 
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
     device = next(model.parameters()).device
-    captured: list = [None] * n_layers
+    captured: list = []
     hooks = []
     if reps:
-        def make_hook(layer):
-            def hook(module, args):
-                captured[layer] = args[0]
-            return hook
+        def hook(module, args):
+            captured.append(args[0])
 
-        hooks = [m.register_forward_pre_hook(make_hook(i)) for i, m in enumerate(head_output_modules(model, n_layers, name))]
+        # called in layer order; a module shared by several layers (ALBERT) once per layer
+        hooks = [m.register_forward_pre_hook(hook) for m in dict.fromkeys(head_output_modules(model, n_layers, name))]
     extra = pad_id if (reps and kind == "decoder" and rep_position == "past_last") else None
     try:
         with torch.inference_mode():
             for pos in length_batches([len(t) for t in tokenized], batch_size):
                 batch = [tokenized[p] for p in pos]
                 inputs = model_inputs(batch, use_types, pad_id, device, extra_token=extra)
+                captured.clear()
                 out = model(**inputs, output_attentions=attentions, output_hidden_states=reps)
                 maps = None
                 if attentions:
@@ -170,6 +180,8 @@ def forward_batches(
                     maps = [a.float().cpu().numpy() for a in out.attentions]
                 vectors = None
                 if reps:
+                    if len(captured) != n_layers:
+                        raise ModelError(f"model {name!r}: the attention output projection ran {len(captured)} times, expected {n_layers}")
                     at = torch.as_tensor(rep_positions(batch, kind, rep_position), device=device)
                     rows = torch.arange(len(batch), device=device)
                     heads = [c[rows, at].reshape(len(batch), n_heads, -1).float().cpu().numpy() for c in captured]
@@ -189,7 +201,7 @@ def rep_shapes(model, n_layers: int, n_heads: int) -> tuple[int, int]:
     """(head_dim, hidden size) of the stored representations."""
     proj = head_output_modules(model, n_layers)[0]
     # nn.Linear stores [out, in]; GPT-2's Conv1D stores [in, out]
-    width = proj.weight.shape[0] if type(proj).__name__ == "Conv1D" else proj.weight.shape[1]
+    width = proj.weight.shape[0] if architecture(model.config.model_type).conv1d else proj.weight.shape[1]
     return width // n_heads, int(model.config.hidden_size)
 
 
@@ -220,7 +232,7 @@ def extract(
         raise ValueError("nothing to extract: maps and reps are both off")
     t0 = time.perf_counter()
     kind = model_kind(config, spec)
-    bos = bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None
+    bos = decoder_bos(tokenizer, config, spec)
     tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, overflow, bos, first_index)
     log.info(
         "model %s: %d records, %d sequences, %d skipped (longer than %d tokens), %d truncated",

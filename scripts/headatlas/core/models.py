@@ -15,6 +15,12 @@ A model entry in the config names exactly one source:
 
 Models are always loaded with eager attention, the only implementation that returns
 attention probabilities.
+
+Which model types are supported, and where headatlas finds each one's parts, is ONE table:
+:data:`ARCHITECTURES` (one :class:`Architecture` row per transformers ``model_type``). Kind
+detection, the per-head output hook, the representation shapes, the BOS convention, the
+embeddings kept by random-init and the LM head of the gradient analysis all read it; a model
+type outside it fails at load with the list of supported types.
 """
 
 from __future__ import annotations
@@ -26,12 +32,107 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENCODER_TYPES = {"bert", "electra", "roberta", "distilbert", "albert", "xlm-roberta", "deberta", "deberta-v2"}
-DECODER_TYPES = {"gpt2", "openai-gpt", "llama", "mistral", "qwen2", "qwen3", "gpt_neox", "gptj", "phi", "phi3", "gemma", "olmo", "opt"}
+from .align import bos_id
+
 
 
 class ModelError(RuntimeError):
     """A model that cannot be found, loaded or used; the message names the model."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How headatlas reads one transformers model type. Module paths are those of the base
+    model (``AutoModel``); a wrapper's prefix (``bert.``, ``model.``) is allowed in front."""
+
+    kind: str  # 'encoder' (bidirectional; [CLS] A [SEP] B [SEP]) or 'decoder' (causal; BOS A B)
+    head_output: str  # the per-head output projection: its INPUT is the head-major concat of sum_j A_ij v_j; {layer} = layer index
+    embeddings: tuple[str, ...]  # word embeddings, then learned absolute position embeddings (when the config has them)
+    lm_head: tuple[str, ...] | None  # modules of the LM head in AutoModelForMaskedLM (encoders) / ForCausalLM (decoders); None: no such class
+    conv1d: bool = False  # projection weight stored [in, out] (GPT-2's Conv1D), not nn.Linear's [out, in]
+    bos: bool = False  # decoders: bos_token 'auto' prepends a BOS (the tokenizer's, else config.<bos_field>)
+    bos_field: str = "bos_token_id"
+    kv_heads_field: str | None = None  # grouped-query attention: config field with the number of key/value heads
+    shared_layers: bool = False  # ALBERT: {layer} is a layer GROUP whose one projection serves consecutive layers
+
+    @property
+    def rep_position(self) -> str:
+        """Where a sequence's per-head representation is read: [CLS] for encoders, the last real
+        token for decoders (or one past it: extraction's ``rep_position: past_last``)."""
+        return "cls" if self.kind == "encoder" else "last"
+
+    def kv_heads(self, config) -> int:
+        """Number of key/value heads (= query heads unless grouped-query)."""
+        n = getattr(config, self.kv_heads_field, None) if self.kv_heads_field else None
+        return int(n or config.num_attention_heads)
+
+
+_BERTLIKE = "encoder.layer.{layer}.attention.output.dense"
+_BERT_EMB = ("embeddings.word_embeddings", "embeddings.position_embeddings")
+_LLAMALIKE = "layers.{layer}.self_attn.o_proj"
+_GQA = "num_key_value_heads"
+
+# model type -> where its parts are. Every row has a tiny random-weight test (tests/test_architectures.py)
+# through extraction, the per-head vectors and an analysis; README "Supported model types" is checked against it.
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
+    "electra": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("generator_predictions", "generator_lm_head")),
+    "roberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("lm_head",)),
+    "xlm-roberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("lm_head",)),
+    "deberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
+    "deberta-v2": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
+    "mpnet": Architecture("encoder", "encoder.layer.{layer}.attention.attn.o", _BERT_EMB, ("lm_head",)),
+    "distilbert": Architecture("encoder", "transformer.layer.{layer}.attention.out_lin", _BERT_EMB, ("vocab_transform", "vocab_layer_norm", "vocab_projector")),
+    "albert": Architecture("encoder", "encoder.albert_layer_groups.{layer}.albert_layers.0.attention.dense", _BERT_EMB, ("predictions",), shared_layers=True),
+    "gpt2": Architecture("decoder", "h.{layer}.attn.c_proj", ("wte", "wpe"), ("lm_head",), conv1d=True, bos=True),
+    "openai-gpt": Architecture("decoder", "h.{layer}.attn.c_proj", ("tokens_embed", "positions_embed"), ("lm_head",), conv1d=True),
+    "gptj": Architecture("decoder", "h.{layer}.attn.out_proj", ("wte",), ("lm_head",), bos=True),
+    "gpt_neox": Architecture("decoder", "layers.{layer}.attention.dense", ("embed_in",), ("lm_head",), bos=True),
+    "opt": Architecture("decoder", "decoder.layers.{layer}.self_attn.out_proj", ("decoder.embed_tokens", "decoder.embed_positions"), ("lm_head",), bos=True),
+    "phi": Architecture("decoder", "layers.{layer}.self_attn.dense", ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "llama": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "mistral": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "phi3": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "gemma": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "gemma2": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "gemma3_text": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "qwen2": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
+    "qwen3": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
+    "olmo": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
+}
+
+
+def architecture_markdown() -> str:
+    """The README's table of supported model types (``tests/test_architectures.py`` checks the README against it)."""
+    lines = [
+        "| model type | kind | per-head output projection | weight | representation | embeddings (kept by random-init) | LM head | BOS (`auto`) | KV heads |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mt, a in ARCHITECTURES.items():
+        cells = [
+            f"`{mt}`",
+            a.kind,
+            f"`{a.head_output}`" + (" (one per layer group)" if a.shared_layers else ""),
+            "Conv1D" if a.conv1d else "Linear",
+            a.rep_position,
+            ", ".join(f"`{e}`" for e in a.embeddings),
+            ", ".join(f"`{h}`" for h in a.lm_head) if a.lm_head else "none",
+            f"yes, `{a.bos_field}`" if a.bos else ("no" if a.kind == "decoder" else ""),
+            f"`{a.kv_heads_field}`" if a.kv_heads_field else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def architecture(model_type: str, model: str = "") -> Architecture:
+    """The :data:`ARCHITECTURES` row of ``model_type``; a clear error for any other type."""
+    try:
+        return ARCHITECTURES[model_type]
+    except KeyError:
+        raise ModelError(
+            f"model {model!r}: model type {model_type!r} is not supported; supported types: {', '.join(sorted(ARCHITECTURES))} "
+            "(README 'Supported model types' says how to add one)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -120,15 +221,25 @@ def _hub_error(spec: ModelSpec, err: Exception) -> ModelError:
 
 
 def model_kind(config, spec: ModelSpec) -> str:
-    """'encoder' (bidirectional, [CLS]/[SEP]) or 'decoder' (causal, BOS)."""
-    if spec.arch != "auto":
-        return spec.arch
-    mt = getattr(config, "model_type", "")
-    if mt in ENCODER_TYPES:
-        return "encoder"
-    if mt in DECODER_TYPES or getattr(config, "is_decoder", False):
-        return "decoder"
-    raise ModelError(f"model {spec.name!r}: cannot tell whether model type {mt!r} is an encoder or a decoder; set arch")
+    """'encoder' (bidirectional, [CLS]/[SEP]) or 'decoder' (causal, BOS): the config's ``arch``,
+    else the model type's row of :data:`ARCHITECTURES`."""
+    arch = architecture(getattr(config, "model_type", ""), spec.name)
+    return arch.kind if spec.arch == "auto" else spec.arch
+
+
+def decoder_bos(tokenizer, config, spec: ModelSpec) -> int | None:
+    """The id prepended to every input: None for encoders; for decoders the config's
+    ``bos_token``, where 'auto' follows the model type's BOS convention (the tokenizer's BOS,
+    else the config field the table names; nothing for types trained without one)."""
+    if model_kind(config, spec) != "decoder":
+        return None
+    if spec.bos_token != "auto":
+        return bos_id(tokenizer, spec.bos_token)
+    arch = architecture(config.model_type, spec.name)
+    if not arch.bos:
+        return None
+    tid = tokenizer.bos_token_id
+    return tid if tid is not None else getattr(config, arch.bos_field, None)
 
 
 def pick_device(spec: ModelSpec) -> str:
@@ -148,6 +259,7 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
     loc, kwargs = resolve(spec, cache_dir)
     try:
         config = AutoConfig.from_pretrained(loc, **kwargs)
+        architecture(config.model_type, spec.name)
         tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
         model = AutoModel.from_pretrained(loc, attn_implementation="eager", dtype=_torch_dtype(spec.dtype), **kwargs)
     except OSError as e:
@@ -191,12 +303,38 @@ def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
     return {"gguf": str(path), "model_type": config.model_type, "layers": config.num_hidden_layers}
 
 
+def architecture_module(model, path: str):
+    """The module at a table path of the base model, in ``model`` or in its base model
+    (``model.bert``, ``model.model``, ...); None when the config has no such module."""
+    for root in (model, getattr(model, model.base_model_prefix, None)):
+        if root is not None:
+            try:
+                return root.get_submodule(path)
+            except AttributeError:
+                pass
+    return None
+
+
+def word_embeddings(model):
+    """The word embedding module named by the model type's row (the one ``inputs_embeds`` replaces)."""
+    arch = architecture(model.config.model_type)
+    module = architecture_module(model, arch.embeddings[0])
+    if module is None:
+        raise ModelError(f"model type {model.config.model_type!r}: no word embeddings at {arch.embeddings[0]!r}")
+    return module
+
+
 def embedding_parameters(model) -> list[str]:
-    """Names of the word and (learned, absolute) position embedding parameters."""
+    """Names of the word and (learned, absolute) position embedding parameters, from the
+    model type's row of :data:`ARCHITECTURES`."""
+    arch = architecture(model.config.model_type)
+    word = word_embeddings(model)
+    owner = {id(m): n for n, m in model.named_modules()}
     names = []
-    words = model.get_input_embeddings()
-    for name, module in model.named_modules():
-        if module is words or name.endswith(("position_embeddings", "wpe", "embed_positions")):
+    for path in arch.embeddings:
+        module = word if path == arch.embeddings[0] else architecture_module(model, path)
+        if module is not None:
+            name = owner[id(module)]
             names += [f"{name}.{p}" if name else p for p, _ in module.named_parameters(recurse=False)]
     return names
 
