@@ -77,7 +77,7 @@ def test_surface_batch_equals_per_sequence_and_padding_never_leaks(fill, causal)
     got = batch_surface_stats(garbage_padded(blocks, fill), batch, causal, 1e-4).numpy()
     for b, (block, s) in enumerate(zip(blocks, seqs)):
         exp = sequence_stats(block.astype(np.float64), s[1], s[3], causal, 1e-4)
-        np.testing.assert_allclose(got[b], exp, rtol=0, atol=1e-9, equal_nan=True)
+        np.testing.assert_allclose(got[b], exp, rtol=0, atol=TOL, equal_nan=True)
 
 
 def test_surface_exact_answers_on_hand_maps():

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch
+from ..core.reduce import Reducer, ReduceBatch, clean_maps
 from .surface import STATS, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -19,64 +19,102 @@ COL = {s: i for i, s in enumerate(STATS)}
 
 def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float):
     """[B, H, len(STATS)] float64 statistics of each sequence of a padded batch, NaN where undefined:
-    :func:`headatlas.clark.surface.sequence_stats` for every sequence at once."""
+    :func:`headatlas.clark.surface.sequence_stats` for every sequence at once.
+
+    Work on cells is done in float32 (the maps' precision; float64 doubles the time of the log on a CPU),
+    sums over a row or column are taken in float32 and everything after them in float64: the result differs
+    from the float64 reference by float32 rounding of row sums (about 1e-7). A decoder's attention above
+    the diagonal is taken as 0 (softmax gives exactly 0 there)."""
     import torch
 
     dev = attn.device
-    m = batch.masks(dev, causal)
-    valid, cell = m["valid"], m["cell"]
-    a = torch.where(cell[:, None], attn.double(), 0.0)  # padded rows and columns never count
+    f = _float_masks(batch, dev, causal, smoothing)
+    a = clean_maps(attn, batch, causal)  # read-only
     bsz, h, n, _ = a.shape
-    nf = batch.tensor("lengths", dev).double()  # [B]
+    nf = f["n"]  # [B, 1] float64
+    col_mass = a.sum(2).double()  # [B, H, n]
+    shares = col_mass @ f["keys"]  # [B, H, 3]: sum_i sum_{j of a type} A_ij for first, sep, punct
+    to_sep = (a @ f["sep"]).double()[..., 0]  # [B, H, n]
+    # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
+    # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
+    smooth = torch.add(f["offset"], a, alpha=1 - smoothing)
+    if smoothing > 0:
+        ent = -smooth.log().mul_(smooth).sum(-1).double()  # [B, H, n]
+    else:  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
+        ent = -torch.special.xlogy(smooth, smooth).sum(-1).double()
+    del smooth
+    zero = torch.zeros((bsz, h), dtype=torch.float64, device=dev)
+    stats = [
+        zero if causal else a.diagonal(1, -2, -1).double().sum(-1),  # next
+        a.diagonal(-1, -2, -1).double().sum(-1),  # prev
+        a.diagonal(0, -2, -1).double().sum(-1),  # self
+        shares[..., 0],  # cls (BOS)
+        shares[..., 1],  # sep
+        shares[..., 2],  # punct
+        (to_sep @ f["sep_rows"])[..., 0] * nf,  # sep_to_sep (times n: undone below)
+        (to_sep @ f["other_rows"])[..., 0] * nf,  # other_to_sep
+        (ent @ f["valid"])[..., 0],  # entropy (sum over rows)
+        zero,  # entropy_uniform
+        ent.gather(2, f["summary"][:, None, None].expand(bsz, h, 1))[..., 0] * nf,  # cls_entropy
+        zero,  # cls_entropy_uniform
+    ]
+    out = torch.stack(stats, -1) / nf[:, :, None] + f["constant"][:, None, :]  # [B, H, S]
+    return torch.where(f["defined"][:, None, :], out, math.nan)
+
+
+def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dict:
+    """The layer-independent float masks of a batch for :func:`batch_surface_stats` (cached on the batch)."""
+    import torch
+
+    key = ("surface", str(dev), causal, smoothing)
+    if key in batch._cache:
+        return batch._cache[key]
+    m = batch.masks(dev, causal)
+    valid = m["valid"]
+    bsz, n = valid.shape
     special = batch.tensor("special", dev)
-    out = torch.full((bsz, h, len(STATS)), math.nan, dtype=torch.float64, device=dev)
-    per_n = nf[:, None]
-    if not causal:
-        out[..., COL["next"]] = a.diagonal(1, -2, -1).sum(-1) / per_n
-    out[..., COL["prev"]] = a.diagonal(-1, -2, -1).sum(-1) / per_n
-    out[..., COL["self"]] = a.diagonal(0, -2, -1).sum(-1) / per_n
-    col_mass = a.sum(2) / nf[:, None, None]  # [B, H, n]
-
-    def share(mask):  # (1/n) sum_i sum_{j in mask} A_ij; NaN where the sequence has no such key
-        s = (col_mass * mask[:, None, :]).sum(-1)
-        return torch.where(mask.any(1)[:, None], s, math.nan)
-
-    out[..., COL["cls"]] = share(special == (SPECIAL_BOS if causal else SPECIAL_CLS))
+    nf = batch.tensor("lengths", dev).double()
+    first = special == (SPECIAL_BOS if causal else SPECIAL_CLS)
     sep = special == SPECIAL_SEP
-    has_sep = sep.any(1)[:, None]
-    out[..., COL["sep"]] = share(sep)
-    to_sep = (a * sep[:, None, None, :]).sum(-1)  # [B, H, n]
+    punct = torch.as_tensor(np.stack([punct_mask(p, s) for p, s in zip(batch.piece, batch.special)]).reshape(bsz, n), device=dev)
     other = valid & ~sep
-    s2s = (to_sep * sep[:, None, :]).sum(-1) / sep.sum(1).clamp(min=1)[:, None]
-    o2s = (to_sep * other[:, None, :]).sum(-1) / other.sum(1).clamp(min=1)[:, None]
-    out[..., COL["sep_to_sep"]] = torch.where(has_sep, s2s, math.nan)
-    out[..., COL["other_to_sep"]] = torch.where(has_sep & other.any(1)[:, None], o2s, math.nan)
-    punct = torch.as_tensor(np.stack([punct_mask(p, s) for p, s in zip(batch.piece, batch.special)]), device=dev)
-    out[..., COL["punct"]] = (col_mass * punct[:, None, :]).sum(-1)
-    # entropy of the smoothed rows (1-eps) A + eps/k_i over each row's allowed keys
     idx = torch.arange(n, device=dev, dtype=torch.float64)
-    allowed = m["allowed"][:, None]
-    k = (idx + 1)[None, :].expand(bsz, n) if causal else nf[:, None].expand(bsz, n)  # [B, n]
-    smooth = (1 - smoothing) * a + smoothing * allowed / k[:, None, :, None]
-    pos = allowed & (smooth > 0)
-    ent = -torch.where(pos, smooth * torch.log(torch.where(pos, smooth, 1.0)), 0.0).sum(-1)  # [B, H, n]
-    del smooth, pos
-    out[..., COL["entropy"]] = (ent * valid[:, None, :]).sum(-1) / per_n
+    k = (idx + 1)[None, :].expand(bsz, n) if causal else nf[:, None].expand(bsz, n)  # keys per row
+    allowed = m["allowed"].float()
     if causal:
         uniform = (torch.log(idx + 1)[None, :] * valid).sum(-1) / nf
-    else:
-        uniform = torch.log(nf)
-    out[..., COL["entropy_uniform"]] = uniform[:, None]
-    if causal:
         summary = batch.tensor("lengths", dev) - 1
-        has = torch.ones(bsz, dtype=torch.bool, device=dev)
+        has_summary = torch.ones(bsz, dtype=torch.bool, device=dev)
     else:
         is_cls = special == SPECIAL_CLS
-        has = is_cls.any(1)
-        summary = torch.where(has, is_cls.int().argmax(1), 0)
-    cls_ent = ent.gather(2, summary[:, None, None].expand(bsz, h, 1))[..., 0]
-    out[..., COL["cls_entropy"]] = torch.where(has[:, None], cls_ent, math.nan)
-    out[..., COL["cls_entropy_uniform"]] = torch.where(has, torch.log(nf), math.nan)[:, None]
+        uniform = torch.log(nf)
+        has_summary = is_cls.any(1)
+        summary = torch.where(has_summary, is_cls.int().argmax(1), 0)
+    has_first, has_sep, has_other = first.any(1), sep.any(1), sep.any(1) & other.any(1)
+    const = torch.zeros((bsz, len(STATS)), dtype=torch.float64, device=dev)
+    const[:, COL["entropy_uniform"]] = uniform
+    const[:, COL["cls_entropy_uniform"]] = torch.log(nf)
+    defined = torch.ones((bsz, len(STATS)), dtype=torch.bool, device=dev)
+    defined[:, COL["next"]] = not causal
+    defined[:, COL["cls"]] = has_first
+    defined[:, COL["sep"]] = has_sep
+    defined[:, COL["sep_to_sep"]] = has_sep
+    defined[:, COL["other_to_sep"]] = has_other
+    defined[:, COL["cls_entropy"]] = has_summary
+    defined[:, COL["cls_entropy_uniform"]] = has_summary
+    out = {
+        "n": nf[:, None],
+        "keys": torch.stack([first, sep, punct], -1).double(),  # [B, n, 3]
+        "sep": sep.float()[:, None, :, None],
+        "sep_rows": (sep.double() / sep.sum(1).clamp(min=1)[:, None])[:, :, None],
+        "other_rows": (other.double() / other.sum(1).clamp(min=1)[:, None])[:, :, None],
+        "valid": valid.double()[:, :, None],
+        "offset": (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None],  # [B, 1, n, n]
+        "summary": summary,
+        "constant": const,
+        "defined": defined,
+    }
+    batch._cache[key] = out
     return out
 
 

@@ -149,6 +149,20 @@ class ReduceBatch:
         return self._cache[key]
 
 
+def clean_maps(attn, batch: ReduceBatch, causal: bool):
+    """``attn`` as float32 with every cell outside a real query's visible keys set to 0 (padded rows and
+    columns; above the diagonal under a causal mask, where softmax already gives 0). Shared by the reducers
+    of one layer: the copy is cached on the batch for the tensor it was made from; treat it as read-only."""
+    import weakref
+
+    hit = batch._cache.get("clean")
+    if hit is not None and hit[0]() is attn and hit[1] == causal:
+        return hit[2]
+    a = attn.float().masked_fill(~batch.masks(attn.device, causal)["allowed"][:, None], 0.0)
+    batch._cache["clean"] = (weakref.ref(attn), causal, a)
+    return a
+
+
 class Reducer:
     """Base class of a reducer; subclasses set ``name`` and implement ``update`` (or ``update_all``)."""
 

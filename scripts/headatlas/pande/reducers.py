@@ -1,6 +1,7 @@
 """Pande et al.'s sentence scores as a reducer (:mod:`headatlas.core.reduce`): the same arrays as
 :func:`headatlas.pande.sieves.score_store`, computed in torch on a padded ``[B, H, n, n]`` batch with
-masks, on the device where the attention is (float64 arithmetic). Only the scores [B, H, roles] of each
+masks, on the device where the attention is (sums over cells in float32 like the reference, the rest in
+float64). Only the scores [B, H, roles] of each
 layer go to the host.
 
 Token roles (local, delimiter, delimiter_cls, delimiter_sep, block) use [B, n, n] sieve masks built once
@@ -16,7 +17,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch
+from ..core.reduce import Reducer, ReduceBatch, clean_maps
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -54,8 +55,15 @@ class _BatchSieves:
         qseg[batch.special != -1] = qseg_flat  # row-major order of the real tokens = concatenation order
         qseg = torch.as_tensor(qseg, device=device)
         block = allowed & content[:, None, :] & (segment[:, None, :] == qseg[:, :, None]) & self.is_pair[:, None, None]
-        self.masks = [local, cls, sep, block]
-        cnt = [mk.sum(-1).double() for mk in self.masks]  # [B, n] each
+        masks = [local, cls, sep, block]
+        # per layer: local = the band's diagonals; cls, sep and the two block columns (content keys of segment
+        # A / B) are key-type columns, one matmul [n, n] x [n, 4] per head (clean_maps cuts keys j > i under a causal mask)
+        self.window = (-settings.window, 0 if causal else settings.window)
+        in_pair = content & self.is_pair[:, None]
+        self.key_cols = torch.stack([cls_k, special == SPECIAL_SEP, in_pair & (segment == 0), in_pair & (segment == 1)], -1).float()[:, None]  # [B, 1, n, 4]
+        self.qseg = qseg.clamp(0, 1)[:, None, :, None]  # [B, 1, n, 1]: block column of each query
+        self.causal = causal
+        cnt = [mk.sum(-1).double() for mk in masks]  # [B, n] each
         self.cnt = torch.stack([cnt[0], cnt[1] + cnt[2], cnt[1], cnt[2], cnt[3]])  # [5, B, n]
         self.use = (self.cnt > 0) & valid[None]
         self.use_count = self.use.sum(-1).double()  # [5, B]
@@ -101,17 +109,25 @@ class _BatchSieves:
         """[B, H, roles] float64 sentence scores of one layer's padded maps, NaN where a role has no query or pair."""
         import torch
 
-        a = torch.where(self.cell[:, None], attn.double(), 0.0)
+        a = clean_maps(attn, self.batch, self.causal)  # read-only; padded rows and columns are 0
         bsz, h, n, _ = a.shape
         n_rel = len(settings.relations)
         out = torch.full((bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=a.device)
-        rowsum = a.sum(-1)  # [B, H, n]
+        rowsum = a.sum(-1).double()  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
         scale = torch.where(rowsum > 0, self.k[:, None, :] / rowsum, math.nan)
-        local, cls, sep, block = ((a * mk[:, None]).sum(-1) for mk in self.masks)
-        mass = torch.stack([local, cls + sep, cls, sep, block])  # [5, B, H, n]
+        local = torch.zeros_like(rowsum, dtype=torch.float32)
+        for off in range(self.window[0], self.window[1] + 1):  # 2w + 1 diagonals, each a strided view
+            d = a.diagonal(off, -2, -1)  # [B, H, n - |off|]: row i, key i + off
+            if off >= 0:
+                local[..., : n - off] += d
+            else:
+                local[..., -off:] += d
+        cols = a @ self.key_cols  # [B, H, n, 4]
+        block = cols[..., 2:].gather(-1, self.qseg.expand(bsz, h, n, 1))[..., 0]
+        mass = torch.stack([local, cols[..., 0] + cols[..., 1], cols[..., 0], cols[..., 1], block]).double()  # [5, B, H, n]
         b = mass / self.cnt.clamp(min=1)[:, :, None, :] * scale[None]
         if self.any_block and settings.block_entropy:
-            xlogx = (a * torch.log(a.clamp(min=np.finfo(np.float32).tiny))).sum(-1)
+            xlogx = (a * torch.log(a.clamp(min=np.finfo(np.float32).tiny))).sum(-1).double()
             b[4] = b[4] * (torch.log(rowsum) - xlogx / rowsum)  # entropy (nats) of the renormalised row
         total = torch.where(self.use[:, :, None, :], b, 0.0).sum(-1)  # [5, B, H]
         uc = self.use_count[:, :, None]
@@ -121,7 +137,7 @@ class _BatchSieves:
         per_dir = []
         for g in self.groups:
             rows = a[g["b"], :, g["row"], :]  # [G, H, n]: the query piece's row
-            m = (rows * g["sieve"][:, None, :]).sum(-1) / g["cnt"][:, None] * scale[g["b"], :, g["row"]]  # [G, H]
+            m = (rows * g["sieve"][:, None, :]).sum(-1).double() / g["cnt"][:, None] * scale[g["b"], :, g["row"]]  # [G, H]
             s = torch.zeros((self.n_pairs, h), dtype=torch.float64, device=a.device).index_add_(0, g["pair"], torch.where(g["use"][:, None], m, 0.0))
             c = torch.zeros(self.n_pairs, dtype=torch.float64, device=a.device).index_add_(0, g["pair"], g["use"].double())
             per_dir.append((s / c.clamp(min=1)[:, None], c > 0))
