@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch, clean_maps
+from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_mass
 from .surface import STATS, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -34,7 +34,7 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     nf = f["n"]  # [B, 1] float64
     col_mass = a.sum(2).double()  # [B, H, n]
     shares = col_mass @ f["keys"]  # [B, H, 3]: sum_i sum_{j of a type} A_ij for first, sep, punct
-    to_sep = (a @ f["sep"]).double()[..., 0]  # [B, H, n]
+    to_sep = key_mass(a, batch, [SPECIAL_SEP]).double()  # [B, H, n]
     # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
     smooth = torch.add(f["offset"], a, alpha=1 - smoothing)
@@ -105,7 +105,6 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     out = {
         "n": nf[:, None],
         "keys": torch.stack([first, sep, punct], -1).double(),  # [B, n, 3]
-        "sep": sep.float()[:, None, :, None],
         "sep_rows": (sep.double() / sep.sum(1).clamp(min=1)[:, None])[:, :, None],
         "other_rows": (other.double() / other.sum(1).clamp(min=1)[:, None])[:, :, None],
         "valid": valid.double()[:, :, None],

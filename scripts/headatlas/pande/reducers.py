@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch, clean_maps
+from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_mass
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -56,12 +56,10 @@ class _BatchSieves:
         qseg = torch.as_tensor(qseg, device=device)
         block = allowed & content[:, None, :] & (segment[:, None, :] == qseg[:, :, None]) & self.is_pair[:, None, None]
         masks = [local, cls, sep, block]
-        # per layer: local = the band's diagonals; cls, sep and the two block columns (content keys of segment
-        # A / B) are key-type columns, one matmul [n, n] x [n, 4] per head (clean_maps cuts keys j > i under a causal mask)
+        # per layer: local = the band's diagonals; cls and sep = a gather of their few columns; block = the
+        # maps times the block mask, for batches with a pair only (clean_maps cuts keys j > i under a causal mask)
         self.window = (-settings.window, 0 if causal else settings.window)
-        in_pair = content & self.is_pair[:, None]
-        self.key_cols = torch.stack([cls_k, special == SPECIAL_SEP, in_pair & (segment == 0), in_pair & (segment == 1)], -1).float()[:, None]  # [B, 1, n, 4]
-        self.qseg = qseg.clamp(0, 1)[:, None, :, None]  # [B, 1, n, 1]: block column of each query
+        self.block_f = block.float()[:, None] if bool(self.is_pair.any()) else None  # [B, 1, n, n]
         self.causal = causal
         cnt = [mk.sum(-1).double() for mk in masks]  # [B, n] each
         self.cnt = torch.stack([cnt[0], cnt[1] + cnt[2], cnt[1], cnt[2], cnt[3]])  # [5, B, n]
@@ -122,9 +120,10 @@ class _BatchSieves:
                 local[..., : n - off] += d
             else:
                 local[..., -off:] += d
-        cols = a @ self.key_cols  # [B, H, n, 4]
-        block = cols[..., 2:].gather(-1, self.qseg.expand(bsz, h, n, 1))[..., 0]
-        mass = torch.stack([local, cols[..., 0] + cols[..., 1], cols[..., 0], cols[..., 1], block]).double()  # [5, B, H, n]
+        cls = key_mass(a, self.batch, [SPECIAL_CLS, SPECIAL_BOS])
+        sep = key_mass(a, self.batch, [SPECIAL_SEP])
+        block = (a * self.block_f).sum(-1) if self.block_f is not None else torch.zeros_like(local)
+        mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, B, H, n]
         b = mass / self.cnt.clamp(min=1)[:, :, None, :] * scale[None]
         if self.any_block and settings.block_entropy:
             xlogx = (a * torch.log(a.clamp(min=np.finfo(np.float32).tiny))).sum(-1).double()
