@@ -266,3 +266,18 @@ def test_failing_reducer_names_model_corpus_and_sequence(tiny_loaded, records):
 def test_padded_zero_fills():
     t = padded([np.ones((2, 3, 3), np.float32), np.ones((2, 1, 1), np.float32)])
     assert t.shape == (2, 2, 3, 3) and t[1].sum() == 2 and t[0].sum() == 18
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_replay_on_cuda_equals_cpu(reduced, tmp_path, tiny_loaded, records):
+    """The reducers give the CPU's numbers on a GPU (replayed from a store of the tiny BERT and Llama)."""
+    st = SieveSettings()
+    for name in ("bert", "llama"):
+        spec, model, tokenizer, config = tiny_loaded(name)
+        d = tmp_path / name
+        extract(records, dataclasses.replace(spec, batch_size=4), model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"}, reps=False)
+        with AttentionStore(d) as store:
+            cpu = replay(store, [SurfaceReducer(), SieveReducer(st)], 4, records, "cpu", corpus="t")
+            gpu = replay(store, [SurfaceReducer(), SieveReducer(st)], 4, records, "cuda", corpus="t")
+        assert_same_table(cpu[0], gpu[0])
+        np.testing.assert_allclose(gpu[1]["scores"], cpu[1]["scores"], rtol=0, atol=TOL, equal_nan=True)

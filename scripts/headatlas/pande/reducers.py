@@ -177,8 +177,9 @@ class SieveReducer(Reducer):
 
     name = "pande_sieves"
 
-    def __init__(self, settings: SieveSettings | None = None):
+    def __init__(self, settings: SieveSettings | None = None, flush_every: int = 256):
         self.settings = settings or SieveSettings()
+        self.flush_every = flush_every  # (batch, layer) results kept on the device before one copy to the host
 
     def start(self, info) -> None:
         super().start(info)
@@ -189,6 +190,7 @@ class SieveReducer(Reducer):
         self.pairs_present = np.zeros(n_rel + 1, dtype=np.int64)
         self.is_pair = np.zeros(info.n_sequences, dtype=bool)
         self.has_trees = np.zeros(info.n_sequences, dtype=bool)
+        self._pending: list = []
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
         key = ("pande_sieves", id(self))
@@ -198,11 +200,20 @@ class SieveReducer(Reducer):
             self.is_pair[batch.seq] = plan.is_pair.cpu().numpy()
             self.has_trees[batch.seq] = plan.has_trees
             self.pairs_present += plan.pairs_present
-        self.scores[batch.seq, layer] = plan.scores(attn, self.settings).float().cpu().numpy()
+        # scores stay on the device until a flush, so a GPU is not made to wait for the host after every layer
+        self._pending.append((batch.seq, layer, plan.scores(attn, self.settings).float()))
+        if len(self._pending) >= self.flush_every:
+            self._flush()
         if plan.n_pairs and layer == 0:
             self.pair_counts[batch.seq] = plan.pair_counts(len(self.settings.relations))
 
+    def _flush(self) -> None:
+        for seq, layer, scores in self._pending:
+            self.scores[seq, layer] = scores.cpu().numpy()
+        self._pending = []
+
     def result(self) -> dict:
+        self._flush()
         info = self.info
         return {
             "scores": self.scores,
