@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_mass
+from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
 from .surface import STATS, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -31,10 +31,11 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     f = _float_masks(batch, dev, causal, smoothing)
     a = clean_maps(attn, batch, causal)  # read-only
     bsz, h, n, _ = a.shape
-    nf = f["n"]  # [B, 1] float64
     col_mass = a.sum(2).double()  # [B, H, n]
-    shares = col_mass @ f["keys"]  # [B, H, 3]: sum_i sum_{j of a type} A_ij for first, sep, punct
-    to_sep = key_mass(a, batch, [SPECIAL_SEP]).double()  # [B, H, n]
+    shares = col_mass @ f["keys"]  # [B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
+    # next, prev, self: three diagonals read at once from the flattened maps
+    diag = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 3, n) * f["diag_w"]).sum(-1).double() / f["n"]
+    to_sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0].double()  # [B, H, n]
     # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
     smooth = torch.add(f["offset"], a, alpha=1 - smoothing)
@@ -43,22 +44,9 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     else:  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
         ent = -torch.special.xlogy(smooth, smooth).sum(-1).double()
     del smooth
-    zero = torch.zeros((bsz, h), dtype=torch.float64, device=dev)
-    stats = [
-        zero if causal else a.diagonal(1, -2, -1).double().sum(-1),  # next
-        a.diagonal(-1, -2, -1).double().sum(-1),  # prev
-        a.diagonal(0, -2, -1).double().sum(-1),  # self
-        shares[..., 0],  # cls (BOS)
-        shares[..., 1],  # sep
-        shares[..., 2],  # punct
-        (to_sep @ f["sep_rows"])[..., 0] * nf,  # sep_to_sep (times n: undone below)
-        (to_sep @ f["other_rows"])[..., 0] * nf,  # other_to_sep
-        (ent @ f["valid"])[..., 0],  # entropy (sum over rows)
-        zero,  # entropy_uniform
-        ent.gather(2, f["summary"][:, None, None].expand(bsz, h, 1))[..., 0] * nf,  # cls_entropy
-        zero,  # cls_entropy_uniform
-    ]
-    out = torch.stack(stats, -1) / nf[:, :, None] + f["constant"][:, None, :]  # [B, H, S]
+    # [next, prev, self, cls, sep, punct, sep_to_sep, other_to_sep, entropy, cls_entropy, 0] -> STATS order
+    core = torch.cat([diag, shares, to_sep @ f["sep_w"], ent @ f["ent_w"], torch.zeros_like(diag[..., :1])], -1)
+    out = core.index_select(2, f["order"]) + f["constant"][:, None, :]  # [B, H, S]
     return torch.where(f["defined"][:, None, :], out, math.nan)
 
 
@@ -102,12 +90,23 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     defined[:, COL["other_to_sep"]] = has_other
     defined[:, COL["cls_entropy"]] = has_summary
     defined[:, COL["cls_entropy_uniform"]] = has_summary
+    rows = torch.arange(n, device=dev)
+    diag_idx, diag_w = [], []
+    for off in (1, -1, 0):  # next, prev, self: cell (i, i + off) of the flattened n x n map
+        ok = (rows + off >= 0) & (rows + off < n)
+        diag_idx.append(torch.where(ok, rows * (n + 1) + off, 0))
+        diag_w.append(ok.float())
+    summary_row = torch.zeros((bsz, n), dtype=torch.float64, device=dev)
+    summary_row[torch.arange(bsz, device=dev), summary] = 1.0
+    names = ["next", "prev", "self", "cls", "sep", "punct", "sep_to_sep", "other_to_sep", "entropy", "cls_entropy"]
     out = {
-        "n": nf[:, None],
-        "keys": torch.stack([first, sep, punct], -1).double(),  # [B, n, 3]
-        "sep_rows": (sep.double() / sep.sum(1).clamp(min=1)[:, None])[:, :, None],
-        "other_rows": (other.double() / other.sum(1).clamp(min=1)[:, None])[:, :, None],
-        "valid": valid.double()[:, :, None],
+        "n": nf[:, None, None],
+        "keys": torch.stack([first, sep, punct], -1).double() / nf[:, None, None],  # [B, n, 3]
+        "diag_idx": torch.cat(diag_idx),
+        "diag_w": torch.stack(diag_w),  # [3, n]
+        "sep_w": torch.stack([sep.double() / sep.sum(1).clamp(min=1)[:, None], other.double() / other.sum(1).clamp(min=1)[:, None]], -1),  # [B, n, 2]
+        "ent_w": torch.stack([valid.double() / nf[:, None], summary_row], -1),  # [B, n, 2]
+        "order": torch.as_tensor([names.index(s) if s in names else len(names) for s in STATS], device=dev),
         "offset": (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None],  # [B, 1, n, n]
         "summary": summary,
         "constant": const,

@@ -170,31 +170,33 @@ def clean_maps(attn, batch: ReduceBatch, causal: bool):
     return a
 
 
-def key_columns(batch: ReduceBatch, kinds, device) -> tuple:
-    """(positions [B, 1, 1, m], weights [B, 1, 1, m]) of each sequence's tokens of the special ``kinds``
-    (m = the most in one sequence, weight 0 for filler), to sum the attention to them with a gather of m
-    columns instead of a pass over the maps: ``(a.gather(3, pos.expand(B, H, n, m)) * w).sum(-1)``."""
+def key_columns(batch: ReduceBatch, groups, device) -> tuple:
+    """(positions [B, 1, 1, m], weights [B, 1, m, G]) of each sequence's tokens of any special kind in
+    ``groups`` (G tuples of kinds; m = the most such tokens in one sequence, filler weight 0): the attention
+    to them is a gather of m columns, not a pass over the maps (:func:`key_masses`)."""
     import torch
 
-    key = ("key_columns", tuple(kinds), str(device))
+    key = ("key_columns", tuple(tuple(g) for g in groups), str(device))
     if key not in batch._cache:
-        hit = np.isin(batch.special, list(kinds))
+        kinds = sorted({k for g in groups for k in g})
+        hit = np.isin(batch.special, kinds)
         m = max(1, int(hit.sum(1).max()) if hit.size else 1)
         rank = np.cumsum(hit, 1) - 1
         pos = np.zeros((len(batch), m), dtype=np.int64)
-        w = np.zeros((len(batch), m), dtype=np.float32)
+        w = np.zeros((len(batch), m, len(groups)), dtype=np.float32)
         b, j = np.nonzero(hit)
         pos[b, rank[b, j]] = j
-        w[b, rank[b, j]] = 1.0
-        batch._cache[key] = (torch.as_tensor(pos, device=device)[:, None, None, :], torch.as_tensor(w, device=device)[:, None, None, :])
+        for g, group in enumerate(groups):
+            w[b, rank[b, j], g] = np.isin(batch.special[b, j], list(group))
+        batch._cache[key] = (torch.as_tensor(pos, device=device)[:, None, None, :], torch.as_tensor(w, device=device)[:, None])
     return batch._cache[key]
 
 
-def key_mass(a, batch: ReduceBatch, kinds):
-    """[B, H, n] attention of each query to the tokens of the special ``kinds`` (:func:`key_columns`)."""
-    pos, w = key_columns(batch, kinds, a.device)
+def key_masses(a, batch: ReduceBatch, groups):
+    """[B, H, n, G] attention of each query to the tokens of each group of special kinds."""
+    pos, w = key_columns(batch, groups, a.device)
     b, h, n, _ = a.shape
-    return (a.gather(3, pos.expand(b, h, n, pos.shape[-1])) * w).sum(-1)
+    return a.gather(3, pos.expand(b, h, n, pos.shape[-1])) @ w
 
 
 class Reducer:

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_mass
+from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -58,7 +58,11 @@ class _BatchSieves:
         masks = [local, cls, sep, block]
         # per layer: local = the band's diagonals; cls and sep = a gather of their few columns; block = the
         # maps times the block mask, for batches with a pair only (clean_maps cuts keys j > i under a causal mask)
-        self.window = (-settings.window, 0 if causal else settings.window)
+        offs = torch.arange(-settings.window, (0 if causal else settings.window) + 1, device=device)
+        j = idx[:, None] + offs[None, :]  # [n, K] keys of the band
+        ok = (j >= 0) & (j < n)
+        self.band_idx = torch.where(ok, idx[:, None] * n + j, 0).reshape(-1)
+        self.band_w = ok.float()  # [n, K]
         self.block_f = block.float()[:, None] if bool(self.is_pair.any()) else None  # [B, 1, n, n]
         self.causal = causal
         cnt = [mk.sum(-1).double() for mk in masks]  # [B, n] each
@@ -113,15 +117,9 @@ class _BatchSieves:
         out = torch.full((bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=a.device)
         rowsum = a.sum(-1).double()  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
         scale = torch.where(rowsum > 0, self.k[:, None, :] / rowsum, math.nan)
-        local = torch.zeros_like(rowsum, dtype=torch.float32)
-        for off in range(self.window[0], self.window[1] + 1):  # 2w + 1 diagonals, each a strided view
-            d = a.diagonal(off, -2, -1)  # [B, H, n - |off|]: row i, key i + off
-            if off >= 0:
-                local[..., : n - off] += d
-            else:
-                local[..., -off:] += d
-        cls = key_mass(a, self.batch, [SPECIAL_CLS, SPECIAL_BOS])
-        sep = key_mass(a, self.batch, [SPECIAL_SEP])
+        # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
+        local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
+        cls, sep = key_masses(a, self.batch, [(SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,)]).unbind(-1)
         block = (a * self.block_f).sum(-1) if self.block_f is not None else torch.zeros_like(local)
         mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, B, H, n]
         b = mass / self.cnt.clamp(min=1)[:, :, None, :] * scale[None]
