@@ -18,7 +18,7 @@ from headatlas.clark.surface import STATS, sequence_stats, surface_table
 from headatlas.core.align import bos_id
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 from headatlas.core.extract import extract, tokenize_records
-from headatlas.core.models import model_kind
+from headatlas.core.models import ModelError, model_kind
 from headatlas.core.reduce import Reducer, ReduceBatch, ReduceError, attention_modules, fused_reduce, padded, replay
 from headatlas.core.store import AttentionStore
 from headatlas.pande.reducers import SieveReducer, _BatchSieves
@@ -281,3 +281,14 @@ def test_replay_on_cuda_equals_cpu(reduced, tmp_path, tiny_loaded, records):
             gpu = replay(store, [SurfaceReducer(), SieveReducer(st)], 4, records, "cuda", corpus="t")
         assert_same_table(cpu[0], gpu[0])
         np.testing.assert_allclose(gpu[1]["scores"], cpu[1]["scores"], rtol=0, atol=TOL, equal_nan=True)
+
+
+def test_fused_needs_eager_attention(tiny_loaded, records):
+    spec, model, tokenizer, config = tiny_loaded("bert")
+    tokenized, _ = tokenize_records(records[:2], tokenizer, "encoder", spec.max_length, "truncate")
+    model.set_attn_implementation("sdpa")  # returns no attention probabilities
+    try:
+        with pytest.raises(ModelError, match="attn_implementation='eager'"):
+            fused_reduce(model, tokenized, [SurfaceReducer()], 2, "encoder", name="m")
+    finally:
+        model.set_attn_implementation("eager")

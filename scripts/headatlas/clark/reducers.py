@@ -176,6 +176,9 @@ class JSReducer(Reducer):
         self.total = np.zeros((h, h))
         self.tokens = 0
 
+    def wants(self, batch: ReduceBatch) -> bool:
+        return bool((batch.seq < self.k_stop).any())
+
     def update_all(self, attn: list, batch: ReduceBatch) -> None:
         import torch
 

@@ -214,6 +214,10 @@ class Reducer:
     def update_all(self, attn: list, batch: ReduceBatch) -> None:
         raise NotImplementedError
 
+    def wants(self, batch: ReduceBatch) -> bool:
+        """False when the reducer has nothing to do with this batch (a fused feed then keeps no layer for it)."""
+        return True
+
     def result(self):
         raise NotImplementedError
 
@@ -240,7 +244,7 @@ def feed_layer(reducers: Sequence[Reducer], info: FeedInfo, layer: int, attn, ba
 def feed_all(reducers: Sequence[Reducer], info: FeedInfo, layers: list, batch: ReduceBatch) -> None:
     """Hand every layer of a batch to the reducers that need all layers."""
     for r in reducers:
-        if r.needs_all_layers:
+        if r.needs_all_layers and r.wants(batch):
             try:
                 r.update_all(layers, batch)
             except ReduceError:
@@ -341,27 +345,28 @@ def fused_reduce(
     """
     import torch
 
+    from .models import ModelError
+
     n_layers, n_heads = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
     rid = None if record_id is None else np.asarray(record_id)
     info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid)
     for r in reducers:
         r.start(info)
-    all_layers = any(r.needs_all_layers for r in reducers)
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
     device = next(model.parameters()).device
-    state: dict = {"batch": None, "layers": []}
+    state: dict = {"batch": None, "layers": [], "keep": False}
 
     def make_hook(layer: int, index: int):
         def hook(module, args, output):
             attn = output[index] if isinstance(output, tuple) else output
             if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
                 shape = None if attn is None else tuple(attn.shape)
-                raise RuntimeError(f"model {name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'")
+                raise ModelError(f"model {name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'")
             batch = state["batch"]
             n = batch.n
             a = attn if attn.shape[-1] == n else attn[:, :, :n, :n]  # an extra position is not part of the sequences
             feed_layer(reducers, info, layer, a, batch)
-            if all_layers:
+            if state["keep"]:
                 state["layers"].append(a)
 
         return hook
@@ -372,8 +377,9 @@ def fused_reduce(
             for pos in length_batches([len(t) for t in tokenized], batch_size):
                 batch = ReduceBatch.from_tokenized(tokenized, pos, records)
                 state["batch"], state["layers"] = batch, []
+                state["keep"] = any(r.needs_all_layers and r.wants(batch) for r in reducers)
                 model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))
-                if all_layers:
+                if state["keep"]:
                     feed_all(reducers, info, state["layers"], batch)
                 state["layers"] = []
     finally:

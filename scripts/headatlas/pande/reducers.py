@@ -69,6 +69,11 @@ class _BatchSieves:
         self.cnt = torch.stack([cnt[0], cnt[1] + cnt[2], cnt[1], cnt[2], cnt[3]])  # [5, B, n]
         self.use = (self.cnt > 0) & valid[None]
         self.use_count = self.use.sum(-1).double()  # [5, B]
+        # per layer, a role's sentence score is sum_i b_i * use_w_i (+ NaN where no query has the sieve)
+        self.inv_cnt = (1.0 / self.cnt.clamp(min=1))[:, :, None, :]  # [5, B, 1, n]
+        self.use_w = (self.use.double() / self.use_count.clamp(min=1)[:, :, None])[:, :, None, :]  # [5, B, 1, n]
+        self.no_query = torch.where(self.use_count > 0, 0.0, math.nan)[:, :, None]  # [5, B, 1]
+        self.pad_rows = (~valid).double()[:, None, :]  # [B, 1, n]: 1 on padded rows, so their scale stays finite
         self.any_block = bool(self.is_pair.any())
         self._pairs(batch, settings, device)
 
@@ -116,19 +121,18 @@ class _BatchSieves:
         n_rel = len(settings.relations)
         out = torch.full((bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=a.device)
         rowsum = a.sum(-1).double()  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
-        scale = torch.where(rowsum > 0, self.k[:, None, :] / rowsum, math.nan)
+        scale = self.k[:, None, :] / (rowsum + self.pad_rows)  # a real row summing to 0 gives inf -> NaN, as the reference
         # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
         local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
         cls, sep = key_masses(a, self.batch, [(SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,)]).unbind(-1)
         block = (a * self.block_f).sum(-1) if self.block_f is not None else torch.zeros_like(local)
         mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, B, H, n]
-        b = mass / self.cnt.clamp(min=1)[:, :, None, :] * scale[None]
+        b = mass * self.inv_cnt * scale[None]
         if self.any_block and settings.block_entropy:
             xlogx = (a * torch.log(a.clamp(min=np.finfo(np.float32).tiny))).sum(-1).double()
-            b[4] = b[4] * (torch.log(rowsum) - xlogx / rowsum)  # entropy (nats) of the renormalised row
-        total = torch.where(self.use[:, :, None, :], b, 0.0).sum(-1)  # [5, B, H]
-        uc = self.use_count[:, :, None]
-        out[..., : len(TOKEN_ROLES)] = torch.where(uc > 0, total / uc, math.nan).permute(1, 2, 0)
+            rs = rowsum + self.pad_rows
+            b[4] = b[4] * (torch.log(rs) - xlogx / rs)  # entropy (nats) of the renormalised row
+        out[..., : len(TOKEN_ROLES)] = ((b * self.use_w).sum(-1) + self.no_query).permute(1, 2, 0)  # [B, H, 5]
         if not self.groups:
             return out
         per_dir = []
