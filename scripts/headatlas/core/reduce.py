@@ -7,8 +7,10 @@ vectorised over heads and tokens. When every batch has been seen, ``result()`` r
 the analysis computes today from an :class:`~headatlas.core.store.AttentionStore`.
 
 Padding: in a fused batch, padded KEY columns are exactly 0 but padded QUERY rows are full distributions over
-the real tokens; in a replayed batch both are 0. A reducer must mask both (:meth:`ReduceBatch.masks`); the
-tests fill padding with garbage to make sure it never leaks.
+the real tokens; in a replayed batch both are 0. A reducer must mask both: :func:`clean_maps` gives the
+layer's maps with every cell outside a real query's visible keys set to 0 (one copy shared by the reducers),
+and :meth:`ReduceBatch.masks` the boolean masks; the tests fill padding with garbage to make sure it never
+leaks.
 
 Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`feed_layer`):
 
@@ -282,18 +284,20 @@ def replay(store, reducers: Sequence[Reducer], batch_size: int = 32, records: Se
     for start, stop in storage_windows(store.lengths, per_cell, budget_bytes):
         local = length_batches(store.lengths[start:stop], batch_size)
         batches = [ReduceBatch.from_store(store, start + pos, records) for pos in local]
+        keep = [any(r.needs_all_layers and r.wants(batch) for r in reducers) for batch in batches]
         kept: list[list] = [[] for _ in batches]
         for layer in range(store.n_layers):
             maps = store.layer_maps(layer, start, stop)
             for b, (pos, batch) in enumerate(zip(local, batches)):
                 attn = padded([maps[p] for p in pos]).to(device)
                 feed_layer(reducers, info, layer, attn, batch)
-                if all_layers:
+                if keep[b]:
                     kept[b].append(attn)
             del maps
-        for batch, layers in zip(batches, kept):
-            if all_layers:
-                feed_all(reducers, info, layers, batch)
+        for b, batch in enumerate(batches):
+            if keep[b]:
+                feed_all(reducers, info, kept[b], batch)
+                kept[b] = []
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
     return [r.result() for r in reducers]
