@@ -16,7 +16,7 @@ from headatlas.clark.clustering import js_distance_matrix
 from headatlas.clark.reducers import JSReducer, SurfaceReducer, batch_surface_stats
 from headatlas.clark.surface import STATS, sequence_stats, surface_table
 from headatlas.core.align import bos_id
-from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
 from headatlas.core.extract import extract, tokenize_records
 from headatlas.core.models import ModelError, model_kind
 from headatlas.core.reduce import Reducer, ReduceBatch, ReduceError, attention_modules, fused_reduce, padded, replay
@@ -292,3 +292,15 @@ def test_fused_needs_eager_attention(tiny_loaded, records):
             fused_reduce(model, tokenized, [SurfaceReducer()], 2, "encoder", name="m")
     finally:
         model.set_attn_implementation("eager")
+
+
+def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
+    import headatlas.clark.reducers as cr
+
+    batch, seqs, _ = hand_batch()
+    rng = np.random.default_rng(3)
+    t = garbage_padded([random_maps(rng, 3, len(s[0])) for s in seqs], 7.0)
+    whole = batch_surface_stats(t, batch, False, 1e-4)
+    monkeypatch.setattr(cr, "ENTROPY_CHUNK_BYTES", 1)  # one sequence per chunk
+    batch._cache.clear()
+    np.testing.assert_array_equal(batch_surface_stats(t, batch, False, 1e-4).numpy(), whole.numpy())

@@ -15,6 +15,7 @@ from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
 from .surface import STATS, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
+ENTROPY_CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's temporaries
 
 
 def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float):
@@ -38,16 +39,24 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     to_sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0].double()  # [B, H, n]
     # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
-    smooth = torch.add(f["offset"], a, alpha=1 - smoothing)
-    if smoothing > 0:
-        ent = -smooth.log().mul_(smooth).sum(-1).double()  # [B, H, n]
-    else:  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
-        ent = -torch.special.xlogy(smooth, smooth).sum(-1).double()
-    del smooth
+    # Sequences are taken in chunks of at most ENTROPY_CHUNK_BYTES of maps, so the two temporaries stay small
+    # next to the layer's maps (long inputs).
+    step = max(1, ENTROPY_CHUNK_BYTES // max(1, 4 * h * n * n))
+    ent = torch.cat([row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]).double()  # [B, H, n]
     # [next, prev, self, cls, sep, punct, sep_to_sep, other_to_sep, entropy, cls_entropy, 0] -> STATS order
     core = torch.cat([diag, shares, to_sep @ f["sep_w"], ent @ f["ent_w"], torch.zeros_like(diag[..., :1])], -1)
     out = core.index_select(2, f["order"]) + f["constant"][:, None, :]  # [B, H, S]
     return torch.where(f["defined"][:, None, :], out, math.nan)
+
+
+def row_entropy(a, offset, smoothing: float):
+    """[B, H, n] float32 entropies of the smoothed rows, ``offset`` from :func:`_float_masks`."""
+    import torch
+
+    smooth = torch.add(offset, a, alpha=1 - smoothing)
+    if smoothing > 0:
+        return -smooth.log().mul_(smooth).sum(-1)
+    return -torch.special.xlogy(smooth, smooth).sum(-1)  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
 
 
 def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dict:
