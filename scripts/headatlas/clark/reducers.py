@@ -1,0 +1,207 @@
+"""Clark et al.'s per-head statistics as reducers (:mod:`headatlas.core.reduce`): the same numbers as
+:func:`headatlas.clark.surface.surface_table` and :func:`headatlas.clark.clustering.js_distance_matrix`,
+computed on a padded ``[B, H, n, n]`` batch with masks, on the device where the attention is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
+from .surface import STATS, punct_mask
+
+COL = {s: i for i, s in enumerate(STATS)}
+ENTROPY_CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's temporaries
+
+
+def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float):
+    """[B, H, len(STATS)] float64 statistics of each sequence of a padded batch, NaN where undefined:
+    :func:`headatlas.clark.surface.sequence_stats` for every sequence at once.
+
+    Work on cells is done in float32 (the maps' precision; float64 doubles the time of the log on a CPU),
+    sums over a row or column are taken in float32 and everything after them in float64: the result differs
+    from the float64 reference by float32 rounding of row sums (about 1e-7). A decoder's attention above
+    the diagonal is taken as 0 (softmax gives exactly 0 there)."""
+    import torch
+
+    dev = attn.device
+    f = _float_masks(batch, dev, causal, smoothing)
+    a = clean_maps(attn, batch, causal)  # read-only
+    bsz, h, n, _ = a.shape
+    col_mass = a.sum(2).double()  # [B, H, n]
+    shares = col_mass @ f["keys"]  # [B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
+    # next, prev, self: three diagonals read at once from the flattened maps
+    diag = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 3, n) * f["diag_w"]).sum(-1).double() / f["n"]
+    to_sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0].double()  # [B, H, n]
+    # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
+    # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
+    # Sequences are taken in chunks of at most ENTROPY_CHUNK_BYTES of maps, so the two temporaries stay small
+    # next to the layer's maps (long inputs).
+    step = max(1, ENTROPY_CHUNK_BYTES // max(1, 4 * h * n * n))
+    ent = torch.cat([row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]).double()  # [B, H, n]
+    # [next, prev, self, cls, sep, punct, sep_to_sep, other_to_sep, entropy, cls_entropy, 0] -> STATS order
+    core = torch.cat([diag, shares, to_sep @ f["sep_w"], ent @ f["ent_w"], torch.zeros_like(diag[..., :1])], -1)
+    out = core.index_select(2, f["order"]) + f["constant"][:, None, :]  # [B, H, S]
+    return torch.where(f["defined"][:, None, :], out, math.nan)
+
+
+def row_entropy(a, offset, smoothing: float):
+    """[B, H, n] float32 entropies of the smoothed rows, ``offset`` from :func:`_float_masks`."""
+    import torch
+
+    smooth = torch.add(offset, a, alpha=1 - smoothing)
+    if smoothing > 0:
+        return -smooth.log().mul_(smooth).sum(-1)
+    return -torch.special.xlogy(smooth, smooth).sum(-1)  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
+
+
+def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dict:
+    """The layer-independent float masks of a batch for :func:`batch_surface_stats` (cached on the batch)."""
+    import torch
+
+    key = ("surface", str(dev), causal, smoothing)
+    if key in batch._cache:
+        return batch._cache[key]
+    m = batch.masks(dev, causal)
+    valid = m["valid"]
+    bsz, n = valid.shape
+    special = batch.tensor("special", dev)
+    nf = batch.tensor("lengths", dev).double()
+    first = special == (SPECIAL_BOS if causal else SPECIAL_CLS)
+    sep = special == SPECIAL_SEP
+    punct = torch.as_tensor(np.stack([punct_mask(p, s) for p, s in zip(batch.piece, batch.special)]).reshape(bsz, n), device=dev)
+    other = valid & ~sep
+    idx = torch.arange(n, device=dev, dtype=torch.float64)
+    k = (idx + 1)[None, :].expand(bsz, n) if causal else nf[:, None].expand(bsz, n)  # keys per row
+    allowed = m["allowed"].float()
+    if causal:
+        uniform = (torch.log(idx + 1)[None, :] * valid).sum(-1) / nf
+        summary = batch.tensor("lengths", dev) - 1
+        has_summary = torch.ones(bsz, dtype=torch.bool, device=dev)
+    else:
+        is_cls = special == SPECIAL_CLS
+        uniform = torch.log(nf)
+        has_summary = is_cls.any(1)
+        summary = torch.where(has_summary, is_cls.int().argmax(1), 0)
+    has_first, has_sep, has_other = first.any(1), sep.any(1), sep.any(1) & other.any(1)
+    const = torch.zeros((bsz, len(STATS)), dtype=torch.float64, device=dev)
+    const[:, COL["entropy_uniform"]] = uniform
+    const[:, COL["cls_entropy_uniform"]] = torch.log(nf)
+    defined = torch.ones((bsz, len(STATS)), dtype=torch.bool, device=dev)
+    defined[:, COL["next"]] = not causal
+    defined[:, COL["cls"]] = has_first
+    defined[:, COL["sep"]] = has_sep
+    defined[:, COL["sep_to_sep"]] = has_sep
+    defined[:, COL["other_to_sep"]] = has_other
+    defined[:, COL["cls_entropy"]] = has_summary
+    defined[:, COL["cls_entropy_uniform"]] = has_summary
+    rows = torch.arange(n, device=dev)
+    diag_idx, diag_w = [], []
+    for off in (1, -1, 0):  # next, prev, self: cell (i, i + off) of the flattened n x n map
+        ok = (rows + off >= 0) & (rows + off < n)
+        diag_idx.append(torch.where(ok, rows * (n + 1) + off, 0))
+        diag_w.append(ok.float())
+    summary_row = torch.zeros((bsz, n), dtype=torch.float64, device=dev)
+    summary_row[torch.arange(bsz, device=dev), summary] = 1.0
+    names = ["next", "prev", "self", "cls", "sep", "punct", "sep_to_sep", "other_to_sep", "entropy", "cls_entropy"]
+    out = {
+        "n": nf[:, None, None],
+        "keys": torch.stack([first, sep, punct], -1).double() / nf[:, None, None],  # [B, n, 3]
+        "diag_idx": torch.cat(diag_idx),
+        "diag_w": torch.stack(diag_w),  # [3, n]
+        "sep_w": torch.stack([sep.double() / sep.sum(1).clamp(min=1)[:, None], other.double() / other.sum(1).clamp(min=1)[:, None]], -1),  # [B, n, 2]
+        "ent_w": torch.stack([valid.double() / nf[:, None], summary_row], -1),  # [B, n, 2]
+        "order": torch.as_tensor([names.index(s) if s in names else len(names) for s in STATS], device=dev),
+        "offset": (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None],  # [B, 1, n, n]
+        "summary": summary,
+        "constant": const,
+        "defined": defined,
+    }
+    batch._cache[key] = out
+    return out
+
+
+class SurfaceReducer(Reducer):
+    """Clark's surface statistics per head: ``result()`` is :func:`headatlas.clark.surface.surface_table`'s
+    table (means over the sequences where a statistic is defined)."""
+
+    name = "clark_surface"
+
+    def __init__(self, smoothing: float = 1e-4):
+        self.smoothing = smoothing
+
+    def start(self, info) -> None:
+        super().start(info)
+        self.total = None  # [L, H, S] running sums on the device, float64
+        self.count = None
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        import torch
+
+        s = batch_surface_stats(attn, batch, self.info.causal, self.smoothing)
+        ok = ~torch.isnan(s)
+        if self.total is None:
+            shape = (self.info.n_layers, self.info.n_heads, len(STATS))
+            self.total = torch.zeros(shape, dtype=torch.float64, device=attn.device)
+            self.count = torch.zeros(shape, dtype=torch.float64, device=attn.device)
+        self.total[layer] += torch.where(ok, s, 0.0).sum(0)
+        self.count[layer] += ok.sum(0)
+
+    def result(self) -> pd.DataFrame:
+        info = self.info
+        if self.total is None:
+            raise ValueError(f"{self.name}: no sequence was reduced")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = self.total.cpu().numpy() / self.count.cpu().numpy()
+        rows = [
+            {"model": info.model, "model_kind": info.model_kind, "layer": layer, "head": head, "n_sequences": info.n_sequences, **dict(zip(STATS, mean[layer, head]))}
+            for layer in range(info.n_layers)
+            for head in range(info.n_heads)
+        ]
+        return pd.DataFrame(rows)
+
+
+class JSReducer(Reducer):
+    """Clark's summed JS distance between every pair of heads (all layers at once), over the first
+    ``n_sequences`` sequences in feed order: :func:`headatlas.clark.clustering.js_distance_matrix`'s
+    (D [L*H, L*H], sequences used, query tokens). The sequences are taken one by one (each has its own
+    n), on the host with the reference's :func:`~headatlas.clark.clustering.js_sums`: only the first
+    ``n_sequences`` sequences' maps leave the device."""
+
+    name = "clark_js"
+    needs_all_layers = True
+
+    def __init__(self, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000):
+        self.n_sequences, self.smoothing, self.max_elements = n_sequences, smoothing, max_elements
+
+    def start(self, info) -> None:
+        super().start(info)
+        self.k_stop = min(self.n_sequences, info.n_sequences) if self.n_sequences else info.n_sequences
+        h = info.n_layers * info.n_heads
+        self.total = np.zeros((h, h))
+        self.tokens = 0
+
+    def wants(self, batch: ReduceBatch) -> bool:
+        return bool((batch.seq < self.k_stop).any())
+
+    def update_all(self, attn: list, batch: ReduceBatch) -> None:
+        import torch
+
+        from .clustering import js_sums, smoothed_cells
+
+        wanted = np.flatnonzero(batch.seq < self.k_stop)
+        if not len(wanted):
+            return
+        stacked = torch.cat([a[wanted] for a in attn], dim=1)  # [b, L*H, n, n], layer-major heads
+        for i, b in enumerate(wanted):  # per sequence: each has its own length and its own JS sum
+            n = int(batch.lengths[b])
+            maps = stacked[i, :, :n, :n].float().cpu().numpy()
+            self.total += js_sums(smoothed_cells(maps, self.info.causal, self.smoothing).astype(np.float32), self.max_elements)
+            self.tokens += n
+
+    def result(self):
+        return self.total, self.k_stop, self.tokens

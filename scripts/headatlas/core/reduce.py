@@ -1,0 +1,408 @@
+"""Reducers: per-head statistics computed where the attention is, from stored maps or during the forward pass.
+
+A *reducer* turns one layer's attention of a batch of sequences, a ``[B, H, n, n]`` torch tensor on the
+device where it was computed (right-padded to the batch's longest sequence, rows = queries), together with
+the batch's token table (:class:`ReduceBatch`), into per-sequence or running results, with torch operations
+vectorised over heads and tokens. When every batch has been seen, ``result()`` returns the arrays / tables
+the analysis computes today from an :class:`~headatlas.core.store.AttentionStore`.
+
+Padding: in a fused batch, padded KEY columns are exactly 0 but padded QUERY rows are full distributions over
+the real tokens; in a replayed batch both are 0. A reducer must mask both: :func:`clean_maps` gives the
+layer's maps with every cell outside a real query's visible keys set to 0 (one copy shared by the reducers),
+and :meth:`ReduceBatch.masks` the boolean masks; the tests fill padding with garbage to make sure it never
+leaks.
+
+Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`feed_layer`):
+
+- :func:`replay` reads a stored store in windows of consecutive sequences that fit a byte budget, buckets
+  each window by length, and builds the padded tensor per layer;
+- :func:`fused_reduce` runs the model with forward hooks on its attention modules (the modules transformers
+  itself records ``attentions`` from, ``_can_record_outputs``), without ``output_attentions``: each
+  layer's probabilities go to the reducers as soon as they exist and are dropped after, so at most one
+  layer's maps are alive (reducers with ``needs_all_layers = True`` get all layers of the batch at the end
+  of its forward pass, which keeps them alive for that batch: say so where it matters).
+
+A reducer that fails raises :class:`ReduceError` naming the reducer, model, corpus and sequences.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .data import SPECIAL_NONE, Record, TokenizedRecord
+from .extract import length_batches, model_inputs, storage_windows
+
+PAD_SPECIAL = -1  # special kind of padded positions in a ReduceBatch (matches no SPECIAL_* kind)
+
+
+class ReduceError(RuntimeError):
+    """A reducer failed; the message names the reducer, model, corpus and sequences."""
+
+
+@dataclass(frozen=True)
+class FeedInfo:
+    """What a reducer learns before the first batch."""
+
+    n_sequences: int
+    n_layers: int
+    n_heads: int
+    model: str = ""
+    model_kind: str = "encoder"  # encoder | decoder (causal mask)
+    corpus: str = ""
+    record_id: np.ndarray | None = None  # [N] ids of the sequences, in feed order
+
+    @property
+    def causal(self) -> bool:
+        return self.model_kind == "decoder"
+
+
+@dataclass(frozen=True)
+class ReduceBatch:
+    """The token table of one batch of sequences, right-padded to ``n`` = the longest.
+
+    ``seq`` are the sequences' indices in the feed (store order / position in the tokenized list);
+    token arrays are [B, n] numpy, padded with word -1, special :data:`PAD_SPECIAL`, segment 0, piece ''.
+    ``records`` holds each sequence's corpus record (gold trees, coreference chains) when the feed was given
+    the corpus, else None.
+    """
+
+    seq: np.ndarray
+    lengths: np.ndarray
+    word: np.ndarray
+    special: np.ndarray
+    segment: np.ndarray
+    piece: np.ndarray
+    record_index: np.ndarray
+    n_words: np.ndarray
+    records: tuple[Record, ...] | None = None
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        b = len(self.seq)
+        for name in ("word", "special", "segment", "piece"):
+            if getattr(self, name).shape != (b, self.n):
+                raise ValueError(f"ReduceBatch: {name} has shape {getattr(self, name).shape}, expected {(b, self.n)}")
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.max()) if len(self.lengths) else 0
+
+    @classmethod
+    def from_rows(cls, seq, rows: Sequence[dict], record_index, n_words, records: Sequence[Record] | None = None) -> "ReduceBatch":
+        """Pad per-sequence token rows (dicts of word, special, segment, piece arrays)."""
+        lengths = np.array([len(r["word"]) for r in rows], dtype=np.int64)
+        n = int(lengths.max()) if len(rows) else 0
+        arrays = {"word": (-1, np.int64), "special": (PAD_SPECIAL, np.int64), "segment": (0, np.int64), "piece": ("", object)}
+        out = {}
+        for name, (fill, dtype) in arrays.items():
+            a = np.full((len(rows), n), fill, dtype=dtype)
+            for b, r in enumerate(rows):
+                a[b, : lengths[b]] = r[name]
+            out[name] = a
+        record_index = np.asarray(record_index, dtype=np.int64)
+        recs = None if records is None else tuple(records[int(i)] for i in record_index)
+        return cls(np.asarray(seq, dtype=np.int64), lengths, record_index=record_index, n_words=np.asarray(n_words, dtype=np.int64), records=recs, **out)
+
+    @classmethod
+    def from_store(cls, store, seq, records: Sequence[Record] | None = None) -> "ReduceBatch":
+        """Sequences ``seq`` (global indices) of an :class:`~headatlas.core.store.AttentionStore`;
+        ``records`` (the corpus) is indexed by the store's record_index."""
+        seq = np.asarray(seq, dtype=np.int64)
+        return cls.from_rows(seq, [store.tokens(int(k)) for k in seq], store.record_index[seq], store.n_words[seq], records)
+
+    @classmethod
+    def from_tokenized(cls, tokenized: Sequence[TokenizedRecord], seq, records: Sequence[Record] | None = None) -> "ReduceBatch":
+        """Sequences ``seq`` (positions in ``tokenized``); ``records`` is indexed by record_index."""
+        seq = np.asarray(seq, dtype=np.int64)
+        rows = [{"word": t.word, "special": t.special, "segment": t.segment, "piece": t.pieces} for t in (tokenized[int(k)] for k in seq)]
+        ts = [tokenized[int(k)] for k in seq]
+        return cls.from_rows(seq, rows, [t.record_index for t in ts], [t.n_words for t in ts], records)
+
+    def tensor(self, name: str, device) -> "torch.Tensor":  # noqa: F821
+        """A token array (lengths, word, special, segment) as a torch tensor on ``device`` (cached)."""
+        import torch
+
+        key = (name, str(device))
+        if key not in self._cache:
+            self._cache[key] = torch.as_tensor(getattr(self, name), device=device)
+        return self._cache[key]
+
+    def masks(self, device, causal: bool) -> dict:
+        """Cached boolean masks on ``device``: ``valid`` [B, n] real tokens, ``cell`` [B, n, n] real query
+        and real key, ``allowed`` [B, n, n] cells a query may attend to (``cell``, and key <= query under
+        a causal mask)."""
+        import torch
+
+        key = ("masks", str(device), causal)
+        if key not in self._cache:
+            n = self.n
+            idx = torch.arange(n, device=device)
+            valid = idx[None, :] < self.tensor("lengths", device)[:, None]
+            cell = valid[:, :, None] & valid[:, None, :]
+            allowed = cell & (idx[None, :] <= idx[:, None])[None] if causal else cell
+            self._cache[key] = {"valid": valid, "cell": cell, "allowed": allowed, "content": self.tensor("special", device) == SPECIAL_NONE}
+        return self._cache[key]
+
+
+def clean_maps(attn, batch: ReduceBatch, causal: bool):
+    """``attn`` as float32 with every cell outside a real query's visible keys set to 0 (padded rows and
+    columns; above the diagonal under a causal mask, where softmax already gives 0). Shared by the reducers
+    of one layer: the copy is cached on the batch for the tensor it was made from; treat it as read-only.
+
+    Padded cells must be finite (they are: padded keys are 0 and a padded query's row is a distribution
+    over the real keys; replay pads with 0): they are multiplied by 0, which is 20 times faster on a CPU
+    than a masked fill with a broadcast boolean mask."""
+    import weakref
+
+    hit = batch._cache.get("clean")
+    if hit is not None and hit[0]() is attn and hit[1] == causal:
+        return hit[2]
+    key = ("allowed_f", str(attn.device), causal)
+    if key not in batch._cache:
+        batch._cache[key] = batch.masks(attn.device, causal)["allowed"].float()[:, None]
+    a = attn.float() * batch._cache[key]
+    batch._cache["clean"] = (weakref.ref(attn), causal, a)
+    return a
+
+
+def key_columns(batch: ReduceBatch, groups, device) -> tuple:
+    """(positions [B, 1, 1, m], weights [B, 1, m, G]) of each sequence's tokens of any special kind in
+    ``groups`` (G tuples of kinds; m = the most such tokens in one sequence, filler weight 0): the attention
+    to them is a gather of m columns, not a pass over the maps (:func:`key_masses`)."""
+    import torch
+
+    key = ("key_columns", tuple(tuple(g) for g in groups), str(device))
+    if key not in batch._cache:
+        kinds = sorted({k for g in groups for k in g})
+        hit = np.isin(batch.special, kinds)
+        m = max(1, int(hit.sum(1).max()) if hit.size else 1)
+        rank = np.cumsum(hit, 1) - 1
+        pos = np.zeros((len(batch), m), dtype=np.int64)
+        w = np.zeros((len(batch), m, len(groups)), dtype=np.float32)
+        b, j = np.nonzero(hit)
+        pos[b, rank[b, j]] = j
+        for g, group in enumerate(groups):
+            w[b, rank[b, j], g] = np.isin(batch.special[b, j], list(group))
+        batch._cache[key] = (torch.as_tensor(pos, device=device)[:, None, None, :], torch.as_tensor(w, device=device)[:, None])
+    return batch._cache[key]
+
+
+def key_masses(a, batch: ReduceBatch, groups):
+    """[B, H, n, G] attention of each query to the tokens of each group of special kinds."""
+    pos, w = key_columns(batch, groups, a.device)
+    b, h, n, _ = a.shape
+    return a.gather(3, pos.expand(b, h, n, pos.shape[-1])) @ w
+
+
+class Reducer:
+    """Base class of a reducer; subclasses set ``name`` and implement ``update`` (or ``update_all``)."""
+
+    name = "reducer"
+    needs_all_layers = False  # True: update_all(list of every layer's [B, H, n, n], batch) once per batch
+
+    def start(self, info: FeedInfo) -> None:
+        self.info = info
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        raise NotImplementedError
+
+    def update_all(self, attn: list, batch: ReduceBatch) -> None:
+        raise NotImplementedError
+
+    def wants(self, batch: ReduceBatch) -> bool:
+        """False when the reducer has nothing to do with this batch (a fused feed then keeps no layer for it)."""
+        return True
+
+    def result(self):
+        raise NotImplementedError
+
+
+def _fail(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exception) -> ReduceError:
+    ids = batch.seq[:5].tolist() if info.record_id is None else [str(info.record_id[k]) for k in batch.seq[:5]]
+    more = "" if len(batch) <= 5 else f" and {len(batch) - 5} more"
+    where = "all layers" if layer is None else f"layer {layer}"
+    return ReduceError(f"reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}")
+
+
+def feed_layer(reducers: Sequence[Reducer], info: FeedInfo, layer: int, attn, batch: ReduceBatch) -> None:
+    """Hand one layer's [B, H, n, n] attention to every per-layer reducer."""
+    for r in reducers:
+        if not r.needs_all_layers:
+            try:
+                r.update(layer, attn, batch)
+            except ReduceError:
+                raise
+            except Exception as e:
+                raise _fail(r, info, batch, layer, e) from e
+
+
+def feed_all(reducers: Sequence[Reducer], info: FeedInfo, layers: list, batch: ReduceBatch) -> None:
+    """Hand every layer of a batch to the reducers that need all layers."""
+    for r in reducers:
+        if r.needs_all_layers and r.wants(batch):
+            try:
+                r.update_all(layers, batch)
+            except ReduceError:
+                raise
+            except Exception as e:
+                raise _fail(r, info, batch, None, e) from e
+
+
+def padded(blocks: Sequence[np.ndarray], n: int | None = None):
+    """[B, H, n, n] float32 torch tensor (CPU) from per-sequence [H, n_b, n_b] blocks, zero-padded."""
+    import torch
+
+    n = max(b.shape[-1] for b in blocks) if n is None else n
+    out = torch.zeros((len(blocks), blocks[0].shape[0], n, n), dtype=torch.float32)
+    for b, block in enumerate(blocks):  # one copy per sequence: the stored layout is ragged
+        m = block.shape[-1]
+        out[b, :, :m, :m] = torch.from_numpy(np.ascontiguousarray(block, dtype=np.float32))
+    return out
+
+
+def replay(store, reducers: Sequence[Reducer], batch_size: int = 32, records: Sequence[Record] | None = None, device: str = "cpu", budget_bytes: int = 256 << 20, corpus: str = "") -> list:
+    """Run ``reducers`` over every sequence of an :class:`~headatlas.core.store.AttentionStore`.
+
+    Windows of consecutive sequences whose maps (all layers if a reducer needs them, else one layer) fit
+    ``budget_bytes`` are read one layer at a time, bucketed by length into batches of ``batch_size`` and
+    padded. Returns ``[r.result() for r in reducers]``.
+    """
+    import torch
+
+    all_layers = any(r.needs_all_layers for r in reducers)
+    info = FeedInfo(len(store), store.n_layers, store.n_heads, store.meta.get("model", ""), store.meta.get("model_kind", "encoder"), corpus or store.meta.get("corpus", ""), store.record_id)
+    for r in reducers:
+        r.start(info)
+    per_cell = 4 * store.n_heads * (store.n_layers if all_layers else 1)
+    for start, stop in storage_windows(store.lengths, per_cell, budget_bytes):
+        local = length_batches(store.lengths[start:stop], batch_size)
+        batches = [ReduceBatch.from_store(store, start + pos, records) for pos in local]
+        keep = [any(r.needs_all_layers and r.wants(batch) for r in reducers) for batch in batches]
+        kept: list[list] = [[] for _ in batches]
+        for layer in range(store.n_layers):
+            maps = store.layer_maps(layer, start, stop)
+            for b, (pos, batch) in enumerate(zip(local, batches)):
+                attn = padded([maps[p] for p in pos]).to(device)
+                feed_layer(reducers, info, layer, attn, batch)
+                if keep[b]:
+                    kept[b].append(attn)
+            del maps
+        for b, batch in enumerate(batches):
+            if keep[b]:
+                feed_all(reducers, info, kept[b], batch)
+                kept[b] = []
+        if device != "cpu" and torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return [r.result() for r in reducers]
+
+
+def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object, int]]:
+    """(module, index of the attention probabilities in its output tuple) per layer, from the model's own
+    ``_can_record_outputs['attentions']`` (what ``output_attentions`` records), matched as transformers does."""
+    from transformers.utils.output_capturing import OutputRecorder
+
+    from .models import ModelError
+
+    specs = getattr(model, "_can_record_outputs", None) or {}
+    spec = specs.get("attentions")
+    if spec is None:
+        raise ModelError(f"model {name!r} ({type(model).__name__}) declares no attention modules (_can_record_outputs); it cannot be reduced fused")
+    specs = spec if isinstance(spec, list) else [spec]
+    specs = [s if isinstance(s, OutputRecorder) else OutputRecorder(target_class=None if isinstance(s, str) else s, index=1, class_name=s if isinstance(s, str) else None) for s in specs]
+    found = []
+    for mod_name, module in model.named_modules():
+        for s in specs:
+            hit = (s.target_class is not None and isinstance(module, s.target_class)) or (s.class_name is not None and mod_name.endswith(s.class_name))
+            if hit and (s.layer_name is None or "." + s.layer_name.strip(".") + "." in "." + mod_name + "."):
+                found.append((module, s.index))
+                break
+    if len(found) != n_layers:
+        raise ModelError(f"model {name!r}: found {len(found)} attention modules, expected one per layer ({n_layers})")
+    return found
+
+
+def fused_reduce(
+    model,
+    tokenized: Sequence[TokenizedRecord],
+    reducers: Sequence[Reducer],
+    batch_size: int,
+    model_kind: str = "encoder",
+    records: Sequence[Record] | None = None,
+    pad_id: int = 0,
+    name: str = "",
+    corpus: str = "",
+    record_id: Sequence[str] | None = None,
+) -> list:
+    """Run ``model`` (loaded by :func:`headatlas.core.models.load`: eager attention, eval mode) over
+    ``tokenized`` in length-bucketed batches and reduce each layer's attention as soon as it is computed.
+
+    Forward hooks on the attention modules hand ``output[index]`` (the probabilities, which the eager
+    modules return even without ``output_attentions``) to the per-layer reducers and keep no reference,
+    so the maps of a layer are freed before the next layer runs. Returns ``[r.result() for r in reducers]``.
+    """
+    import torch
+
+    from .models import ModelError
+
+    n_layers, n_heads = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
+    rid = None if record_id is None else np.asarray(record_id)
+    info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid)
+    for r in reducers:
+        r.start(info)
+    use_types = getattr(model.config, "type_vocab_size", 0) > 1
+    device = next(model.parameters()).device
+    state: dict = {"batch": None, "layers": [], "keep": False}
+
+    def make_hook(layer: int, index: int):
+        def hook(module, args, output):
+            attn = output[index] if isinstance(output, tuple) else output
+            if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
+                shape = None if attn is None else tuple(attn.shape)
+                raise ModelError(f"model {name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'")
+            batch = state["batch"]
+            n = batch.n
+            a = attn if attn.shape[-1] == n else attn[:, :, :n, :n]  # an extra position is not part of the sequences
+            feed_layer(reducers, info, layer, a, batch)
+            if state["keep"]:
+                state["layers"].append(a)
+
+        return hook
+
+    hooks = [m.register_forward_hook(make_hook(i, idx)) for i, (m, idx) in enumerate(attention_modules(model, n_layers, name))]
+    try:
+        with torch.inference_mode():
+            for pos in length_batches([len(t) for t in tokenized], batch_size):
+                batch = ReduceBatch.from_tokenized(tokenized, pos, records)
+                state["batch"], state["layers"] = batch, []
+                state["keep"] = any(r.needs_all_layers and r.wants(batch) for r in reducers)
+                model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))
+                if state["keep"]:
+                    feed_all(reducers, info, state["layers"], batch)
+                state["layers"] = []
+    finally:
+        for h in hooks:
+            h.remove()
+        state.clear()
+    return [r.result() for r in reducers]
+
+
+def bare_forward(model, tokenized: Sequence[TokenizedRecord], batch_size: int, pad_id: int = 0) -> float:
+    """Seconds of the bare forward pass over the same length-bucketed batches (the benchmarks' baseline)."""
+    import torch
+
+    use_types = getattr(model.config, "type_vocab_size", 0) > 1
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for pos in length_batches([len(t) for t in tokenized], batch_size):
+            model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0

@@ -1,0 +1,261 @@
+"""Pande et al.'s sentence scores as a reducer (:mod:`headatlas.core.reduce`): the same arrays as
+:func:`headatlas.pande.sieves.score_store`, computed in torch on a padded ``[B, H, n, n]`` batch with
+masks, on the device where the attention is (sums over cells in float32 like the reference, the rest in
+float64). Only the scores [B, H, roles] of each
+layer go to the host.
+
+Token roles (local, delimiter, delimiter_cls, delimiter_sep, block) use [B, n, n] sieve masks built once
+per batch; syntactic roles gather, per (dependency pair, query piece), that piece's row of the map and sum
+it over the key word's pieces: no Python loop over cells, rows, heads or pairs. The only loop over the
+sequences of a batch builds their dependency pairs from the corpus records (Python objects), once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
+from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
+
+DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
+
+
+class _BatchSieves:
+    """The layer-independent part of a batch: sieve masks, counts, dependency pairs (on the device)."""
+
+    def __init__(self, batch: ReduceBatch, settings: SieveSettings, causal: bool, device):
+        import torch
+
+        self.batch = batch
+        m = batch.masks(device, causal)
+        valid, cell, allowed, content = m["valid"], m["cell"], m["allowed"], m["content"]
+        self.cell, self.allowed = cell, allowed
+        bsz, n = valid.shape
+        lengths = batch.tensor("lengths", device)
+        idx = torch.arange(n, device=device)
+        self.k = ((idx + 1)[None, :].expand(bsz, n) if causal else lengths[:, None].expand(bsz, n)).double()
+        diff = idx[None, :] - idx[:, None]  # key - query
+        band = (diff >= -settings.window) & (diff <= (0 if causal else settings.window))
+        special = batch.tensor("special", device)
+        segment = batch.tensor("segment", device)
+        local = cell & band[None]
+        cls_k = (special == SPECIAL_CLS) | (special == SPECIAL_BOS)
+        cls = allowed & cls_k[:, None, :]
+        sep = allowed & (special == SPECIAL_SEP)[:, None, :]
+        self.is_pair = (content & (segment == 1)).any(1)  # [B]
+        # a special token takes the segment of the next content token of its sequence (sieves.query_segment)
+        flat_special = np.concatenate([batch.special[b, :l] for b, l in enumerate(batch.lengths)])
+        flat_segment = np.concatenate([batch.segment[b, :l] for b, l in enumerate(batch.lengths)])
+        starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]])
+        qseg_flat = query_segment(flat_special, flat_segment, starts)
+        qseg = np.full((bsz, n), -1, dtype=np.int64)
+        qseg[batch.special != -1] = qseg_flat  # row-major order of the real tokens = concatenation order
+        qseg = torch.as_tensor(qseg, device=device)
+        block = allowed & content[:, None, :] & (segment[:, None, :] == qseg[:, :, None]) & self.is_pair[:, None, None]
+        masks = [local, cls, sep, block]
+        # per layer: local = the band's diagonals; cls and sep = a gather of their few columns; block = the
+        # maps times the block mask, for batches with a pair only (clean_maps cuts keys j > i under a causal mask)
+        offs = torch.arange(-settings.window, (0 if causal else settings.window) + 1, device=device)
+        j = idx[:, None] + offs[None, :]  # [n, K] keys of the band
+        ok = (j >= 0) & (j < n)
+        self.band_idx = torch.where(ok, idx[:, None] * n + j, 0).reshape(-1)
+        self.band_w = ok.float()  # [n, K]
+        self.block_f = block.float()[:, None] if bool(self.is_pair.any()) else None  # [B, 1, n, n]
+        self.causal = causal
+        cnt = [mk.sum(-1).double() for mk in masks]  # [B, n] each
+        self.cnt = torch.stack([cnt[0], cnt[1] + cnt[2], cnt[1], cnt[2], cnt[3]])  # [5, B, n]
+        self.use = (self.cnt > 0) & valid[None]
+        self.use_count = self.use.sum(-1).double()  # [5, B]
+        # per layer, a role's sentence score is sum_i b_i * use_w_i (+ NaN where no query has the sieve)
+        self.inv_cnt = (1.0 / self.cnt.clamp(min=1))[:, :, None, :]  # [5, B, 1, n]
+        self.use_w = (self.use.double() / self.use_count.clamp(min=1)[:, :, None])[:, :, None, :]  # [5, B, 1, n]
+        self.no_query = torch.where(self.use_count > 0, 0.0, math.nan)[:, :, None]  # [5, B, 1]
+        self.pad_rows = (~valid).double()[:, None, :]  # [B, 1, n]: 1 on padded rows, so their scale stays finite
+        self.any_block = bool(self.is_pair.any())
+        self._pairs(batch, settings, device)
+
+    def _pairs(self, batch: ReduceBatch, settings: SieveSettings, device) -> None:
+        import torch
+
+        n_rel = len(settings.relations)
+        self.pairs_present = np.zeros(n_rel + 1, dtype=np.int64)
+        self.has_trees = np.zeros(len(batch), dtype=bool)
+        pb, pd, ph, pr = [], [], [], []
+        if batch.records is not None:
+            for b, r in enumerate(batch.records):  # Python records: one pass per batch, not per layer
+                self.has_trees[b] = bool(r.head)
+                dep, head, rel = dependency_pairs(r.head, r.deprel, settings, int(batch.n_words[b]))
+                self.pairs_present += np.bincount(rel, minlength=n_rel + 1)
+                self.pairs_present[-1] += len(rel)
+                pb.append(np.full(len(dep), b))
+                pd.append(dep)
+                ph.append(head)
+                pr.append(rel)
+        cat = lambda xs: torch.as_tensor(np.concatenate(xs) if xs else np.zeros(0, np.int64), dtype=torch.int64, device=device)  # noqa: E731
+        self.pb, self.pr = cat(pb), cat(pr)
+        ends = (cat(pd), cat(ph))
+        self.n_pairs = len(self.pb)
+        ws = torch.where(batch.masks(device, False)["content"], batch.tensor("word", device), -1)
+        self.groups = []
+        if not self.n_pairs:
+            return
+        for qi, ki in DIRECTION_ENDS[settings.direction]:
+            q = ws[self.pb] == ends[qi][:, None]  # [P, n] query pieces of each pair
+            key = ws[self.pb] == ends[ki][:, None]  # [P, n] key pieces
+            p_idx, row = torch.nonzero(q, as_tuple=True)  # one group per (pair, query piece)
+            b_idx = self.pb[p_idx]
+            sieve = key[p_idx] & self.allowed[b_idx, row]  # [G, n] visible key pieces
+            cnt = sieve.sum(-1).double()
+            use = cnt > 0
+            self.groups.append({"pair": p_idx, "b": b_idx, "row": row, "sieve": sieve, "cnt": cnt, "use": use})
+
+    def scores(self, attn, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
+        """[B, H, roles] float64 sentence scores of one layer's padded maps, NaN where a role has no query or pair."""
+        import torch
+
+        a = clean_maps(attn, self.batch, self.causal)  # read-only; padded rows and columns are 0
+        bsz, h, n, _ = a.shape
+        n_rel = len(settings.relations)
+        out = torch.full((bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=a.device)
+        rowsum = a.sum(-1).double()  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
+        scale = self.k[:, None, :] / (rowsum + self.pad_rows)  # a real row summing to 0 gives inf -> NaN, as the reference
+        # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
+        local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
+        cls, sep = key_masses(a, self.batch, [(SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,)]).unbind(-1)
+        block = (a * self.block_f).sum(-1) if self.block_f is not None else torch.zeros_like(local)
+        mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, B, H, n]
+        b = mass * self.inv_cnt * scale[None]
+        if self.any_block and settings.block_entropy:
+            xlogx = (a * torch.log(a.clamp(min=np.finfo(np.float32).tiny))).sum(-1).double()
+            rs = rowsum + self.pad_rows
+            b[4] = b[4] * (torch.log(rs) - xlogx / rs)  # entropy (nats) of the renormalised row
+        out[..., : len(TOKEN_ROLES)] = ((b * self.use_w).sum(-1) + self.no_query).permute(1, 2, 0)  # [B, H, 5]
+        if not self.groups:
+            return out
+        per_dir = []
+        for g in self.groups:
+            rows = a[g["b"], :, g["row"], :]  # [G, H, n]: the query piece's row
+            m = (rows * g["sieve"][:, None, :]).sum(-1).double() / g["cnt"][:, None] * scale[g["b"], :, g["row"]]  # [G, H]
+            s = torch.zeros((self.n_pairs, h), dtype=torch.float64, device=a.device).index_add_(0, g["pair"], torch.where(g["use"][:, None], m, 0.0))
+            c = torch.zeros(self.n_pairs, dtype=torch.float64, device=a.device).index_add_(0, g["pair"], g["use"].double())
+            per_dir.append((s / c.clamp(min=1)[:, None], c > 0))
+        if len(per_dir) == 1:
+            ps, live = per_dir[0]
+        else:  # the mean of the directions that score the pair (sieves._nanmean2)
+            (s0, l0), (s1, l1) = per_dir
+            k = l0.double() + l1.double()
+            ps = (torch.where(l0[:, None], s0, 0.0) + torch.where(l1[:, None], s1, 0.0)) / k.clamp(min=1)[:, None]
+            live = l0 | l1
+        self.live = live
+        w = live.double()
+        key = self.pb * (n_rel + 1)
+        for col, keys in ((None, key + n_rel), ("rel", key + self.pr)):  # union, then per relation
+            s = torch.zeros((bsz * (n_rel + 1), h), dtype=torch.float64, device=a.device).index_add_(0, keys, torch.where(live[:, None], ps, 0.0))
+            c = torch.zeros(bsz * (n_rel + 1), dtype=torch.float64, device=a.device).index_add_(0, keys, w)
+            mean = torch.where(c[:, None] > 0, s / c.clamp(min=1)[:, None], math.nan).reshape(bsz, n_rel + 1, h)
+            if col is None:
+                out[..., len(TOKEN_ROLES)] = mean[:, n_rel]
+            else:
+                out[..., len(TOKEN_ROLES) + 1 :] = mean[:, :n_rel].permute(0, 2, 1)
+        return out
+
+    def pair_counts(self, n_rel: int) -> np.ndarray:
+        """[B, n_rel + 1] pairs scored per relation, then their union."""
+        counts = np.zeros((len(self.batch), n_rel + 1), dtype=np.int64)
+        if self.n_pairs:
+            live = self.live.cpu().numpy()
+            np.add.at(counts, (self.pb.cpu().numpy()[live], self.pr.cpu().numpy()[live]), 1)
+        counts[:, n_rel] = counts[:, :n_rel].sum(1)
+        return counts
+
+
+class SieveReducer(Reducer):
+    """Pande's sentence scores for every role: ``result()`` is :func:`headatlas.pande.sieves.score_store`'s
+    dict (scores [N, L, H, R] float32, pair_counts, pairs_present, roles, relations, record_id, is_pair, notes).
+    The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse)."""
+
+    name = "pande_sieves"
+
+    def __init__(self, settings: SieveSettings | None = None, flush_every: int = 256):
+        self.settings = settings or SieveSettings()
+        self.flush_every = flush_every  # (batch, layer) results kept on the device before one copy to the host
+
+    def start(self, info) -> None:
+        super().start(info)
+        n_rel = len(self.settings.relations)
+        self.roles = role_names(self.settings.relations)
+        self.scores = np.full((info.n_sequences, info.n_layers, info.n_heads, len(self.roles)), np.nan, dtype=np.float32)
+        self.pair_counts = np.zeros((info.n_sequences, n_rel + 1), dtype=np.int64)
+        self.pairs_present = np.zeros(n_rel + 1, dtype=np.int64)
+        self.is_pair = np.zeros(info.n_sequences, dtype=bool)
+        self.has_trees = np.zeros(info.n_sequences, dtype=bool)
+        self._pending: list = []
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        key = ("pande_sieves", id(self))
+        plan = batch._cache.get(key)
+        if plan is None:  # layer-independent work once per batch (kept with the batch: replay interleaves batches)
+            plan = batch._cache[key] = _BatchSieves(batch, self.settings, self.info.causal, attn.device)
+            self.is_pair[batch.seq] = plan.is_pair.cpu().numpy()
+            self.has_trees[batch.seq] = plan.has_trees
+            self.pairs_present += plan.pairs_present
+        # scores stay on the device until a flush, so a GPU is not made to wait for the host after every layer
+        self._pending.append((batch.seq, layer, plan.scores(attn, self.settings).float()))
+        if len(self._pending) >= self.flush_every:
+            self._flush()
+        if plan.n_pairs and layer == 0:
+            self.pair_counts[batch.seq] = plan.pair_counts(len(self.settings.relations))
+
+    def _flush(self) -> None:
+        for seq, layer, scores in self._pending:
+            self.scores[seq, layer] = scores.cpu().numpy()
+        self._pending = []
+
+    def result(self) -> dict:
+        self._flush()
+        info = self.info
+        return {
+            "scores": self.scores,
+            "pair_counts": self.pair_counts,
+            "pairs_present": self.pairs_present,
+            "roles": self.roles,
+            "relations": list(self.settings.relations),
+            "record_id": np.asarray(info.record_id).astype(str) if info.record_id is not None else np.arange(info.n_sequences).astype(str),
+            "is_pair": self.is_pair,
+            "notes": role_notes(self.scores, self.roles, self.has_trees, self.pairs_present, self.settings, info.corpus or "?", info.model_kind),
+        }
+
+
+def role_notes(scores, roles, has_trees, pairs_present, settings: SieveSettings, corpus: str, model_kind: str) -> dict:
+    """role -> why it has no sentence in this corpus, for the roles without any.
+    TODO(merge): the same text as the tail of sieves._score_store; move it there as one helper."""
+    notes = {}
+    valid = ~np.isnan(scores[:, 0, 0, :])
+    for r, role in enumerate(roles):
+        if valid[:, r].any():
+            continue
+        if role == "block":
+            why = f"corpus {corpus} has no sentence pairs ([CLS] A [SEP] B [SEP]); block needs pairs"
+        elif role == "delimiter_sep":
+            why = f"corpus {corpus}: the model input has no [SEP] token ({model_kind})"
+        elif role == "delimiter_cls":
+            why = f"corpus {corpus}: the model input has no [CLS]/BOS token"
+        elif role.startswith("syntactic"):
+            if not has_trees.any():
+                why = f"corpus {corpus} has no dependency trees"
+            else:
+                rel = role[len("syntactic_") :] or "any configured relation"
+                present = int(pairs_present[settings.relations.index(rel)] if rel in settings.relations else pairs_present[-1])
+                labels = settings.labels.get(rel, (rel,)) if rel in settings.relations else settings.label_map().keys()
+                if present:
+                    why = (f"corpus {corpus}: none of the {present} pairs of relation {rel} is visible under the causal "
+                           f"mask in direction {settings.direction}")  # fmt: skip
+                else:
+                    why = f"corpus {corpus}: no sentence has a pair of relation {rel} (labels {sorted(labels)})"
+        else:
+            why = f"corpus {corpus}: no query token has a {role} sieve"
+        notes[role] = why
+    return notes
