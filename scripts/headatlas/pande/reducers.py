@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
-from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
+from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
 
@@ -229,33 +229,3 @@ class SieveReducer(Reducer):
         }
 
 
-def role_notes(scores, roles, has_trees, pairs_present, settings: SieveSettings, corpus: str, model_kind: str) -> dict:
-    """role -> why it has no sentence in this corpus, for the roles without any.
-    TODO(merge): the same text as the tail of sieves._score_store; move it there as one helper."""
-    notes = {}
-    valid = ~np.isnan(scores[:, 0, 0, :])
-    for r, role in enumerate(roles):
-        if valid[:, r].any():
-            continue
-        if role == "block":
-            why = f"corpus {corpus} has no sentence pairs ([CLS] A [SEP] B [SEP]); block needs pairs"
-        elif role == "delimiter_sep":
-            why = f"corpus {corpus}: the model input has no [SEP] token ({model_kind})"
-        elif role == "delimiter_cls":
-            why = f"corpus {corpus}: the model input has no [CLS]/BOS token"
-        elif role.startswith("syntactic"):
-            if not has_trees.any():
-                why = f"corpus {corpus} has no dependency trees"
-            else:
-                rel = role[len("syntactic_") :] or "any configured relation"
-                present = int(pairs_present[settings.relations.index(rel)] if rel in settings.relations else pairs_present[-1])
-                labels = settings.labels.get(rel, (rel,)) if rel in settings.relations else settings.label_map().keys()
-                if present:
-                    why = (f"corpus {corpus}: none of the {present} pairs of relation {rel} is visible under the causal "
-                           f"mask in direction {settings.direction}")  # fmt: skip
-                else:
-                    why = f"corpus {corpus}: no sentence has a pair of relation {rel} (labels {sorted(labels)})"
-        else:
-            why = f"corpus {corpus}: no query token has a {role} sieve"
-        notes[role] = why
-    return notes

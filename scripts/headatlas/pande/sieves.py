@@ -400,16 +400,29 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
             scores[k0:k1, layer] = plan.scores(store.layer_cells(layer, k0, k1)).transpose(1, 0, 2)
         pair_counts[k0:k1] = plan.pair_counts
         is_pair[k0:k1] = plan.is_pair
+    notes = role_notes(scores, roles, has_trees, pairs_present, settings, store.meta.get("corpus", "?"), store.meta.get("model_kind"))
+    return {
+        "scores": scores,
+        "pair_counts": pair_counts,
+        "pairs_present": pairs_present,
+        "roles": roles,
+        "relations": list(settings.relations),
+        "record_id": store.record_id.astype(str),
+        "is_pair": is_pair,
+        "notes": notes,
+    }
+
+def role_notes(scores, roles, has_trees, pairs_present, settings: SieveSettings, corpus: str, model_kind: str) -> dict:
+    """role -> why it has no sentence in this corpus, for the roles without any."""
     notes = {}
     valid = ~np.isnan(scores[:, 0, 0, :])
-    corpus = store.meta.get("corpus", "?")
     for r, role in enumerate(roles):
         if valid[:, r].any():
             continue
         if role == "block":
             why = f"corpus {corpus} has no sentence pairs ([CLS] A [SEP] B [SEP]); block needs pairs"
         elif role == "delimiter_sep":
-            why = f"corpus {corpus}: the model input has no [SEP] token ({store.meta.get('model_kind')})"
+            why = f"corpus {corpus}: the model input has no [SEP] token ({model_kind})"
         elif role == "delimiter_cls":
             why = f"corpus {corpus}: the model input has no [CLS]/BOS token"
         elif role.startswith("syntactic"):
@@ -427,13 +440,4 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
         else:
             why = f"corpus {corpus}: no query token has a {role} sieve"
         notes[role] = why
-    return {
-        "scores": scores,
-        "pair_counts": pair_counts,
-        "pairs_present": pairs_present,
-        "roles": roles,
-        "relations": list(settings.relations),
-        "record_id": store.record_id.astype(str),
-        "is_pair": is_pair,
-        "notes": notes,
-    }
+    return notes
