@@ -17,7 +17,6 @@ include: "workflow/rules/clark_surface.smk"
 include: "workflow/rules/pande.smk"
 include: "workflow/rules/jomyaeng.smk"
 include: "workflow/rules/clark_syntax.smk"
-include: "workflow/rules/atlas_common.smk"
 include: "workflow/rules/atlas.smk"
 
 

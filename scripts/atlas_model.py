@@ -18,8 +18,7 @@ p = sm.params.atlas
 model = sm.wildcards.model
 with AttentionStore(sm.input.tokens) as store:
     n_layers, n_heads = store.n_layers, store.n_heads
-names = ["behaviour", "mds", "pande", "syntax", "syntax_baselines", "coref", "probes"]
-tables = {k: pd.read_csv(sm.input[k], sep="\t") if k in sm.input.keys() else None for k in names}
+tables = {k: pd.read_csv(sm.input[k], sep="\t") if k in sm.input.keys() else None for k in at.TABLE_NAMES}
 atlas = at.build_atlas(model, n_layers, n_heads, tables)
 k = p["top_k"] or n_heads
 scores = at.method_scores(atlas, tables["syntax"], p["relations"])

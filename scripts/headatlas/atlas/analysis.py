@@ -8,6 +8,9 @@ atlas then simply lacks those columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from scipy import stats
@@ -99,26 +102,63 @@ def probe_columns(probes: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
+@dataclass(frozen=True)
+class AtlasSource:
+    """What one analysis adds to the atlas: which TSVs, which columns, how they are joined.
+
+    ``tables`` maps the atlas rule's input names to path templates ({model}; {corpus} is the
+    atlas setting named by ``corpus``). The source is read for the models its ``analysis``
+    covers (and, when that analysis has a ``corpora`` list, only if the model has one of
+    them, or the named corpus). ``columns`` takes the tables in ``tables`` order and returns
+    one row per head (layer, head, then the new columns), left-joined on the head grid.
+    """
+
+    name: str
+    analysis: str
+    tables: dict[str, str]
+    columns: Callable[..., pd.DataFrame]
+    corpus: str | None = None
+
+
+# The registry the atlas rule and build_atlas read; its order is the atlas's column order.
+ATLAS_SOURCES = (
+    AtlasSource("behaviour", "clark_surface", {"behaviour": "results/clark/{model}/{corpus}/behaviour.tsv"}, surface_columns, "surface_corpus"),
+    AtlasSource("mds", "clark_surface", {"mds": "results/clark/{model}/{corpus}/mds.tsv"}, mds_columns, "surface_corpus"),
+    AtlasSource("pande", "pande", {"pande": "results/pande/{model}/heads.tsv"}, pande_columns),
+    AtlasSource(
+        "syntax", "clark_syntax",
+        {"syntax": "results/clark/{model}/syntax/heads.tsv", "syntax_baselines": "results/clark/{model}/syntax/baselines.tsv"},
+        syntax_columns,
+    ),  # fmt: skip
+    AtlasSource("coref", "clark_syntax", {"coref": "results/clark/{model}/coref/heads.tsv"}, coref_columns),
+    AtlasSource("probes", "jomyaeng", {"probes": "results/jomyaeng/{model}/heads.tsv"}, probe_columns),
+)
+TABLE_NAMES = [k for source in ATLAS_SOURCES for k in source.tables]
+
+
+def source_inputs(source: AtlasSource, model: str, covered: bool, corpora: list[str] | None, settings: dict) -> dict[str, str]:
+    """The input paths of one source for one model ({} when the model has none): ``covered``
+    says whether the analysis covers the model, ``corpora`` its corpora for the model (None:
+    the analysis has no corpora list), ``settings`` the atlas section."""
+    if not covered or (corpora is not None and not corpora):
+        return {}
+    corpus = settings[source.corpus] if source.corpus else None
+    if corpus is not None and corpus not in (corpora or []):
+        return {}
+    return {k: t.format(model=model, corpus=corpus) for k, t in source.tables.items()}
+
+
 def build_atlas(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
-    """One row per head of ``model`` with every available analysis's columns."""
+    """One row per head of ``model`` with the columns of every source whose tables are all given."""
     atlas = grid(n_layers, n_heads)
-    parts = []
-    if tables.get("behaviour") is not None:
-        parts.append(("behaviour", surface_columns(tables["behaviour"])))
-    if tables.get("mds") is not None:
-        parts.append(("mds", mds_columns(tables["mds"])))
-    if tables.get("pande") is not None:
-        parts.append(("pande", pande_columns(tables["pande"])))
-    if tables.get("syntax") is not None and tables.get("syntax_baselines") is not None:
-        parts.append(("syntax", syntax_columns(tables["syntax"], tables["syntax_baselines"])))
-    if tables.get("coref") is not None:
-        parts.append(("coref", coref_columns(tables["coref"])))
-    if tables.get("probes") is not None:
-        parts.append(("probes", probe_columns(tables["probes"])))
-    for name, df in parts:
-        _check_heads(df, name, n_layers, n_heads)
+    for source in ATLAS_SOURCES:
+        frames = [tables.get(k) for k in source.tables]
+        if any(f is None for f in frames):
+            continue
+        df = source.columns(*frames)
+        _check_heads(df, source.name, n_layers, n_heads)
         if df.duplicated(KEY).any():
-            raise ValueError(f"{name}: more than one row per head")
+            raise ValueError(f"{source.name}: more than one row per head")
         atlas = atlas.merge(df, on=KEY, how="left")
     atlas.insert(0, "model", model)
     return atlas
