@@ -24,6 +24,5 @@ figures = {
     "probing": ([(f"probe_{c}", f"{c} tasks") for c in JM_CATEGORIES], "Jo & Myaeng probing: mean head accuracy per layer", "mean test accuracy"),
 }
 for family, (columns, title, ylabel) in figures.items():
-    with atomic_path(sm.output[family]) as png:
-        cross_model_figure(profiles, columns, title, ylabel, [png])
+    cross_model_figure(profiles, columns, title, ylabel, sm.output[family])
 log.info("cross-model profiles of %s", ", ".join(profiles))

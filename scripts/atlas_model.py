@@ -30,8 +30,6 @@ out = sm.output
 for df, path in ((atlas, out.atlas), (agreement, out.agreement), (relations, out.relations), (profile, out.profile)):
     with atomic_path(path) as tmp:
         df.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-with atomic_path(out.grid) as png, atomic_path(out.grid_svg) as svg:
-    atlas_grid(atlas, n_layers, n_heads, model, [png, svg])
-with atomic_path(out.agreement_png) as png:
-    agreement_figure(scores, agreement, model, [png])
+atlas_grid(atlas, n_layers, n_heads, model, out.grid, out.grid_svg)
+agreement_figure(scores, agreement, model, out.agreement_png)
 log.info("atlas of %s: %d heads x %d columns; agreement:\n%s", model, len(atlas), atlas.shape[1], agreement.to_string(index=False))

@@ -6,7 +6,8 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
-from headatlas.clark.figures import fig6_mds, save  # noqa: E402
+from headatlas.clark.figures import fig6_mds  # noqa: E402
+from headatlas.core.figures import save_figure  # noqa: E402
 from headatlas.clark.clustering import distance_square, head_index, layer_clustering, mds_embedding  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
@@ -29,5 +30,5 @@ with atomic_path(sm.output.heads) as tmp:
     heads.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 with atomic_path(sm.output.layers) as tmp:
     layers.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-save(fig6_mds(heads, sm.wildcards.model, sm.wildcards.corpus, stats), sm.output.png, sm.output.svg)
+save_figure(fig6_mds(heads, sm.wildcards.model, sm.wildcards.corpus, stats), sm.output.png, sm.output.svg)
 log.info("within %.4f between %.4f p %.3g stress %.3g", stats["within_layer"], stats["between_layer"], stats["p_value"], stress)

@@ -138,7 +138,8 @@ def test_gradient_table_for_a_causal_model(lm_models, ewt_records):
 def test_gradient_figure_renders_both_cases(tmp_path):
     import pandas as pd
 
-    from headatlas.clark.figures import fig3_gradients, save
+    from headatlas.clark.figures import fig3_gradients
+    from headatlas.core.figures import save_figure
     from headatlas.clark.gradients import importance_table, skipped_table
 
     sums = np.array([[1.0, 2.0, 0.0, 3.0], [0.5, 1.0, 0.0, 2.0]])
@@ -146,8 +147,8 @@ def test_gradient_figure_renders_both_cases(tmp_path):
     ok = importance_table("m", "decoder", sums, counts, 2, 3.0)
     assert ok["key_type"].tolist() == ["sep_bos", "punct", "other"] * 2
     assert ok["mean_abs_grad"].iloc[0] == pytest.approx(0.1)
-    save(fig3_gradients(ok, "m", "wiki"), tmp_path / "ok.png")
-    save(fig3_gradients(skipped_table("m", "encoder", "no head"), "m", "wiki"), tmp_path / "skip.png")
+    save_figure(fig3_gradients(ok, "m", "wiki"), tmp_path / "ok.png")
+    save_figure(fig3_gradients(skipped_table("m", "encoder", "no head"), "m", "wiki"), tmp_path / "skip.png")
     assert (tmp_path / "ok.png").stat().st_size > 1000 and (tmp_path / "skip.png").is_file()
     assert isinstance(ok, pd.DataFrame)
 

@@ -15,12 +15,11 @@ from headatlas.clark.syntax import (
     RELATION_MAP,
     WordMaps,
     best_table,
-    bootstrap_ci,
     collect_correctness,
-    head_label,
     head_predictions,
     head_table,
     iter_word_maps,
+    sentence_ci,
     offset_predictions,
     word_level,
     relation_masks,
@@ -155,10 +154,10 @@ def test_word_without_pieces_is_not_a_dependent_and_never_a_prediction():
 def test_bootstrap_is_seeded_and_degenerate_when_all_right():
     correct = np.array([1, 0, 1, 1, 0, 1, 1, 1], dtype=bool)
     cluster = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    a = bootstrap_ci(correct, cluster, 500, seed=3)
-    assert a == bootstrap_ci(correct, cluster, 500, seed=3)
+    a = sentence_ci(correct, cluster, 500, seed=3)
+    assert a == sentence_ci(correct, cluster, 500, seed=3)
     assert a[0] <= correct.mean() <= a[1]
-    assert bootstrap_ci(np.ones(6, dtype=bool), np.arange(6), 100, 0) == (1.0, 1.0)
+    assert sentence_ci(np.ones(6, dtype=bool), np.arange(6), 100, 0) == (1.0, 1.0)
 
 
 def test_table1_maps_relations_and_paper_numbers():
@@ -175,7 +174,6 @@ def test_table1_maps_relations_and_paper_numbers():
     assert row["below_min_count"] and not t[t["relation"] == "det"]["below_min_count"].iloc[0]
     assert t[t["relation"] == "aux:pass"]["n"].iloc[0] == 0  # absent here
     assert set(RELATION_MAP["relation"]) >= {"obj", "nmod:poss", "compound", "aux:pass", "compound:prt"}
-    assert head_label(7, 10) == "8-11"
 
 
 def test_iter_word_maps_matches_word_level_per_layer(tmp_path):

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..core.figures import head_label
+
 KEY = ["layer", "head"]
 PANDE_ROLES_MAIN = ["local", "syntactic", "delimiter", "block"]
 # Jo & Myaeng's categories (syntactic_semantic_head_distribution.ipynb): surface is a sum there; we use means.
@@ -24,11 +26,6 @@ JM_CATEGORIES = {
     "semantic": ["Tense", "SubjNumber", "ObjNumber", "OddManOut", "CoordinationInversion"],
 }
 SURFACE_COLUMNS = ["next", "prev", "self", "cls", "sep", "punct", "entropy", "cls_entropy"]
-
-
-def head_label(layer, head) -> str:
-    """The papers' 1-based 'layer-head' label."""
-    return f"{int(layer) + 1}-{int(head) + 1}"
 
 
 def grid(n_layers: int, n_heads: int) -> pd.DataFrame:

@@ -34,7 +34,8 @@ import pandas as pd
 
 from ..core.data import Record
 from ..core.store import AttentionStore
-from .syntax import WordMaps, bootstrap_ci, head_label, iter_word_maps, word_block
+from ..core.figures import head_label
+from .syntax import WordMaps, iter_word_maps, sentence_ci, word_block
 
 TYPES = ("pronoun", "proper", "nominal")
 BASELINES = ("Nearest", "Head match", "Rule-based")
@@ -275,7 +276,7 @@ def table2(res: CorefResult, model: str, n_boot: int = 1000, seed: int = 0) -> p
         systems.append(("Best head", res.heads[:, k], head_label(layer, head), layer, head))
         for name, correct, label, lay, hd in systems:
             c, d, kd = correct[score], doc[score], kind[score]
-            lo, hi = bootstrap_ci(c, d, n_boot, seed)
+            lo, hi = sentence_ci(c, d, n_boot, seed)
             row = {
                 "model": model, "system": name, "scored_on": scored_on, "selected_on": selected_on if name == "Best head" else "",
                 "label": label, "layer": lay, "head": hd, "n": len(c), "all": c.mean(), "ci_low": lo, "ci_high": hi,
