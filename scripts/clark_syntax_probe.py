@@ -5,18 +5,19 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.clark.glove import Glove  # noqa: E402
-from headatlas.clark.parsing_probe import run_probes  # noqa: E402
+from headatlas.clark.parsing_probe import ProbeSettings, run_probes  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-p, cfg = sm.params, sm.params.probe
+p = sm.params
+settings = ProbeSettings.from_config(p.probe)
 evals = {split: (dirs(sm.input[f"{split}_maps"]), load_records(sm.input[f"{split}_corpus"])) for split in p.eval_splits}
 outputs = run_probes(
-    dirs(sm.input.train_maps), load_records(sm.input.train_corpus), evals, Glove.from_package(cfg["glove"]),
-    word_mode=p.word_mode, hidden=cfg["hidden"], epochs=cfg["epochs"], lr=cfg["lr"], seed=cfg["seed"],
+    dirs(sm.input.train_maps), load_records(sm.input.train_corpus), evals, Glove.from_package(settings.glove),
+    settings=settings, word_mode=p.word_mode,
 )  # fmt: skip
 for key, frame in outputs.items():
     with atomic_path(sm.output[key]) as tmp:

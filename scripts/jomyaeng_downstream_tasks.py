@@ -11,7 +11,7 @@ from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-specs = [DownstreamSpec.from_params(name, p) for name, p in sm.params.tasks.items()]
+specs = [DownstreamSpec.from_config(name, p) for name, p in sm.params.tasks.items()]
 records, table = generate_downstream(specs, sm.params.seed)
 with atomic_path(sm.output.sentences) as tmp:
     write_records(records, tmp)

@@ -26,7 +26,7 @@ with AttentionStore(list(sm.input.shards)) as store:
     heads, layers = task_features(store, data)
 log.info("task %s: %d items (%d dropped: records not in the store), features %s, read in %.1f s", task, len(data.split), data.dropped, heads.shape, time.time() - t0)
 result = probe_task(
-    heads, layers, data, ProbeConfig.from_params(sm.params.probe),
+    heads, layers, data, ProbeConfig.from_config(sm.params.probe),
     n_top=sm.params.top_n or None, n_curve=sm.params.n_curve, model=sm.wildcards.model, task=task,
 )  # fmt: skip
 with atomic_path(sm.output[0]) as tmp:

@@ -11,7 +11,7 @@ from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-cfg = GeneratorConfig.from_params(sm.params.generator)
+cfg = GeneratorConfig.from_config(sm.params.generator)
 sources = load_sources(sm.params.sources["treebanks"], sm.params.sources["trees"])
 log.info("%d source sentences", len(sources))
 records, table = generate(sources, cfg)

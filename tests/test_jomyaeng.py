@@ -22,6 +22,7 @@ from headatlas.jomyaeng.analysis import (
     head_table,
     probe_task,
     rank_heads,
+    model_tables,
     summary_table,
     task_correlation,
     task_data,
@@ -165,6 +166,14 @@ def test_summary_best_layer_by_dev_and_by_test():
     assert s.loc["SentLen", "top_n"] == pytest.approx(0.77) and s.loc["SentLen", "n_top"] == 2
     assert s.loc["Tense", "best_head"] == "2-1" and s.loc["Tense", "peak_layer_depth"] == 1.0
     assert s.loc["SentLen", "peak_layer_depth"] == 0.0 and s.loc["BigramShift", "top_heads_depth"] == 0.5
+
+
+def test_model_tables_split_results_by_kind():
+    t = model_tables(_results_frame())
+    assert list(t) == ["heads", "layers", "topn", "summary"]
+    assert len(t["layers"]) == 3 * 3 and "selectivity" not in t["layers"] and "head" not in t["layers"]
+    assert t["topn"]["n"].tolist() == [1, 2] * 3 and "layer" not in t["topn"]
+    assert t["summary"].equals(summary_table(_results_frame(), 3, 2))
 
 
 def test_category_scores_correlation_and_paper_table():

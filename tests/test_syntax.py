@@ -20,6 +20,7 @@ from headatlas.clark.syntax import (
     head_table,
     iter_word_maps,
     sentence_ci,
+    syntax_tables,
     offset_predictions,
     word_level,
     relation_masks,
@@ -303,3 +304,15 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
         assert (out / f).stat().st_size > 0, f
     assert (work / "results" / "models" / "random_init" / "bert-random" / "random_init.json").is_file()
     assert not [p for p in (work / "results").rglob("*") if ".tmp" in p.name]
+
+
+def test_syntax_tables_of_the_rule():
+    n = len(WORDS)
+    uw, us = units(n)
+    wm = WordMaps(0, one_hot_maps([gold_head(HEADS)], n), uw, us)
+    c = collect_correctness([(wm, record(), n)], 1, 1, poss_rule=False)
+    t = syntax_tables(c, "m", min_count=2, n_boot=10, seed=0)
+    assert list(t) == ["heads", "baselines", "relations", "table1"]
+    assert set(t["relations"]["relation"]) == {"All", "det"}  # Table 1's rarer relations stay out of the per-head tables
+    assert set(t["heads"]["relation"]) == {"All", "det"}
+    assert t["table1"].equals(table1(best_table(c, relation_masks(c, 2, also=list(RELATION_MAP["relation"])), "m", n_boot=10), min_count=2))

@@ -287,3 +287,39 @@ def layer_profiles(atlas: pd.DataFrame, n_layers: int) -> pd.DataFrame:
         if col in atlas:
             out[f"probe_{cat}"] = g[col].mean().reindex(out["layer"]).to_numpy()
     return out
+
+
+# --- the atlas rule ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtlasSettings:
+    """analysis.atlas (workflow/schemas/atlas.schema.yaml)."""
+
+    surface_corpus: str = "wiki"
+    relations: tuple[str, ...] = ("nsubj", "obj", "amod", "advmod")
+    top_k: int = 0
+    bootstrap: int = 1000
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, section: dict) -> "AtlasSettings":
+        kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
+        if "relations" in kw:
+            kw["relations"] = tuple(kw["relations"])
+        return cls(**kw)
+
+
+def atlas_tables(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.DataFrame | None], settings: AtlasSettings) -> dict[str, pd.DataFrame]:
+    """Every table of rule atlas: the atlas, method agreement, relation heads vs the sieve
+    test, the layer profile, and the method scores behind the agreement figure."""
+    atlas = build_atlas(model, n_layers, n_heads, tables)
+    k = settings.top_k or n_heads
+    relations = list(settings.relations)
+    scores = method_scores(atlas, tables.get("syntax"), relations)
+    agreement = agreement_table(scores, model, k, settings.bootstrap, settings.seed)
+    syntax = tables.get("syntax")
+    rel = relation_heads_vs_sieve(atlas, syntax, relations, k, model) if syntax is not None else pd.DataFrame()
+    profile = layer_profiles(atlas, n_layers)
+    profile.insert(0, "model", model)
+    return {"atlas": atlas, "agreement": agreement, "relations": rel, "profile": profile, "scores": scores}

