@@ -8,11 +8,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from headatlas.clark.figures import display_token, fig1_examples  # noqa: E402
+from headatlas.clark.surface import best_heads, example_index, punct_mask  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.clark.surface import best_heads, example_index, punct_mask  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

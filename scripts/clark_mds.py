@@ -6,9 +6,9 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
+from headatlas.clark.clustering import distance_square, head_index, layer_clustering, mds_embedding  # noqa: E402
 from headatlas.clark.figures import fig6_mds  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.clark.clustering import distance_square, head_index, layer_clustering, mds_embedding  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 

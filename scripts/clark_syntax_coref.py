@@ -7,7 +7,8 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.clark.coref import run_coref  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs  # noqa: E402
+from headatlas.core.runner import setup
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

@@ -7,9 +7,10 @@ import pandas as pd
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.clark.syntax_figures import coref_example, plot_examples, syntax_example  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.figures import save_figure  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs  # noqa: E402
+from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821

@@ -5,11 +5,12 @@ import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
+from headatlas.clark.syntax import store_correctness, syntax_tables  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs  # noqa: E402
+from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.clark.syntax import store_correctness, syntax_tables  # noqa: E402
 
 sm = snakemake  # noqa: F821
 

@@ -8,7 +8,8 @@ from headatlas.clark.glove import Glove  # noqa: E402
 from headatlas.clark.parsing_probe import ProbeSettings, run_probes  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs  # noqa: E402
+from headatlas.core.runner import setup
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

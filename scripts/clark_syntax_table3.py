@@ -6,10 +6,10 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
+from headatlas.clark.parsing_probe import table3  # noqa: E402
 from headatlas.clark.syntax_figures import plot_table3  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.clark.parsing_probe import table3  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821

@@ -6,8 +6,8 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import write_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

@@ -6,11 +6,11 @@ import time
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 from headatlas.jomyaeng.analysis import probe_task, task_data, task_features  # noqa: E402
 from headatlas.jomyaeng.probes import ProbeConfig  # noqa: E402
 from headatlas.jomyaeng.probing_tasks import read_table  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

@@ -6,10 +6,10 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.parse import trees_of  # noqa: E402
-from headatlas.pande.analysis import save_scores  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
-from headatlas.pande.sieves import SieveSettings, score_store  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
+from headatlas.pande.analysis import save_scores  # noqa: E402
+from headatlas.pande.sieves import SieveSettings, score_store  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

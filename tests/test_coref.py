@@ -17,8 +17,8 @@ from headatlas.clark.coref import (
     mention_head,
     table2,
 )
-from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 from headatlas.clark.syntax import WordMaps
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 
 #         0      1     2      3    4     5      6      7       8      9     10
 WORDS = ("John", "met", "Mary", ".", "He", "said", "she", "likes", "her", "dog", ".")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import EWT_DEV, first_conllu_sentences
 from scipy import stats
 
-from conftest import EWT_DEV, first_conllu_sentences
-from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
 from headatlas.core.bootstrap import bootstrap_ci
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
 from headatlas.pande.hypothesis import (
     COLUMNS,
     HypothesisSettings,
@@ -193,8 +193,8 @@ def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, load
-    from headatlas.pande.sieves import score_store
     from headatlas.core.store import AttentionStore
+    from headatlas.pande.sieves import score_store
 
     path = tmp_path / "ewt.conllu"
     path.write_text(first_conllu_sentences(EWT_DEV, 40), encoding="utf-8")

@@ -14,15 +14,15 @@ import pytest
 import torch
 import yaml
 
-from headatlas.core.data import Record
 from headatlas.core.extract import extract
+from headatlas.core.store import AttentionStore
 from headatlas.jomyaeng.analysis import (
     RESULT_COLUMNS,
     category_scores,
     head_table,
+    model_tables,
     probe_task,
     rank_heads,
-    model_tables,
     summary_table,
     task_correlation,
     task_data,
@@ -31,7 +31,6 @@ from headatlas.jomyaeng.analysis import (
 )
 from headatlas.jomyaeng.figures import all_figures, head_matrix, sort_rows
 from headatlas.jomyaeng.probes import ProbeConfig
-from headatlas.core.store import AttentionStore
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ("heatmap_sorted", "heatmap_unsorted", "heatmap_selectivity", "task_correlation", "categories", "focused", "topn_curve", "layer_profile")

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 from headatlas.clark.glove import Glove
 from headatlas.clark.parsing_probe import (
     PROBES,
@@ -24,6 +23,7 @@ from headatlas.clark.parsing_probe import (
     uas_table,
 )
 from headatlas.clark.syntax import WordMaps
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from headatlas.clark.surface import (
     STATS,
     behaviour_labels,
@@ -19,6 +18,7 @@ from headatlas.clark.surface import (
     row_entropy,
     sequence_stats,
 )
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 
 COL = {s: i for i, s in enumerate(STATS)}
 
@@ -240,9 +240,8 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
 
     import torch
     import yaml
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
-
     from conftest import REPO, WIKI_TEST
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
     model_dir = tmp_path / "bert_mlm"
     wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)

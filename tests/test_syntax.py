@@ -6,9 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
-from headatlas.core.store import AttentionStore, AttentionWriter
-from headatlas.core.store import word_level as store_word_level
 from headatlas.clark.syntax import (
     ALL,
     DIRECTIONS,
@@ -19,13 +16,16 @@ from headatlas.clark.syntax import (
     head_predictions,
     head_table,
     iter_word_maps,
+    offset_predictions,
+    relation_masks,
     sentence_ci,
     syntax_tables,
-    offset_predictions,
-    word_level,
-    relation_masks,
     table1,
+    word_level,
 )
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
+from headatlas.core.store import AttentionStore, AttentionWriter
+from headatlas.core.store import word_level as store_word_level
 
 # "The cat 's owner saw a dog ."  (0-based heads, -1 = ROOT)
 WORDS = ("The", "cat", "'s", "owner", "saw", "a", "dog", ".")
@@ -242,7 +242,6 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
     from pathlib import Path
 
     import yaml
-
     from conftest import REPO, RESOURCES
 
     gum = tmp_path / "gum_dev.conllu"

@@ -6,7 +6,8 @@ ATLAS_MODELS = analysis_models("atlas")
 
 def atlas_inputs(wildcards):
     """The per-head tables of every analysis covering this model (the registry
-    headatlas.atlas.analysis.ATLAS_SOURCES says which), and one store for the grid size."""
+    headatlas.atlas.analysis.ATLAS_SOURCES says which), and one store for the grid size.
+    """
     m = wildcards.model
     out = {}
     for source in ATLAS_SOURCES:

@@ -201,7 +201,9 @@ def analysis_models(key):
     listed = ANALYSES[key].get("models") or list(MODELS)
     unknown = sorted(set(listed) - set(MODELS))
     if unknown:
-        raise ValueError(f"config key analysis.{key}.models: unknown models {unknown}; known: {sorted(MODELS)}")
+        raise ValueError(
+            f"config key analysis.{key}.models: unknown models {unknown}; known: {sorted(MODELS)}"
+        )
     helpers = helper_models()
     return [m for m in listed if m not in helpers]
 

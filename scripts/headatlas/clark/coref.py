@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import Record
-from ..core.store import AttentionStore
 from ..core.figures import head_label
+from ..core.store import AttentionStore
 from .syntax import WordMaps, iter_word_maps, sentence_ci, word_block
 
 log = logging.getLogger("headatlas.clark.coref")

@@ -7,7 +7,6 @@ the paper's 1-based "layer-head" labels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import matplotlib
@@ -17,10 +16,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .coref import Anaphors, attention_correct, document_anaphors  # noqa: E402
 from ..core.data import SPECIAL_NAMES, Record  # noqa: E402
-from ..core.store import AttentionStore  # noqa: E402
 from ..core.figures import head_label  # noqa: E402
+from ..core.store import AttentionStore  # noqa: E402
+from .coref import Anaphors, attention_correct, document_anaphors  # noqa: E402
 from .syntax import DIRECTIONS, WordMaps, head_predictions, word_block, word_level  # noqa: E402
 
 

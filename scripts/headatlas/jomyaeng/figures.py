@@ -6,7 +6,6 @@ Layers and heads are 0-based on every axis (layer 0 = the first transformer laye
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Sequence
 
 import matplotlib

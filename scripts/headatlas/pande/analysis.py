@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import figures as pf
 from ..core.finetune import read_metrics
-from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues
 from ..core.io import atomic_path
+from . import figures as pf
+from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues
 from .sieves import blas_threads
 
 log = logging.getLogger("headatlas.pande.analysis")
