@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 GOLDEN = HERE / "golden" / "tiny_outputs.json"
 ANALYSES = ["clark_surface", "pande", "clark_syntax"]
-LIMIT = 8
+LIMIT = 12  # the tiny default: the same records as `tiny_workflow.py build`
 
 
 def run_tiny(out: Path, cores: int = 2) -> Path:
