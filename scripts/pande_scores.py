@@ -2,6 +2,8 @@
 
 import sys
 
+import numpy as np
+
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
@@ -21,7 +23,7 @@ with AttentionStore(list(sm.input.shards)) as store:
     meta = {"model": store.meta["model"], "model_kind": store.meta.get("model_kind"), "corpus": sm.wildcards.corpus}
 meta["trees"] = "spacy" if sm.input.trees else "gold"
 save_scores(sm.output[0], result, meta)
-n = (~__import__("numpy").isnan(result["scores"][:, 0, 0, :])).sum(0)
+n = (~np.isnan(result["scores"][:, 0, 0, :])).sum(0)
 log.info("%s on %s: %d sequences; sentences per role %s", meta["model"], meta["corpus"], len(result["record_id"]), dict(zip(result["roles"], n.tolist())))
 names = result["relations"] + ["all"]
 scored, present = result["pair_counts"].sum(0), result["pairs_present"]

@@ -173,3 +173,13 @@ def test_atlas_tables_of_the_rule():
     assert t["relations"]["relation"].tolist() == ["nsubj"]
     with pytest.raises(TypeError):
         at.AtlasSettings("wiki")  # keyword-only
+
+
+def test_cross_model_figures_one_per_family(tmp_path):
+    from headatlas.atlas.figures import cross_model_figures
+
+    profile = pd.DataFrame({"relative_depth": [0.25, 0.75], "share_local": [0.5, 0.0], "share_behaviour_broad": [0.1, 0.2]})
+    paths = {f: tmp_path / f"{f}.png" for f in ("pande", "clark", "probing")}
+    cross_model_figures({"a": profile, "b": profile}, paths)
+    assert all(p.stat().st_size > 1000 for p in paths.values())  # probing: a panel saying no model has it
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["clark.png", "pande.png", "probing.png"]

@@ -12,6 +12,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..core.figures import save_figure  # noqa: E402
+from .analysis import JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
 
 BEHAVIOUR_COLOURS = {
     "broad": "#9ecae1",
@@ -136,3 +137,16 @@ def cross_model_figure(profiles: dict[str, pd.DataFrame], columns: list[tuple[st
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save_figure(fig, png, svg)
+
+
+def cross_model_figures(profiles: dict[str, pd.DataFrame], paths: dict[str, str]) -> None:
+    """Rule atlas_cross_model: one figure per family (pande, clark, probing) of every model's layer profile."""
+    behaviours = sorted({c for p in profiles.values() for c in p.columns if c.startswith("share_behaviour_")})
+    share = "share of the layer's heads"
+    figures = {
+        "pande": ([(f"share_{r}", f"{r} (FDR)") for r in PANDE_ROLES_MAIN], "Pande roles: share of heads per layer", share),
+        "clark": ([(c, c.replace("share_behaviour_", "Clark: ")) for c in behaviours], "Clark behaviour labels: share of heads per layer", share),
+        "probing": ([(f"probe_{c}", f"{c} tasks") for c in JM_CATEGORIES], "Jo & Myaeng probing: mean head accuracy per layer", "mean test accuracy"),
+    }
+    for family, (columns, title, ylabel) in figures.items():
+        cross_model_figure(profiles, columns, title, ylabel, paths[family])
