@@ -9,6 +9,7 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
+# common.smk first (the helpers and the analysis contract, docs/architecture.md); the others in any order
 include: "workflow/rules/common.smk"
 include: "workflow/rules/corpora.smk"
 include: "workflow/rules/models.smk"
