@@ -20,6 +20,7 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
+# common.smk first (the helpers and the analysis contract, docs/architecture.md); the others in any order
 include: "workflow/rules/common.smk"
 include: "workflow/rules/corpora.smk"
 include: "workflow/rules/models.smk"
@@ -28,7 +29,6 @@ include: "workflow/rules/clark_surface.smk"
 include: "workflow/rules/pande.smk"
 include: "workflow/rules/jomyaeng.smk"
 include: "workflow/rules/clark_syntax.smk"
-include: "workflow/rules/atlas_common.smk"
 include: "workflow/rules/atlas.smk"
 
 

@@ -6,9 +6,9 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
+from headatlas.clark.surface import behaviour_table  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
-from headatlas.clark.surface import behaviour_table  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

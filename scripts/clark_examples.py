@@ -7,11 +7,12 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from headatlas.clark.figures import display_token, fig1_examples, save  # noqa: E402
+from headatlas.clark.figures import display_token, fig1_examples  # noqa: E402
+from headatlas.clark.surface import best_heads, example_index, punct_mask  # noqa: E402
+from headatlas.core.figures import save_figure  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.clark.surface import best_heads, example_index, punct_mask  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
@@ -25,5 +26,5 @@ with AttentionStore(list(sm.input.maps)) as store:
     best = best.assign(sequence=k, record_id=store.record_id[k], n_tokens=len(tokens))
 with atomic_path(sm.output.table) as tmp:
     best.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-save(fig1_examples(best, maps, tokens, sm.wildcards.model, sm.wildcards.corpus, sm.params.min_weight), sm.output.png, sm.output.svg)
+save_figure(fig1_examples(best, maps, tokens, sm.wildcards.model, sm.wildcards.corpus, sm.params.min_weight), sm.output.png, sm.output.svg)
 log.info("sequence %d (%d tokens), heads %s", k, len(tokens), best[["behaviour", "layer", "head"]].values.tolist())

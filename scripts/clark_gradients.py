@@ -7,8 +7,8 @@ import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.core.data import load_records  # noqa: E402
 from headatlas.clark.gradients import gradient_table  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402

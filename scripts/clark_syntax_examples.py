@@ -6,9 +6,11 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark.syntax_figures import coref_example, plot_examples, save, syntax_example  # noqa: E402
+from headatlas.clark.syntax_figures import coref_example, plot_examples, syntax_example  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.figures import save_figure  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs  # noqa: E402
+from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
@@ -31,5 +33,5 @@ t2 = t2[t2["scored_on"] == "all"].set_index("system")
 records = load_records(sm.input.coref_corpus)
 with AttentionStore(dirs(sm.input.coref_maps)) as store:
     panels.append(coref_example(store, records, int(t2.loc["Best head", "layer"]), int(t2.loc["Best head", "head"]), mode=p.word_mode))
-save(plot_examples(panels, sm.wildcards.model), sm.output.png, sm.output.svg)
+save_figure(plot_examples(panels, sm.wildcards.model), sm.output.png, sm.output.svg)
 log.info("%d panels (%d without an example)", sum(x is not None for x in panels), sum(x is None for x in panels))

@@ -5,11 +5,12 @@ import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
+from headatlas.clark.syntax import store_correctness, syntax_tables  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs, setup  # noqa: E402
+from headatlas.core.runner import as_dirs as dirs  # noqa: E402
+from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.clark.syntax import RELATION_MAP, baseline_table, best_table, head_table, relation_masks, store_correctness, table1  # noqa: E402
 
 sm = snakemake  # noqa: F821
 
@@ -22,16 +23,8 @@ with AttentionStore(dirs(sm.input.data_maps)) as store:
     model = store.meta["model"]
     c = store_correctness(store, records, p.word_mode, tuple(p.offsets), p.poss_rule)
 log.info("%s on %s: %d dependents in %d sentences, %d words without pieces (%.1f s)", model, p.corpus, len(c.relation), len(store), c.n_missing, time.time() - t0)
-# per-head tables: relations with min_count dependents; Table 1 also shows its rarer relations
-masks = relation_masks(c, p.min_count)
-best = best_table(c, relation_masks(c, p.min_count, also=list(RELATION_MAP["relation"])), model, p.bootstrap, p.seed)
-outputs = {
-    "heads": head_table(c, masks, model),
-    "baselines": baseline_table(c, masks, model),
-    "relations": best[best["relation"].isin(list(masks))],
-    "table1": table1(best, p.min_count),
-}
+outputs = syntax_tables(c, model, min_count=p.min_count, n_boot=p.bootstrap, seed=p.seed)
 for key, frame in outputs.items():
     with atomic_path(sm.output[key]) as tmp:
         frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-log.info("best heads:\n%s", best.to_string(index=False))
+log.info("best heads:\n%s", outputs["relations"].to_string(index=False))

@@ -4,9 +4,9 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
+from headatlas.clark.syntax import RELATION_MAP  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
-from headatlas.clark.syntax import RELATION_MAP  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

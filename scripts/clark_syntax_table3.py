@@ -6,9 +6,10 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark.syntax_figures import plot_table3, save  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.clark.parsing_probe import table3  # noqa: E402
+from headatlas.clark.syntax_figures import plot_table3  # noqa: E402
+from headatlas.core.figures import save_figure  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
@@ -19,5 +20,5 @@ random_uas = pd.read_csv(sm.input.random, sep="\t") if "random" in sm.input.keys
 t = table3(uas, random_uas, model, sm.params.random_model)
 with atomic_path(sm.output.table) as tmp:
     t.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-save(plot_table3(t, model), sm.output.png, sm.output.svg)
+save_figure(plot_table3(t, model), sm.output.png, sm.output.svg)
 log.info("table 3:\n%s", t.to_string(index=False))

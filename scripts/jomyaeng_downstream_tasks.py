@@ -6,12 +6,12 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import write_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-specs = [DownstreamSpec.from_params(name, p) for name, p in sm.params.tasks.items()]
+specs = [DownstreamSpec.from_config(name, p) for name, p in sm.params.tasks.items()]
 records, table = generate_downstream(specs, sm.params.seed)
 with atomic_path(sm.output.sentences) as tmp:
     write_records(records, tmp)

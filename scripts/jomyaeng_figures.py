@@ -6,8 +6,8 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
-from headatlas.jomyaeng.figures import all_figures  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.jomyaeng.figures import all_figures  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

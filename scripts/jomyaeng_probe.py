@@ -6,11 +6,11 @@ import time
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+from headatlas.core.store import AttentionStore  # noqa: E402
 from headatlas.jomyaeng.analysis import probe_task, task_data, task_features  # noqa: E402
 from headatlas.jomyaeng.probes import ProbeConfig  # noqa: E402
 from headatlas.jomyaeng.probing_tasks import read_table  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
@@ -26,7 +26,7 @@ with AttentionStore(list(sm.input.shards)) as store:
     heads, layers = task_features(store, data)
 log.info("task %s: %d items (%d dropped: records not in the store), features %s, read in %.1f s", task, len(data.split), data.dropped, heads.shape, time.time() - t0)
 result = probe_task(
-    heads, layers, data, ProbeConfig.from_params(sm.params.probe),
+    heads, layers, data, ProbeConfig.from_config(sm.params.probe),
     n_top=sm.params.top_n or None, n_curve=sm.params.n_curve, model=sm.wildcards.model, task=task,
 )  # fmt: skip
 with atomic_path(sm.output[0]) as tmp:

@@ -6,12 +6,12 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import write_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.jomyaeng.probing_tasks import GeneratorConfig, generate, load_sources, task_stats  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.jomyaeng.probing_tasks import GeneratorConfig, generate, load_sources, task_stats  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-cfg = GeneratorConfig.from_params(sm.params.generator)
+cfg = GeneratorConfig.from_config(sm.params.generator)
 sources = load_sources(sm.params.sources["treebanks"], sm.params.sources["trees"])
 log.info("%d source sentences", len(sources))
 records, table = generate(sources, cfg)

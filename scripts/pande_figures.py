@@ -4,8 +4,8 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.pande.analysis import figures  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.pande.analysis import figures  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

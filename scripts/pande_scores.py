@@ -2,14 +2,16 @@
 
 import sys
 
+import numpy as np
+
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.parse import trees_of  # noqa: E402
-from headatlas.pande.analysis import save_scores  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
-from headatlas.pande.sieves import SieveSettings, score_store  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
+from headatlas.pande.analysis import save_scores  # noqa: E402
+from headatlas.pande.sieves import SieveSettings, score_store  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
@@ -22,7 +24,7 @@ with AttentionStore(list(sm.input.shards)) as store:
     meta = {"model": store.meta["model"], "model_kind": store.meta.get("model_kind"), "corpus": sm.wildcards.corpus}
 meta["trees"] = "spacy" if sm.input.trees else "gold"
 save_scores(sm.output[0], result, meta)
-n = (~__import__("numpy").isnan(result["scores"][:, 0, 0, :])).sum(0)
+n = (~np.isnan(result["scores"][:, 0, 0, :])).sum(0)
 log.info("%s on %s: %d sequences; sentences per role %s", meta["model"], meta["corpus"], len(result["record_id"]), dict(zip(result["roles"], n.tolist())))
 names = result["relations"] + ["all"]
 scored, present = result["pair_counts"].sum(0), result["pairs_present"]

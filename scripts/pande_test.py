@@ -5,10 +5,10 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.pande.hypothesis import HypothesisSettings  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.pande.analysis import model_table, write_table  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.pande.analysis import model_table, write_table  # noqa: E402
+from headatlas.pande.hypothesis import HypothesisSettings  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

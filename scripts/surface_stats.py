@@ -4,10 +4,10 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
+from headatlas.clark.surface import surface_table  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.clark.surface import surface_table  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)

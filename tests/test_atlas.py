@@ -39,7 +39,6 @@ def syntax_tables(acc_all, acc_nsubj):
 def test_grid_and_labels_are_one_based_when_printed():
     g = at.grid(L, H)
     assert list(g["label"]) == ["1-1", "1-2", "1-3", "2-1", "2-2", "2-3"]
-    assert at.head_label(7, 10) == "8-11"
 
 
 def test_build_atlas_joins_every_table_per_head():
@@ -135,7 +134,7 @@ def test_atlas_grid_figure_for_large_models(tmp_path):
         a["clark_behaviour"] = np.where(a["layer"] < 2, "broad", "sep")
         a["pande_local_sig_fdr"] = a["head"] == 0
         path = tmp_path / f"g{n_layers}.png"
-        atlas_grid(a, n_layers, n_heads, "m", [path])
+        atlas_grid(a, n_layers, n_heads, "m", path)
         assert path.stat().st_size > 10_000
 
 
@@ -145,3 +144,42 @@ def test_legend_lists_bos_or_cls_not_both():
     assert "bos" not in legend_behaviours(["cls", "other"]) and "cls" in legend_behaviours(["cls"])
     dec = legend_behaviours(["bos", "prev", "other"])
     assert "bos" in dec and "cls" not in dec and "broad" in dec
+
+
+def test_registry_declares_every_table_once_and_in_join_order():
+    assert at.TABLE_NAMES == ["behaviour", "mds", "pande", "syntax", "syntax_baselines", "coref", "probes"]
+    assert {s.analysis for s in at.ATLAS_SOURCES} == {"clark_surface", "pande", "clark_syntax", "jomyaeng"}
+    settings = {"surface_corpus": "wiki"}
+    behaviour = at.ATLAS_SOURCES[0]
+    assert at.source_inputs(behaviour, "m", True, ["ewt", "wiki"], settings) == {"behaviour": "results/clark/m/wiki/behaviour.tsv"}
+    assert at.source_inputs(behaviour, "m", True, ["ewt"], settings) == {}  # the surface corpus is not analysed
+    assert at.source_inputs(behaviour, "m", False, ["wiki"], settings) == {}  # the analysis does not cover m
+    pande = next(s for s in at.ATLAS_SOURCES if s.name == "pande")
+    assert at.source_inputs(pande, "m", True, [], settings) == {}  # no analysed corpus extracted for m
+    syntax = next(s for s in at.ATLAS_SOURCES if s.name == "syntax")
+    assert list(at.source_inputs(syntax, "m", True, None, settings)) == ["syntax", "syntax_baselines"]
+
+
+def test_atlas_tables_of_the_rule():
+    acc = np.array([0.1, 0.2, 0.9, 0.4, 0.5, 0.6])
+    syntax, base = syntax_tables(acc, acc)
+    pande = pande_table(np.arange(6) / 6, np.array([0, 0, 1, 0, 0, 0], bool))
+    settings = at.AtlasSettings.from_config({"relations": ["nsubj"], "bootstrap": 100, "seed": 1, "surface_corpus": "wiki"})
+    assert settings.relations == ("nsubj",) and settings.top_k == 0
+    t = at.atlas_tables("m", L, H, {"pande": pande, "syntax": syntax, "syntax_baselines": base}, settings)
+    assert set(t) == {"atlas", "agreement", "relations", "profile", "scores"}
+    assert t["atlas"].equals(at.build_atlas("m", L, H, {"pande": pande, "syntax": syntax, "syntax_baselines": base}))
+    assert (t["profile"]["model"] == "m").all() and len(t["profile"]) == L
+    assert t["relations"]["relation"].tolist() == ["nsubj"]
+    with pytest.raises(TypeError):
+        at.AtlasSettings("wiki")  # keyword-only
+
+
+def test_cross_model_figures_one_per_family(tmp_path):
+    from headatlas.atlas.figures import cross_model_figures
+
+    profile = pd.DataFrame({"relative_depth": [0.25, 0.75], "share_local": [0.5, 0.0], "share_behaviour_broad": [0.1, 0.2]})
+    paths = {f: tmp_path / f"{f}.png" for f in ("pande", "clark", "probing")}
+    cross_model_figures({"a": profile, "b": profile}, paths)
+    assert all(p.stat().st_size > 1000 for p in paths.values())  # probing: a panel saying no model has it
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["clark.png", "pande.png", "probing.png"]

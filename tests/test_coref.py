@@ -10,14 +10,15 @@ from headatlas.clark.coref import (
     agree,
     baseline_table,
     collect,
+    coref_tables,
     document_mentions,
     features,
     head_table,
     mention_head,
     table2,
 )
-from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 from headatlas.clark.syntax import WordMaps
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 
 #         0      1     2      3    4     5      6      7       8      9     10
 WORDS = ("John", "met", "Mary", ".", "He", "said", "she", "likes", "her", "dog", ".")
@@ -141,3 +142,18 @@ def test_table2_held_out_rows_choose_on_the_first_split():
     assert held["selected_on"] == "dev" and held["label"] == "1-1" and held["n"] == 3
     assert held["all"] == pytest.approx(1 / 3)  # head 0 on the test document: the nearest candidate
     assert len(t[t["scored_on"] == "test"]) == 4 and t[t["scored_on"] == "test"]["paper_all"].isna().all()
+
+
+def test_coref_tables_best_head_column_follows_table2():
+    n = len(WORDS)
+    gold = {a: RIGHT[a][-1] for a in ANAPHOR_HEADS}
+    # head 1 (label 1-2) is always right, head 0 points at the nearest candidate
+    res = collect([(word_maps([NEAREST, gold], n), doc(), n, "dev")], 1, 2)
+    out = coref_tables(res, "m", n_boot=10, seed=0)
+    assert list(out) == ["heads", "baselines", "anaphors", "table2"]
+    an = out["anaphors"]
+    assert an["head"].tolist() == ANAPHOR_HEADS and an["best_head"].all()
+    assert an["n_candidates"].tolist() == [2, 3, 4]  # the mentions before each anaphor
+    assert list(an.columns[-len(BASELINES) - 1 : -1]) == list(BASELINES)
+    best = out["table2"].query("system == 'Best head' and scored_on == 'all'").iloc[0]
+    assert best["label"] == "1-2" and best["all"] == 1.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from headatlas.clark.gradients import KEY_TYPES, group_sums, key_types, lm_head_model, mlm_inputs
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 
 K = {k: i for i, k in enumerate(KEY_TYPES)}
 
@@ -61,9 +61,8 @@ def lm_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
     """A tiny BERT with its masked-LM head, a tiny Llama with its causal-LM head and a tiny
     BERT without a head, each saved with its tokenizer."""
     import torch
-    from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, LlamaForCausalLM
-
     from conftest import tiny_llama_config
+    from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("lm_models")
     wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)
@@ -103,9 +102,9 @@ def test_model_without_lm_head_is_skipped_with_a_reason(lm_models, ewt_records):
 def test_gradients_per_sequence_do_not_depend_on_batching(lm_models, ewt_records, name, kind):
     from transformers import AutoTokenizer
 
+    from headatlas.clark.gradients import gradient_importance
     from headatlas.core.align import bos_id
     from headatlas.core.extract import tokenize_records
-    from headatlas.clark.gradients import gradient_importance
 
     model, reason = lm_head_model(str(lm_models / name), kind)
     assert reason is None
@@ -138,16 +137,17 @@ def test_gradient_table_for_a_causal_model(lm_models, ewt_records):
 def test_gradient_figure_renders_both_cases(tmp_path):
     import pandas as pd
 
-    from headatlas.clark.figures import fig3_gradients, save
+    from headatlas.clark.figures import fig3_gradients
     from headatlas.clark.gradients import importance_table, skipped_table
+    from headatlas.core.figures import save_figure
 
     sums = np.array([[1.0, 2.0, 0.0, 3.0], [0.5, 1.0, 0.0, 2.0]])
     counts = np.array([[10, 10, 0, 10], [10, 10, 0, 10]])
     ok = importance_table("m", "decoder", sums, counts, 2, 3.0)
     assert ok["key_type"].tolist() == ["sep_bos", "punct", "other"] * 2
     assert ok["mean_abs_grad"].iloc[0] == pytest.approx(0.1)
-    save(fig3_gradients(ok, "m", "wiki"), tmp_path / "ok.png")
-    save(fig3_gradients(skipped_table("m", "encoder", "no head"), "m", "wiki"), tmp_path / "skip.png")
+    save_figure(fig3_gradients(ok, "m", "wiki"), tmp_path / "ok.png")
+    save_figure(fig3_gradients(skipped_table("m", "encoder", "no head"), "m", "wiki"), tmp_path / "skip.png")
     assert (tmp_path / "ok.png").stat().st_size > 1000 and (tmp_path / "skip.png").is_file()
     assert isinstance(ok, pd.DataFrame)
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import EWT_DEV, first_conllu_sentences
 from scipy import stats
 
-from conftest import EWT_DEV, first_conllu_sentences
+from headatlas.core.bootstrap import bootstrap_ci
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
 from headatlas.pande.hypothesis import (
     COLUMNS,
     HypothesisSettings,
     adjust,
-    bootstrap_ci,
     head_table,
     one_sided_t,
     scipy_t_pvalues,
@@ -85,10 +85,10 @@ def test_adjust_passes_the_method_and_keeps_nan():
 def test_bootstrap_and_sign_flip():
     rng = np.random.default_rng(0)
     x = np.column_stack([rng.normal(5, 1, 200), rng.normal(3, 1, 200), rng.normal(1, 1, 200)])
-    lo, hi = bootstrap_ci(x, 500, 0.95, np.random.default_rng(1))
+    lo, hi = bootstrap_ci(x, n_boot=500, level=0.95, rng=np.random.default_rng(1))
     assert ((lo < x.mean(0)) & (x.mean(0) < hi)).all()
     assert (hi - lo < 0.5).all()
-    lo2, hi2 = bootstrap_ci(x, 500, 0.95, np.random.default_rng(1))
+    lo2, hi2 = bootstrap_ci(x, n_boot=500, level=0.95, rng=np.random.default_rng(1))
     np.testing.assert_array_equal(lo, lo2)
     p = sign_flip_p(x, 3.0, 999, np.random.default_rng(2))
     assert p[0] == pytest.approx(1 / 1000)
@@ -193,8 +193,8 @@ def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, load
-    from headatlas.pande.sieves import score_store
     from headatlas.core.store import AttentionStore
+    from headatlas.pande.sieves import score_store
 
     path = tmp_path / "ewt.conllu"
     path.write_text(first_conllu_sentences(EWT_DEV, 40), encoding="utf-8")

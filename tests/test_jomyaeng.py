@@ -14,12 +14,13 @@ import pytest
 import torch
 import yaml
 
-from headatlas.core.data import Record
 from headatlas.core.extract import extract
+from headatlas.core.store import AttentionStore
 from headatlas.jomyaeng.analysis import (
     RESULT_COLUMNS,
     category_scores,
     head_table,
+    model_tables,
     probe_task,
     rank_heads,
     summary_table,
@@ -30,7 +31,6 @@ from headatlas.jomyaeng.analysis import (
 )
 from headatlas.jomyaeng.figures import all_figures, head_matrix, sort_rows
 from headatlas.jomyaeng.probes import ProbeConfig
-from headatlas.core.store import AttentionStore
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ("heatmap_sorted", "heatmap_unsorted", "heatmap_selectivity", "task_correlation", "categories", "focused", "topn_curve", "layer_profile")
@@ -165,6 +165,14 @@ def test_summary_best_layer_by_dev_and_by_test():
     assert s.loc["SentLen", "top_n"] == pytest.approx(0.77) and s.loc["SentLen", "n_top"] == 2
     assert s.loc["Tense", "best_head"] == "2-1" and s.loc["Tense", "peak_layer_depth"] == 1.0
     assert s.loc["SentLen", "peak_layer_depth"] == 0.0 and s.loc["BigramShift", "top_heads_depth"] == 0.5
+
+
+def test_model_tables_split_results_by_kind():
+    t = model_tables(_results_frame())
+    assert list(t) == ["heads", "layers", "topn", "summary"]
+    assert len(t["layers"]) == 3 * 3 and "selectivity" not in t["layers"] and "head" not in t["layers"]
+    assert t["topn"]["n"].tolist() == [1, 2] * 3 and "layer" not in t["topn"]
+    assert t["summary"].equals(summary_table(_results_frame(), 3, 2))
 
 
 def test_category_scores_correlation_and_paper_table():

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 from headatlas.clark.glove import Glove
 from headatlas.clark.parsing_probe import (
     PROBES,
@@ -15,12 +14,16 @@ from headatlas.clark.parsing_probe import (
     attn_weights,
     build_probes,
     evaluate,
+    fit_probes,
+    history_table,
     probe_sentence,
     right_branching,
     table3,
     train,
+    uas_table,
 )
 from headatlas.clark.syntax import WordMaps
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -155,3 +158,15 @@ def test_random_init_model_keeps_only_the_embeddings(tmp_path, tiny_models, name
     rand2 = AutoModel.from_pretrained(tmp_path / "rand2").state_dict()
     assert all(torch.equal(rand[k], rand2[k]) for k in rand)  # seeded
     assert (tmp_path / "rand" / "random_init.json").is_file() and (tmp_path / "rand" / "tokenizer_config.json").is_file()
+
+
+def test_fit_and_uas_table_of_the_probe_rule(sentences):
+    probes, history = fit_probes(lambda e: sentences, 3, 6, hidden=8, epochs=2, lr=0.05, seed=0)
+    assert set(probes) == set(PROBES) and all(len(v) == 2 for v in history.values())
+    uas = uas_table(probes, [("dev", 40, sentences), ("test", 5, sentences[:5])], "m")
+    assert uas["split"].tolist() == ["dev"] * 4 + ["test"] * 4
+    assert set(uas["probe"]) == set(PROBES) | {RIGHT_BRANCHING}
+    assert uas["n_sentences"].tolist() == [40] * 4 + [5] * 4
+    np.testing.assert_allclose(uas["uas"], uas["correct"] / uas["n_words"])
+    h = history_table(history, "m", 40)
+    assert len(h) == 3 * 2 and (h["n_train_sentences"] == 40).all() and h["epoch"].tolist()[:2] == [0, 1]

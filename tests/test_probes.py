@@ -114,7 +114,7 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="optimizer"):
         ProbeConfig(optimizer="sgd")
     with pytest.raises(ValueError, match="unknown keys"):
-        ProbeConfig.from_params({"lr": 0.1, "momentum": 0.9})
+        ProbeConfig.from_config({"lr": 0.1, "momentum": 0.9})
     bad = dict(y, dev=y["dev"][:-1])
     with pytest.raises(ValueError, match="dev"):
         train_probes(X, bad)

@@ -148,11 +148,11 @@ SMALL = {"sizes": {"train": 60, "dev": 24, "test": 24}, "wc_words": 8, "wc_band"
 
 @pytest.fixture(scope="module")
 def generated(gum_sources):
-    return generate(gum_sources, GeneratorConfig.from_params(SMALL))
+    return generate(gum_sources, GeneratorConfig.from_config(SMALL))
 
 
 def test_generator_is_deterministic(gum_sources, generated):
-    records, table = generate(gum_sources, GeneratorConfig.from_params(SMALL))
+    records, table = generate(gum_sources, GeneratorConfig.from_config(SMALL))
     assert records == generated[0]
     assert table.equals(generated[1])
 
@@ -220,15 +220,15 @@ def test_control_labels_are_a_function_of_the_first_word(generated):
 
 def test_unknown_task_and_impossible_vocabulary_are_reported(gum_sources):
     with pytest.raises(GeneratorError, match="unknown tasks"):
-        GeneratorConfig.from_params({"tasks": ["SentLen", "Parsing"]})
-    cfg = GeneratorConfig.from_params(dict(SMALL, wc_words=500, tasks=["WordContent"]))
+        GeneratorConfig.from_config({"tasks": ["SentLen", "Parsing"]})
+    cfg = GeneratorConfig.from_config(dict(SMALL, wc_words=500, tasks=["WordContent"]))
     with pytest.raises(GeneratorError, match="WordContent"):
         generate(gum_sources, cfg)
 
 
 def test_downstream_pairs_share_sentences_and_items():
     def spec(name, kind, suffix):
-        return DownstreamSpec.from_params(
+        return DownstreamSpec.from_config(
             name,
             {"kind": kind, "text_columns": 2, "label_column": 2, "sizes": {"train": 30, "dev": 10, "test": 10},
              **{s: str(SICK / f"sick{s}{suffix}.tsv") for s in ("train", "dev", "test")}},
@@ -243,4 +243,4 @@ def test_downstream_pairs_share_sentences_and_items():
     ids = {x.id for x in records}
     assert set(e["record_a"]) | set(e["record_b"]) <= ids
     with pytest.raises(GeneratorError, match="kind"):
-        DownstreamSpec.from_params("X", {"kind": "regression"})
+        DownstreamSpec.from_config("X", {"kind": "regression"})

@@ -8,18 +8,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from headatlas.clark.surface import (
     STATS,
     behaviour_labels,
     best_heads,
     clark_headlines,
     example_index,
-    head_label,
     relative_layers,
     row_entropy,
     sequence_stats,
 )
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 
 COL = {s: i for i, s in enumerate(STATS)}
 
@@ -178,7 +177,6 @@ def test_best_heads_skip_undefined_statistics():
 
 def test_example_index_and_labels():
     assert example_index(np.array([50, 23, 26, 24, 24]), 24) == 3
-    assert head_label(7, 10) == "8-11"
 
 
 def test_relative_layers_match_bert_base():
@@ -201,14 +199,15 @@ def test_headlines_flag_middle_layer_sep_share():
 
 
 def test_surface_figures_render(tmp_path):
-    from headatlas.clark.figures import fig2_surface, fig4_entropy, save
+    from headatlas.clark.figures import fig2_surface, fig4_entropy
+    from headatlas.core.figures import save_figure
 
     rng = np.random.default_rng(0)
     t = pd.DataFrame([dict({s: rng.random() for s in STATS}, layer=i // 4, head=i % 4, model="m", model_kind="decoder", n_sequences=3) for i in range(12)])
     t["next"] = np.nan
     t["sep"] = np.nan
-    save(fig2_surface(t, "m", "wiki"), tmp_path / "f2.png", tmp_path / "f2.svg")
-    save(fig4_entropy(t, "m", "wiki"), tmp_path / "f4.png")
+    save_figure(fig2_surface(t, "m", "wiki"), tmp_path / "f2.png", tmp_path / "f2.svg")
+    save_figure(fig4_entropy(t, "m", "wiki"), tmp_path / "f4.png")
     assert (tmp_path / "f2.png").stat().st_size > 1000 and (tmp_path / "f2.svg").is_file() and (tmp_path / "f4.png").is_file()
 
 
@@ -241,9 +240,8 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
 
     import torch
     import yaml
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
-
     from conftest import REPO, WIKI_TEST
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
     model_dir = tmp_path / "bert_mlm"
     wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)

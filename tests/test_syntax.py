@@ -6,26 +6,26 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
-from headatlas.core.store import AttentionStore, AttentionWriter
-from headatlas.core.store import word_level as store_word_level
 from headatlas.clark.syntax import (
     ALL,
     DIRECTIONS,
     RELATION_MAP,
     WordMaps,
     best_table,
-    bootstrap_ci,
     collect_correctness,
-    head_label,
     head_predictions,
     head_table,
     iter_word_maps,
     offset_predictions,
-    word_level,
     relation_masks,
+    sentence_ci,
+    syntax_tables,
     table1,
+    word_level,
 )
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
+from headatlas.core.store import AttentionStore, AttentionWriter
+from headatlas.core.store import word_level as store_word_level
 
 # "The cat 's owner saw a dog ."  (0-based heads, -1 = ROOT)
 WORDS = ("The", "cat", "'s", "owner", "saw", "a", "dog", ".")
@@ -155,10 +155,10 @@ def test_word_without_pieces_is_not_a_dependent_and_never_a_prediction():
 def test_bootstrap_is_seeded_and_degenerate_when_all_right():
     correct = np.array([1, 0, 1, 1, 0, 1, 1, 1], dtype=bool)
     cluster = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    a = bootstrap_ci(correct, cluster, 500, seed=3)
-    assert a == bootstrap_ci(correct, cluster, 500, seed=3)
+    a = sentence_ci(correct, cluster, 500, seed=3)
+    assert a == sentence_ci(correct, cluster, 500, seed=3)
     assert a[0] <= correct.mean() <= a[1]
-    assert bootstrap_ci(np.ones(6, dtype=bool), np.arange(6), 100, 0) == (1.0, 1.0)
+    assert sentence_ci(np.ones(6, dtype=bool), np.arange(6), 100, 0) == (1.0, 1.0)
 
 
 def test_table1_maps_relations_and_paper_numbers():
@@ -175,7 +175,6 @@ def test_table1_maps_relations_and_paper_numbers():
     assert row["below_min_count"] and not t[t["relation"] == "det"]["below_min_count"].iloc[0]
     assert t[t["relation"] == "aux:pass"]["n"].iloc[0] == 0  # absent here
     assert set(RELATION_MAP["relation"]) >= {"obj", "nmod:poss", "compound", "aux:pass", "compound:prt"}
-    assert head_label(7, 10) == "8-11"
 
 
 def test_iter_word_maps_matches_word_level_per_layer(tmp_path):
@@ -243,7 +242,6 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
     from pathlib import Path
 
     import yaml
-
     from conftest import REPO, RESOURCES
 
     gum = tmp_path / "gum_dev.conllu"
@@ -305,3 +303,15 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
         assert (out / f).stat().st_size > 0, f
     assert (work / "results" / "models" / "random_init" / "bert-random" / "random_init.json").is_file()
     assert not [p for p in (work / "results").rglob("*") if ".tmp" in p.name]
+
+
+def test_syntax_tables_of_the_rule():
+    n = len(WORDS)
+    uw, us = units(n)
+    wm = WordMaps(0, one_hot_maps([gold_head(HEADS)], n), uw, us)
+    c = collect_correctness([(wm, record(), n)], 1, 1, poss_rule=False)
+    t = syntax_tables(c, "m", min_count=2, n_boot=10, seed=0)
+    assert list(t) == ["heads", "baselines", "relations", "table1"]
+    assert set(t["relations"]["relation"]) == {"All", "det"}  # Table 1's rarer relations stay out of the per-head tables
+    assert set(t["heads"]["relation"]) == {"All", "det"}
+    assert t["table1"].equals(table1(best_table(c, relation_masks(c, 2, also=list(RELATION_MAP["relation"])), "m", n_boot=10), min_count=2))

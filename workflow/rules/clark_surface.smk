@@ -1,4 +1,4 @@
-CLARK = validate_section("clark_surface", "../schemas/clark_surface.schema.yaml")
+CLARK = analysis_section("clark_surface", "../schemas/clark_surface.schema.yaml")
 CLARK_THRESHOLDS = {
     "broad_entropy": CLARK["broad_entropy"],
     "offset_threshold": CLARK["offset_threshold"],
@@ -21,13 +21,14 @@ CLARK_FILES = [
     "fig1_examples.png",
     "headlines.tsv",
 ]
-TARGET_FUNCTIONS.append(
-    lambda: expand(
-        "results/clark/{model}/{corpus}/{name}",
-        model=MODELS,
-        corpus=CLARK["corpora"],
-        name=CLARK_FILES,
-    )
+register_targets(
+    "clark_surface",
+    lambda: [
+        f"results/clark/{m}/{c}/{name}"
+        for m in analysis_models("clark_surface")
+        for c in analysis_corpora("clark_surface", m)
+        for name in CLARK_FILES
+    ],
 )
 
 

@@ -1,7 +1,7 @@
 include: "clark_syntax_common.smk"
 
 
-TARGET_FUNCTIONS.append(clark_targets)
+register_targets("clark_syntax", clark_targets)
 
 
 rule clark_syntax_relation_map:

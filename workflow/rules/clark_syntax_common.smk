@@ -1,8 +1,6 @@
 # Helpers of workflow/rules/clark_syntax.smk (Clark et al. 2019, Tables 1-3 and Fig. 5).
 
-# The analysis runs when the config has an analysis.clark_syntax section (its corpora must exist).
-CLARK_SYNTAX_ON = "clark_syntax" in config["analysis"]
-CLARK_SYNTAX = validate_section("clark_syntax", "../schemas/clark_syntax.schema.yaml")
+CLARK_SYNTAX = analysis_section("clark_syntax", "../schemas/clark_syntax.schema.yaml")
 
 
 def _check_clark():
@@ -30,11 +28,9 @@ def clark_random_model(model):
     return CLARK_SYNTAX["random_baseline"].get(model)
 
 
-if CLARK_SYNTAX_ON:
+if analysis_active("clark_syntax"):
     _check_clark()
-CLARK_SYNTAX_MODELS = (
-    [m for m in MODELS if m not in helper_models()] if CLARK_SYNTAX_ON else []
-)
+CLARK_SYNTAX_MODELS = analysis_models("clark_syntax")
 
 
 def clark_split_inputs(splits):
@@ -73,4 +69,4 @@ def clark_targets():
         "examples/fig5.png",
     ]
     out = expand("results/clark/{model}/{f}", model=CLARK_SYNTAX_MODELS, f=files)
-    return out + (["results/clark/relation_map.tsv"] if CLARK_SYNTAX_ON else [])
+    return out + ["results/clark/relation_map.tsv"]

@@ -1,4 +1,5 @@
 import json
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -186,26 +187,75 @@ def extraction_targets():
     ]
 
 
-# Each analysis rule file appends a function returning its final outputs.
-TARGET_FUNCTIONS = [extraction_targets]
+# --- The analysis contract (docs/architecture.md) ---------------------------------------
+# An analysis is one section of config['analysis'] with its own schema. It is on when the
+# section is present and its `activate` key (default true) is true; an absent section is off.
+# Every rule file declares itself with analysis_section() (defaults filled even when off, so
+# its rules parse) and register_targets(); only common.smk helpers decide who is covered, so
+# the include order of the rule files does not matter (atlas.smk reads other analyses only
+# through these helpers and the registry headatlas.atlas.analysis.ATLAS_SOURCES).
+
+sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+
+# sections as the user wrote them (before defaults), to tell present from absent
+_GIVEN_SECTIONS = set(config["analysis"])
+# analyses on by default when their section is absent (the atlas joins whatever exists)
+ON_WHEN_ABSENT = {"atlas"}
+ANALYSES = {}
 
 
-def validate_section(key, schema):
+def analysis_section(key, schema):
     """Validate (and fill defaults of) config['analysis'][key] against its own schema file."""
     section = config["analysis"].setdefault(key, {})
     validate(section, schema)
+    ANALYSES[key] = section
     return section
 
 
-def all_targets():
-    """Every target; analysis targets of helper models are left out (what other targets
-    need from them is still built as their input)."""
+def analysis_active(key):
+    """The single on/off switch: the section is present (or on by default) and `activate` is true."""
+    present = key in _GIVEN_SECTIONS or key in ON_WHEN_ABSENT
+    return present and bool(ANALYSES[key].get("activate", True))
+
+
+def analysis_models(key):
+    """The models an analysis covers: its `models` list (default all), never a helper model."""
+    if not analysis_active(key):
+        return []
+    listed = ANALYSES[key].get("models") or list(MODELS)
+    unknown = sorted(set(listed) - set(MODELS))
+    if unknown:
+        raise ValueError(
+            f"config key analysis.{key}.models: unknown models {unknown}; known: {sorted(MODELS)}"
+        )
     helpers = helper_models()
+    return [m for m in listed if m not in helpers]
+
+
+def analysis_corpora(key, model):
+    """The corpora of the analysis's `corpora` list that are extracted for the model
+    (None when the analysis names its corpora otherwise)."""
+    corpora = ANALYSES[key].get("corpora")
+    if corpora is None:
+        return None
+    return [c for c in corpora if c in model_corpora(model)]
+
+
+TARGET_FUNCTIONS = {"extraction": extraction_targets}
+
+
+def register_targets(key, function):
+    """Declare the final outputs of analysis `key` (a function returning paths; called only when it is on)."""
+    TARGET_FUNCTIONS[key] = function
+
+
+def all_targets():
+    """Every target of every active analysis (the helper-model filter is analysis_models())."""
     return [
         t
-        for f in TARGET_FUNCTIONS
+        for key, f in TARGET_FUNCTIONS.items()
+        if key == "extraction" or analysis_active(key)
         for t in f()
-        if f is extraction_targets or not helpers.intersection(Path(t).parts)
     ]
 
 

@@ -1,12 +1,11 @@
-JM_ACTIVE = "jomyaeng" in config["analysis"]
-JM = validate_section("jomyaeng", "../schemas/jomyaeng.schema.yaml")
+JM = analysis_section("jomyaeng", "../schemas/jomyaeng.schema.yaml")
 JM_PROBING = list(JM["generator"]["tasks"])
 JM_DOWNSTREAM = list(JM["downstream"])
 JM_TASKS = JM_PROBING + JM_DOWNSTREAM
 JM_FILES = {JM["probing_corpus"]: "results/probing/sentences.jsonl.gz"}
 if JM_DOWNSTREAM:
     JM_FILES[JM["downstream_corpus"]] = "results/probing/downstream_sentences.jsonl.gz"
-JM_MODELS = [m for m in MODELS if m not in helper_models()] if JM_ACTIVE else []
+JM_MODELS = analysis_models("jomyaeng")
 JM_FIGURES = [
     "heatmap_sorted",
     "heatmap_unsorted",
@@ -18,7 +17,7 @@ JM_FIGURES = [
     "layer_profile",
 ]
 
-if JM_ACTIVE:
+if analysis_active("jomyaeng"):
     for _corpus, _path in JM_FILES.items():
         _spec = CORPORA.get(_corpus, {})
         if _spec.get("kind") != "records" or _spec.get("path") != _path:
@@ -36,7 +35,7 @@ JM_TARGETS = (
     + ["results/jomyaeng/summary.tsv", "results/probing/task_stats.tsv"]
     + (["results/probing/downstream_stats.tsv"] if JM_DOWNSTREAM else [])
 )
-TARGET_FUNCTIONS.append(lambda: JM_TARGETS if JM_ACTIVE else [])
+register_targets("jomyaeng", lambda: JM_TARGETS)
 
 
 rule jomyaeng_probing_tasks:

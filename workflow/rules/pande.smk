@@ -1,16 +1,12 @@
-PANDE = validate_section("pande", "../schemas/pande.schema.yaml")
-# models analysed: analysis.pande.models, or every model that is not a helper
-PANDE_MODELS = PANDE["models"] or [m for m in MODELS if m not in helper_models()]
-if set(PANDE_MODELS) - set(MODELS) or set(PANDE["corpora"]) - set(CORPORA):
+PANDE = analysis_section("pande", "../schemas/pande.schema.yaml")
+PANDE_MODELS = analysis_models("pande")
+if set(PANDE["corpora"]) - set(CORPORA):
     raise ValueError(
-        f"config key analysis.pande: unknown models {sorted(set(PANDE_MODELS) - set(MODELS))} "
-        f"or corpora {sorted(set(PANDE['corpora']) - set(CORPORA))}; "
-        f"known models {sorted(MODELS)}, corpora {sorted(CORPORA)}"
+        f"config key analysis.pande: unknown corpora {sorted(set(PANDE['corpora']) - set(CORPORA))}; "
+        f"known corpora {sorted(CORPORA)}"
     )
 # per model, the analysed corpora that are extracted for it
-PANDE_CORPORA = {
-    m: [c for c in PANDE["corpora"] if c in model_corpora(m)] for m in PANDE_MODELS
-}
+PANDE_CORPORA = {m: analysis_corpora("pande", m) for m in PANDE_MODELS}
 # fine-tuned model -> its base, when both are analysed
 PANDE_FINETUNED = {
     m: MODELS[m]["source"]["finetuned"]["base"]
@@ -43,7 +39,8 @@ PANDE_FILES = [
     "heatmap.png",
     "summary.json",
 ]
-TARGET_FUNCTIONS.append(
+register_targets(
+    "pande",
     lambda: [
         f"results/pande/{m}/{f}"
         for m in PANDE_MODELS
@@ -55,7 +52,7 @@ TARGET_FUNCTIONS.append(
         for m in PANDE_FINETUNED
         if PANDE_CORPORA[m]
         for f in ("compare.tsv", "roles_by_layer.png", "sep_by_layer.png")
-    ]
+    ],
 )
 
 

@@ -8,9 +8,14 @@ atlas then simply lacks those columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from ..core.figures import head_label
 
 KEY = ["layer", "head"]
 PANDE_ROLES_MAIN = ["local", "syntactic", "delimiter", "block"]
@@ -21,11 +26,6 @@ JM_CATEGORIES = {
     "semantic": ["Tense", "SubjNumber", "ObjNumber", "OddManOut", "CoordinationInversion"],
 }
 SURFACE_COLUMNS = ["next", "prev", "self", "cls", "sep", "punct", "entropy", "cls_entropy"]
-
-
-def head_label(layer, head) -> str:
-    """The papers' 1-based 'layer-head' label."""
-    return f"{int(layer) + 1}-{int(head) + 1}"
 
 
 def grid(n_layers: int, n_heads: int) -> pd.DataFrame:
@@ -110,26 +110,63 @@ def probe_columns(probes: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
+@dataclass(frozen=True)
+class AtlasSource:
+    """What one analysis adds to the atlas: which TSVs, which columns, how they are joined.
+
+    ``tables`` maps the atlas rule's input names to path templates ({model}; {corpus} is the
+    atlas setting named by ``corpus``). The source is read for the models its ``analysis``
+    covers (and, when that analysis has a ``corpora`` list, only if the model has one of
+    them, or the named corpus). ``columns`` takes the tables in ``tables`` order and returns
+    one row per head (layer, head, then the new columns), left-joined on the head grid.
+    """
+
+    name: str
+    analysis: str
+    tables: dict[str, str]
+    columns: Callable[..., pd.DataFrame]
+    corpus: str | None = None
+
+
+# The registry the atlas rule and build_atlas read; its order is the atlas's column order.
+ATLAS_SOURCES = (
+    AtlasSource("behaviour", "clark_surface", {"behaviour": "results/clark/{model}/{corpus}/behaviour.tsv"}, surface_columns, "surface_corpus"),
+    AtlasSource("mds", "clark_surface", {"mds": "results/clark/{model}/{corpus}/mds.tsv"}, mds_columns, "surface_corpus"),
+    AtlasSource("pande", "pande", {"pande": "results/pande/{model}/heads.tsv"}, pande_columns),
+    AtlasSource(
+        "syntax", "clark_syntax",
+        {"syntax": "results/clark/{model}/syntax/heads.tsv", "syntax_baselines": "results/clark/{model}/syntax/baselines.tsv"},
+        syntax_columns,
+    ),  # fmt: skip
+    AtlasSource("coref", "clark_syntax", {"coref": "results/clark/{model}/coref/heads.tsv"}, coref_columns),
+    AtlasSource("probes", "jomyaeng", {"probes": "results/jomyaeng/{model}/heads.tsv"}, probe_columns),
+)
+TABLE_NAMES = [k for source in ATLAS_SOURCES for k in source.tables]
+
+
+def source_inputs(source: AtlasSource, model: str, covered: bool, corpora: list[str] | None, settings: dict) -> dict[str, str]:
+    """The input paths of one source for one model ({} when the model has none): ``covered``
+    says whether the analysis covers the model, ``corpora`` its corpora for the model (None:
+    the analysis has no corpora list), ``settings`` the atlas section."""
+    if not covered or (corpora is not None and not corpora):
+        return {}
+    corpus = settings[source.corpus] if source.corpus else None
+    if corpus is not None and corpus not in (corpora or []):
+        return {}
+    return {k: t.format(model=model, corpus=corpus) for k, t in source.tables.items()}
+
+
 def build_atlas(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.DataFrame | None]) -> pd.DataFrame:
-    """One row per head of ``model`` with every available analysis's columns."""
+    """One row per head of ``model`` with the columns of every source whose tables are all given."""
     atlas = grid(n_layers, n_heads)
-    parts = []
-    if tables.get("behaviour") is not None:
-        parts.append(("behaviour", surface_columns(tables["behaviour"])))
-    if tables.get("mds") is not None:
-        parts.append(("mds", mds_columns(tables["mds"])))
-    if tables.get("pande") is not None:
-        parts.append(("pande", pande_columns(tables["pande"])))
-    if tables.get("syntax") is not None and tables.get("syntax_baselines") is not None:
-        parts.append(("syntax", syntax_columns(tables["syntax"], tables["syntax_baselines"])))
-    if tables.get("coref") is not None:
-        parts.append(("coref", coref_columns(tables["coref"])))
-    if tables.get("probes") is not None:
-        parts.append(("probes", probe_columns(tables["probes"])))
-    for name, df in parts:
-        _check_heads(df, name, n_layers, n_heads)
+    for source in ATLAS_SOURCES:
+        frames = [tables.get(k) for k in source.tables]
+        if any(f is None for f in frames):
+            continue
+        df = source.columns(*frames)
+        _check_heads(df, source.name, n_layers, n_heads)
         if df.duplicated(KEY).any():
-            raise ValueError(f"{name}: more than one row per head")
+            raise ValueError(f"{source.name}: more than one row per head")
         atlas = atlas.merge(df, on=KEY, how="left")
     atlas.insert(0, "model", model)
     return atlas
@@ -261,3 +298,39 @@ def layer_profiles(atlas: pd.DataFrame, n_layers: int) -> pd.DataFrame:
         if col in atlas:
             out[f"probe_{cat}"] = g[col].mean().reindex(out["layer"]).to_numpy()
     return out
+
+
+# --- the atlas rule ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtlasSettings:
+    """analysis.atlas (workflow/schemas/atlas.schema.yaml)."""
+
+    surface_corpus: str = "wiki"
+    relations: tuple[str, ...] = ("nsubj", "obj", "amod", "advmod")
+    top_k: int = 0
+    bootstrap: int = 1000
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, section: dict) -> "AtlasSettings":
+        kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
+        if "relations" in kw:
+            kw["relations"] = tuple(kw["relations"])
+        return cls(**kw)
+
+
+def atlas_tables(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.DataFrame | None], settings: AtlasSettings) -> dict[str, pd.DataFrame]:
+    """Every table of rule atlas: the atlas, method agreement, relation heads vs the sieve
+    test, the layer profile, and the method scores behind the agreement figure."""
+    atlas = build_atlas(model, n_layers, n_heads, tables)
+    k = settings.top_k or n_heads
+    relations = list(settings.relations)
+    scores = method_scores(atlas, tables.get("syntax"), relations)
+    agreement = agreement_table(scores, model, k, settings.bootstrap, settings.seed)
+    syntax = tables.get("syntax")
+    rel = relation_heads_vs_sieve(atlas, syntax, relations, k, model) if syntax is not None else pd.DataFrame()
+    profile = layer_profiles(atlas, n_layers)
+    profile.insert(0, "model", model)
+    return {"atlas": atlas, "agreement": agreement, "relations": rel, "profile": profile, "scores": scores}

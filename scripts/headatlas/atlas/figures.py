@@ -11,6 +11,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from ..core.figures import save_figure  # noqa: E402
+from .analysis import JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
+
 BEHAVIOUR_COLOURS = {
     "broad": "#9ecae1",
     "next": "#fdae6b",
@@ -57,13 +60,8 @@ def _fmt(v, spec: str = ".2f") -> str:
     return format(v, spec) if np.isfinite(v) else "n/a"
 
 
-def _save(fig, paths) -> None:
-    for p in paths:
-        fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
-
-def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, paths) -> None:
+def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png, svg=None) -> None:
     """Layers x heads grid: fill = Clark behaviour, markers = Pande roles (FDR), a black frame =
     the head's best relation beats that relation's offset baseline by 5+ points, and the cell text =
     the Jo & Myaeng category (S surface, Y syntactic, M semantic) the head probes best relative to
@@ -105,10 +103,10 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, pat
     if cats:
         handles += [Patch(facecolor="white", edgecolor="white", label="text: best J&M category (S/Y/M)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-    _save(fig, paths)
+    save_figure(fig, png, svg)
 
 
-def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, paths) -> None:
+def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, png, svg=None) -> None:
     """Scatter of each pair of the three syntactic scores across heads, with Spearman rho and CI."""
     pairs = [(r.method_a, r.method_b, r) for r in agreement.itertuples() if r.method_a in ("clark_syntax", "pande_syntactic", "jm_syntactic") and r.method_b in ("clark_syntax", "pande_syntactic", "jm_syntactic")]
     rel = agreement[~agreement["method_a"].isin(["clark_syntax", "pande_syntactic", "jm_syntactic"])]
@@ -141,17 +139,17 @@ def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, 
         ax.set_title("per relation (line: 95% percentile bootstrap CI)", fontsize=8)
     fig.suptitle(f"{model}: do the methods pick the same syntactic heads? (colour = layer)", fontsize=9)
     fig.tight_layout()
-    _save(fig, paths)
+    save_figure(fig, png, svg)
 
 
-def cross_model_figure(profiles: dict[str, pd.DataFrame], columns: list[tuple[str, str]], title: str, ylabel: str, paths) -> None:
+def cross_model_figure(profiles: dict[str, pd.DataFrame], columns: list[tuple[str, str]], title: str, ylabel: str, png, svg=None) -> None:
     """One panel per column, one line per model, x = relative depth."""
     cols = [(c, t) for c, t in columns if any(c in p for p in profiles.values())]
     if not cols:
         fig, ax = plt.subplots(figsize=(5, 2))
         ax.text(0.5, 0.5, f"{title}: no model has this analysis", ha="center", va="center")
         ax.set_axis_off()
-        _save(fig, paths)
+        save_figure(fig, png, svg)
         return
     ncol = min(4, len(cols))
     nrow = int(np.ceil(len(cols) / ncol))
@@ -169,4 +167,17 @@ def cross_model_figure(profiles: dict[str, pd.DataFrame], columns: list[tuple[st
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    _save(fig, paths)
+    save_figure(fig, png, svg)
+
+
+def cross_model_figures(profiles: dict[str, pd.DataFrame], paths: dict[str, str]) -> None:
+    """Rule atlas_cross_model: one figure per family (pande, clark, probing) of every model's layer profile."""
+    behaviours = sorted({c for p in profiles.values() for c in p.columns if c.startswith("share_behaviour_")})
+    share = "share of the layer's heads"
+    figures = {
+        "pande": ([(f"share_{r}", f"{r} (FDR)") for r in PANDE_ROLES_MAIN], "Pande roles: share of heads per layer", share),
+        "clark": ([(c, c.replace("share_behaviour_", "Clark: ")) for c in behaviours], "Clark behaviour labels: share of heads per layer", share),
+        "probing": ([(f"probe_{c}", f"{c} tasks") for c in JM_CATEGORIES], "Jo & Myaeng probing: mean head accuracy per layer", "mean test accuracy"),
+    }
+    for family, (columns, title, ylabel) in figures.items():
+        cross_model_figure(profiles, columns, title, ylabel, paths[family])

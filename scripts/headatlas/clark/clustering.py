@@ -179,3 +179,21 @@ def mds_embedding(d: np.ndarray, seed: int = 0, n_init: int = 5, max_iter: int =
     mds = MDS(**kwargs)
     coords = mds.fit_transform(np.asarray(d, dtype=np.float64))
     return coords, float(mds.stress_)
+
+
+def mds_tables(
+    long: pd.DataFrame, behaviour: pd.DataFrame, model: str, *, seed: int = 0, n_init: int = 5, max_iter: int = 1000, eps: float = 1e-10, permutations: int = 1000
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Rule clark_mds: per head its MDS coordinates and behaviour label (``heads``), the
+    within- vs between-layer distance test with the MDS stress (``layers``), and the test's
+    statistics, from the long JS distance table and the behaviour table."""
+    d, n_layers, n_heads = distance_square(long)
+    coords, stress = mds_embedding(d, seed, n_init, max_iter, eps)
+    heads = head_index(n_layers, n_heads)
+    heads = heads.merge(behaviour[["model", "layer", "head", "label"]], on=["layer", "head"], how="left", validate="1:1")
+    heads = heads[["model", "layer", "head", "label"]].assign(mds_x=coords[:, 0], mds_y=coords[:, 1])
+    stats = layer_clustering(d, heads["layer"].to_numpy(), permutations, seed)
+    layers = pd.DataFrame(
+        [dict(model=model, **stats, mds_stress=stress, n_sequences=int(long["n_sequences"].iloc[0]), n_tokens=int(long["n_tokens"].iloc[0]))]
+    )
+    return heads, layers, stats

@@ -26,15 +26,21 @@ Anaphor types from the head word's UPOS: PRON -> pronoun, PROPN -> proper, else 
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
+from itertools import chain
 from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..core.data import Record
+from ..core.figures import head_label
 from ..core.store import AttentionStore
-from .syntax import WordMaps, bootstrap_ci, head_label, iter_word_maps, word_block
+from .syntax import WordMaps, iter_word_maps, sentence_ci, word_block
+
+log = logging.getLogger("headatlas.clark.coref")
 
 TYPES = ("pronoun", "proper", "nominal")
 BASELINES = ("Nearest", "Head match", "Rule-based")
@@ -275,7 +281,7 @@ def table2(res: CorefResult, model: str, n_boot: int = 1000, seed: int = 0) -> p
         systems.append(("Best head", res.heads[:, k], head_label(layer, head), layer, head))
         for name, correct, label, lay, hd in systems:
             c, d, kd = correct[score], doc[score], kind[score]
-            lo, hi = bootstrap_ci(c, d, n_boot, seed)
+            lo, hi = sentence_ci(c, d, n_boot, seed)
             row = {
                 "model": model, "system": name, "scored_on": scored_on, "selected_on": selected_on if name == "Best head" else "",
                 "label": label, "layer": lay, "head": hd, "n": len(c), "all": c.mean(), "ci_low": lo, "ci_high": hi,
@@ -294,3 +300,42 @@ def table2(res: CorefResult, model: str, n_boot: int = 1000, seed: int = 0) -> p
     order = {s: i for i, s in enumerate(PAPER_TABLE2["system"])}
     t["_order"] = (t["scored_on"] != "all") * 100 + t["system"].map(order)
     return t.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def anaphor_table(res: CorefResult, t2: pd.DataFrame, model: str) -> pd.DataFrame:
+    """One row per anaphor: its candidates, every baseline's and the best head's correctness
+    (the best head on all anaphors, from ``t2``)."""
+    best = t2[(t2["system"] == "Best head") & (t2["scored_on"] == "all")].iloc[0]
+    k = int(best["layer"]) * res.n_heads + int(best["head"])
+    an = res.anaphors
+    out = pd.DataFrame({"model": model, "doc": an.doc, "split": an.split, "type": an.kind, "head": an.head, "n_candidates": [len(c) for c in an.candidates]})
+    for b, name in enumerate(BASELINES):
+        out[name] = res.baselines[:, b]
+    out["best_head"] = res.heads[:, k]
+    return out
+
+
+def coref_tables(res: CorefResult, model: str, *, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every table of rule clark_syntax_coref from scored anaphors: heads, baselines, anaphors, table2."""
+    t2 = table2(res, model, n_boot, seed)
+    return {"heads": head_table(res, model), "baselines": baseline_table(res, model), "anaphors": anaphor_table(res, t2, model), "table2": t2}
+
+
+def run_coref(splits: dict[str, tuple[Sequence[str], Sequence[Record]]], *, word_mode: str = "mean", n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Rule clark_syntax_coref: score every head and baseline on the documents of each split
+    (split -> shard directories, records) and return :func:`coref_tables`."""
+    t0 = time.time()
+    stores = {split: AttentionStore(list(maps)) for split, (maps, _) in splits.items()}
+    try:
+        first = next(iter(stores.values()))
+        model = first.meta["model"]
+        items = chain.from_iterable(store_items(stores[s], records, s, word_mode) for s, (_, records) in splits.items())
+        res = collect(items, first.n_layers, first.n_heads)
+        kept = {s: int(sum(st.n_words)) for s, st in stores.items()}
+    finally:
+        for st in stores.values():
+            st.close()
+    log.info("%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces (%.1f s)", model, len(res.heads), kept, res.n_no_pieces, time.time() - t0)
+    tables = coref_tables(res, model, n_boot=n_boot, seed=seed)
+    log.info("table 2:\n%s", tables["table2"].to_string(index=False))
+    return tables

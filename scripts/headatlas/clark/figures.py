@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..core.io import atomic_path
-from .surface import head_label
+from ..core.figures import head_label
 
 LABEL_COLOURS = {
     "next": "#1f77b4",
@@ -60,16 +59,6 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def save(fig, png: str, svg: str | None = None, dpi: int = 150) -> None:
-    """Write a figure as PNG (and SVG) under temporary names, then rename."""
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
-    if svg:
-        with atomic_path(svg) as tmp:
-            fig.savefig(tmp, bbox_inches="tight", format="svg")
-    _plt().close(fig)
 
 
 def _jitter(n: int, width: float = 0.25) -> np.ndarray:

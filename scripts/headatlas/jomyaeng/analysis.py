@@ -329,3 +329,13 @@ def with_paper(summary: pd.DataFrame) -> pd.DataFrame:
     )
     out = s.merge(paper, on="task", how="outer").merge(heads, on="task", how="left")
     return out
+
+
+def model_tables(results: pd.DataFrame, top_n: int | None = None) -> dict[str, pd.DataFrame]:
+    """Every table of rule jomyaeng_tables from one model's probe results (all tasks): heads,
+    layers, topn and summary (``top_n``: heads in the top-n probe, None = heads per layer)."""
+    heads = head_table(results)
+    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    layers = results[results["kind"] == "layer"].drop(columns=["kind", "head", "n", "control_dev", "control_test", "selectivity"])
+    topn = results[results["kind"] == "topn"].drop(columns=["kind", "layer", "head", "control_dev", "control_test", "selectivity"])
+    return {"heads": heads, "layers": layers, "topn": topn, "summary": summary_table(results, n_layers, n_heads, top_n)}

@@ -6,7 +6,6 @@ Layers and heads are 0-based on every axis (layer 0 = the first transformer laye
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Sequence
 
 import matplotlib
@@ -17,14 +16,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram, leaves_list, linkage  # noqa: E402
 
-from ..core.io import atomic_path  # noqa: E402
+from ..core.figures import save_figure  # noqa: E402
 from .analysis import CATEGORIES, category_scores, task_correlation  # noqa: E402
-
-
-def _save(fig, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-    plt.close(fig)
 
 
 def head_matrix(heads: pd.DataFrame, task: str, value: str = "test_acc") -> np.ndarray:
@@ -74,7 +67,7 @@ def heatmaps(heads: pd.DataFrame, tasks: Sequence[str], path, model: str, sort: 
     order = "heads sorted within each layer by accuracy" if sort else "heads in model order"
     fig.suptitle(f"{model}: per-head probing {what}; {order}", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def correlation_clustermap(heads: pd.DataFrame, path, model: str) -> None:
@@ -104,7 +97,7 @@ def correlation_clustermap(heads: pd.DataFrame, path, model: str) -> None:
             ax_h.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if abs(m[i, j]) > 0.6 else "black")
     fig.colorbar(im, cax=ax_c, label="Pearson r over heads")
     ax_d.set_title(f"{model}: tasks clustered by the correlation of their per-head accuracies", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
@@ -115,7 +108,7 @@ def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
         fig, ax = plt.subplots(figsize=(4, 2))
         ax.text(0.5, 0.5, "no probing task of two categories", ha="center")
         ax.axis("off")
-        _save(fig, path)
+        save_figure(fig, path)
         return
     fig, axes = plt.subplots(1, len(pairs), figsize=(4.3 * len(pairs) + 0.8, 4), squeeze=False)
     L = int(cats["layer"].max()) + 1
@@ -128,7 +121,7 @@ def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
     fig.suptitle(f"{model}: each head's surface / syntactic / semantic score", fontsize=11)
     legend = "; ".join(f"{c} = {', '.join(t for t in CATEGORIES[c] if t in set(heads['task']))}" for c in CATEGORIES if c in cats)
     fig.text(0.01, -0.04, legend, fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def focused_curve(heads: pd.DataFrame, path, model: str, groups: dict[str, Sequence[str]]) -> None:
@@ -149,7 +142,7 @@ def focused_curve(heads: pd.DataFrame, path, model: str, groups: dict[str, Seque
         ax.grid(alpha=0.3)
     fig.suptitle(f"{model}: is task information focused in a few heads or distributed?", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def topn_curves(topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame, path, model: str, tasks: Sequence[str]) -> None:
@@ -175,7 +168,7 @@ def topn_curves(topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame,
         ax.axis("off")
     fig.suptitle(f"{model}: effect of the number n of top heads (grey line: n = heads per layer)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, tasks: Sequence[str]) -> None:
@@ -200,7 +193,7 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, t
         ax.set_title(name, fontsize=10)
     fig.colorbar(im, ax=axes.ravel().tolist(), label="test accuracy, min-max scaled per task")
     fig.suptitle(f"{model}: layer profile of each task (paper: surface low, word order middle, semantics high)", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def all_figures(heads, layers, topn, summary, out: dict, model: str, probing: Sequence[str], downstream: Sequence[str]) -> None:

@@ -59,7 +59,7 @@ class ProbeConfig:
             raise ValueError("probe batch_size and epoch_size must be >= 1, tenacity and max_epoch >= 0")
 
     @classmethod
-    def from_params(cls, p: dict) -> "ProbeConfig":
+    def from_config(cls, p: dict) -> "ProbeConfig":
         unknown = sorted(set(p) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"probe: unknown keys {unknown}")

@@ -416,7 +416,7 @@ class GeneratorConfig:
     tasks: tuple[str, ...] = PROBING_TASKS
 
     @classmethod
-    def from_params(cls, p: dict) -> "GeneratorConfig":
+    def from_config(cls, p: dict) -> "GeneratorConfig":
         unknown = sorted(set(p) - set(cls.__dataclass_fields__))
         if unknown:
             raise GeneratorError(f"generator: unknown keys {unknown}")
@@ -701,7 +701,7 @@ class DownstreamSpec:
     score_range: tuple[float, float] = (1.0, 5.0)
 
     @classmethod
-    def from_params(cls, name: str, p: dict) -> "DownstreamSpec":
+    def from_config(cls, name: str, p: dict) -> "DownstreamSpec":
         if p.get("kind") not in ("classification", "relatedness"):
             raise GeneratorError(f"downstream.{name}.kind: 'classification' or 'relatedness', not {p.get('kind')!r}")
         missing = [s for s in SPLITS if s not in p]

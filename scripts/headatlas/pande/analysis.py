@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import figures as pf
 from ..core.finetune import read_metrics
-from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues, with_stability
 from ..core.io import atomic_path
+from . import figures as pf
+from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues, with_stability
 from .sieves import blas_threads
 
 log = logging.getLogger("headatlas.pande.analysis")
@@ -144,7 +144,7 @@ def figures(table_path: str | Path, out: dict, near: float = 0.05) -> dict:
     """Every per-model figure and table of the analysis; returns (and writes) a summary."""
     table = read_table(table_path)
     model = str(table["model"].iloc[0])
-    pf.role_grid(table, out["grid"], extra_paths=[out["grid_svg"]] if "grid_svg" in out else ())
+    pf.role_grid(table, out["grid"], out.get("grid_svg"))
     coloc = pf.colocation(table)
     with atomic_path(out["colocation"]) as tmp:
         coloc.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.io import atomic_path
+from ..core.figures import save_figure
 
 MODES = {"faithful": "significant_faithful", "fdr": "significant_fdr"}
 MODE_TITLES = {"faithful": "faithful: t-test p < alpha, no correction", "fdr": "rigorous: Benjamini-Hochberg FDR < alpha"}
@@ -40,12 +40,6 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _save(fig, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    _plt().close(fig)
 
 
 def _shape(table: pd.DataFrame) -> tuple[int, int]:
@@ -127,7 +121,7 @@ def p_value_share(table: pd.DataFrame, near: float = 0.05) -> dict:
     return {"tests": int(len(p)), "near_0": n0, "near_1": n1, "share_near_0_or_1": (n0 + n1) / len(p), "near": near}
 
 
-def role_grid(table: pd.DataFrame, path: str | Path, extra_paths=()) -> None:
+def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path | None = None) -> None:
     """Layers x heads grid, one marker per role a head holds; faithful and FDR side by side."""
     plt = _plt()
     n_layers, n_heads = _shape(table)
@@ -165,10 +159,7 @@ def role_grid(table: pd.DataFrame, path: str | Path, extra_paths=()) -> None:
     tau = table["tau"].iloc[0]
     fig.suptitle(f"{model}: roles per head (H0: mean sieve score <= tau = {tau:g})", fontsize=11)
     fig.tight_layout()
-    for p in extra_paths:
-        with atomic_path(p) as tmp:
-            fig.savefig(tmp, bbox_inches="tight")
-    _save(fig, path)
+    save_figure(fig, path, svg)
 
 
 def colocation_figure(coloc: pd.DataFrame, path: str | Path, model: str) -> None:
@@ -200,7 +191,7 @@ def colocation_figure(coloc: pd.DataFrame, path: str | Path, model: str) -> None
         fig.colorbar(im, ax=ax, shrink=0.7, label="heads holding both roles (diagonal: the role's heads)")
     fig.suptitle(f"{model}: co-location of roles (count; share of all heads)", fontsize=11)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def layer_figure(counts: pd.DataFrame, path: str | Path, model: str) -> None:
@@ -224,7 +215,7 @@ def layer_figure(counts: pd.DataFrame, path: str | Path, model: str) -> None:
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False, title="role")
     fig.suptitle(f"{model}: heads per role and layer", fontsize=11)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def pvalue_figure(table: pd.DataFrame, path: str | Path, near: float = 0.05) -> dict:
@@ -262,7 +253,7 @@ def pvalue_figure(table: pd.DataFrame, path: str | Path, near: float = 0.05) -> 
         f"(paper: about 98%)",
         fontsize=10,
     )
-    _save(fig, path)
+    save_figure(fig, path)
     return share
 
 
@@ -303,7 +294,7 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path) -> None:
         if np.isfinite(tau) and vmin < tau < vmax:
             bar.ax.axhline(tau, color="cyan", linewidth=1.5)
     fig.suptitle(f"{model}: mean sieve score per head (cyan dots: faithful-significant at tau = {tau:g}, cyan line on the bar)", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 # --- fine-tuning comparison ---------------------------------------------------------------
@@ -344,7 +335,7 @@ def compare_roles_figure(cmp: pd.DataFrame, path: str | Path, base: str, tuned: 
     axes[0, 0].legend(fontsize=7, frameon=False)
     fig.suptitle(f"Heads per role and layer before and after fine-tuning (faithful test){subtitle}", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def compare_sep_figure(before: pd.DataFrame, after: pd.DataFrame, path: str | Path, base: str, tuned: str, role: str = "delimiter_sep", subtitle: str = "") -> None:
@@ -368,7 +359,7 @@ def compare_sep_figure(before: pd.DataFrame, after: pd.DataFrame, path: str | Pa
     ax.legend(fontsize=7, frameon=False)
     ax.set_title(f"Attention to [SEP] before and after fine-tuning (dots: heads){subtitle}", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 # --- score against sequence length ----------------------------------------------------------
@@ -508,4 +499,4 @@ def length_figure(bins: pd.DataFrame, roles: list[str], path: str | Path, model:
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False, title="corpus (marker)", title_fontsize=7)
     fig.suptitle(f"{model}: sieve score against sequence length (dotted: tau = {tau:g}; dashed grey: the median head)", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    _save(fig, path)
+    save_figure(fig, path)

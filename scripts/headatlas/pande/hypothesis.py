@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..core.bootstrap import bootstrap_ci, resample_counts
+
 log = logging.getLogger("headatlas.pande.hypothesis")
 
 NONPARAMETRIC = ("none", "sign_flip", "wilcoxon")
@@ -160,28 +162,10 @@ def pattern_rng(seed: int, pattern: np.ndarray) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(np.packbits(pattern).tobytes()), int(pattern.sum())])
 
 
-def resample_counts(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
-    """[b, n] bootstrap counts: how often each of n sentences is drawn in each resample."""
-    idx = rng.integers(0, n, size=(b, n), dtype=np.int64)
-    idx += n * np.arange(b, dtype=np.int64)[:, None]
-    return np.bincount(idx.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
-
-
 def random_signs(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
     """[b, n] independent fair signs +-1."""
     bits = np.unpackbits(np.frombuffer(rng.bytes((b * n + 7) // 8), dtype=np.uint8))[: b * n]
     return bits.reshape(b, n).astype(np.float64) * 2 - 1
-
-
-def bootstrap_ci(x: np.ndarray, b: int, ci: float, rng: np.random.Generator, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap CI of the mean of each column of a complete x [n, C] (``counts``:
-    precomputed :func:`resample_counts`)."""
-    n = len(x)
-    counts = resample_counts(rng, n, b) if counts is None else counts
-    means = counts @ x / n  # [b, C]
-    q = (1 - ci) / 2
-    lo, hi = np.quantile(means, [q, 1 - q], axis=0)
-    return lo, hi
 
 
 def sign_flip_p(x: np.ndarray, tau: float, b: int, rng: np.random.Generator, signs: np.ndarray | None = None) -> np.ndarray:
@@ -250,7 +234,7 @@ def head_table(scores: np.ndarray, roles: list[str], model: str, settings: Hypot
                     "signs": random_signs(rng, len(v), s.permutations) if s.nonparametric == "sign_flip" else None,
                 }
             if s.bootstrap > 0:
-                res["lo"][cols, r], res["hi"][cols, r] = bootstrap_ci(v, s.bootstrap, s.ci, None, draws["counts"])
+                res["lo"][cols, r], res["hi"][cols, r] = bootstrap_ci(v, n_boot=s.bootstrap, level=s.ci, counts=draws["counts"])
             if s.nonparametric == "sign_flip":
                 res["pnp"][cols, r] = sign_flip_p(v, s.tau, s.permutations, None, draws["signs"])
             elif s.nonparametric == "wilcoxon":
