@@ -111,11 +111,24 @@ def random_model(model_dir: str, device: str):
 # --- timed passes ---------------------------------------------------------------------
 
 
-def time_extract(records, spec, model, tokenizer, config, out_dir: Path, storage_dtype: str, extra: dict) -> tuple[float, int]:
+def time_extract(
+    records, spec, model, tokenizer, config, out_dir: Path, storage_dtype: str, extra: dict
+) -> tuple[float, int]:
     shutil.rmtree(out_dir, ignore_errors=True)
     gc.collect()
     t0 = time.perf_counter()
-    counts = extract(records, spec, model, tokenizer, config, out_dir, storage_dtype=storage_dtype, overflow="skip", meta={"benchmark": True}, **extra)
+    counts = extract(
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        out_dir,
+        storage_dtype=storage_dtype,
+        overflow="skip",
+        meta={"benchmark": True},
+        **extra,
+    )
     return time.perf_counter() - t0, counts["tokens"]
 
 
@@ -351,26 +364,38 @@ def verdict(value, target, op) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", type=int, default=2000, help="first N sentences of the corpus (default 2000)")
     ap.add_argument("--corpus", default=str(REPO / "resources/ud_english_ewt/en_ewt-ud-dev.conllu"))
-    ap.add_argument("--json", default=str(REPO / "benchmarks/results_extract.json"), help="where to write the JSON results")
-    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the throughput passes (median reported)")
-    ap.add_argument("--head-repeats", type=int, default=5, help="different heads read for the head-read timing (median reported)")
     ap.add_argument(
-        "--reps", choices=("rule", "on", "off"), default="rule",
+        "--json", default=str(REPO / "benchmarks/results_extract.json"), help="where to write the JSON results"
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="interleaved repeats of the throughput passes (median reported)"
+    )
+    ap.add_argument(
+        "--head-repeats", type=int, default=5, help="different heads read for the head-read timing (median reported)"
+    )
+    ap.add_argument(
+        "--reps",
+        choices=("rule", "on", "off"),
+        default="rule",
         help="per-head representations in the measured extract() call: 'rule' = extract()'s default, as the "
         "extraction rule runs for ewt_dev (default); a maps-only pass (reps=False) is timed alongside when reps are on",
     )
     ap.add_argument("--device", default="cpu", help="torch device for the model (default cpu; e.g. cuda)")
     ap.add_argument("--batch-size", type=int, default=None, help="extraction batch size (default: the rule's, 16)")
     ap.add_argument(
-        "--model-dir", default=None,
+        "--model-dir",
+        default=None,
         help="a model directory (config + tokenizer) instead of the bundled MiniLM; with --random-weights its weights are not needed",
     )
     ap.add_argument(
-        "--random-weights", action="store_true",
+        "--random-weights",
+        action="store_true",
         help="build the model from the directory's config with random weights (seed 0): same shapes and speed, "
         "for machines the weights cannot reach; the float16 accuracy rows then mean nothing",
     )
@@ -395,7 +420,9 @@ def main(argv=None) -> int:
     if args.batch_size:
         entry["batch_size"] = args.batch_size
     spec = ModelSpec.from_config(entry)
-    log(f"loading {spec.name} on {args.device}; corpus {args.corpus} (first {args.n}); {torch.get_num_threads()} torch thread(s); reps in extract(): {reps_on}")
+    log(
+        f"loading {spec.name} on {args.device}; corpus {args.corpus} (first {args.n}); {torch.get_num_threads()} torch thread(s); reps in extract(): {reps_on}"
+    )
     if args.random_weights:
         model, tokenizer, config = random_model(args.model_dir or str(resolve(spec)[0]), args.device)
     else:
@@ -416,7 +443,9 @@ def main(argv=None) -> int:
     lengths = [len(t) for t in tokenized]
     batches = [[tokenized[p] for p in pos] for pos in length_batches(lengths, spec.batch_size)]
     padded = sum(len(b) * max(len(t) for t in b) for b in batches)
-    log(f"{len(records)} records -> {len(tokenized)} sequences, {n_tok} tokens (padding overhead {padded / n_tok - 1:.1%}); tokenisation {t_tok:.2f} s")
+    log(
+        f"{len(records)} records -> {len(tokenized)} sequences, {n_tok} tokens (padding overhead {padded / n_tok - 1:.1%}); tokenisation {t_tok:.2f} s"
+    )
 
     work = Path(tempfile.mkdtemp(prefix="bench_extract_", dir=args.workdir))
     dirs = {v: work / v for v in variants}
@@ -424,7 +453,7 @@ def main(argv=None) -> int:
     try:
         # warm-ups
         log("warm-up")
-        for v, kw in variants.items():
+        for kw in variants.values():
             time_extract(records[:64], spec, model, tokenizer, config, work / "warmup", "float32", kw)
         shutil.rmtree(work / "warmup", ignore_errors=True)
         bare_forward(model, batches[:2] + batches[-1:], use_types, pad_id)
@@ -448,9 +477,15 @@ def main(argv=None) -> int:
         tps = {k: n_tok / v for k, v in med.items()}
         tps["tokenize"] = n_tok / t_tok
         tps["extract_float16"] = n_tok / t16
-        ratios = {v: {"strict": tps[v] / tps["bare"], "like_for_like": (med["bare"] + t_tok) / med[v]} for v in variants}
+        ratios = {
+            v: {"strict": tps[v] / tps["bare"], "like_for_like": (med["bare"] + t_tok) / med[v]} for v in variants
+        }
         speedups = {
-            v: {"strict": tps[v] / tps["single"], "like_for_like": (med["single"] + t_tok) / med[v], "naive_extractor": (med["naive"] + t_tok) / med[v]}
+            v: {
+                "strict": tps[v] / tps["single"],
+                "like_for_like": (med["single"] + t_tok) / med[v],
+                "naive_extractor": (med["naive"] + t_tok) / med[v],
+            }
             for v in variants
         }
 
@@ -477,7 +512,10 @@ def main(argv=None) -> int:
             disk[name] = u
 
         # 4: head reads on a new store object, different heads
-        pairs = [(round(i * (n_layers - 1) / max(args.head_repeats - 1, 1)), (i * 5) % n_heads) for i in range(args.head_repeats)]
+        pairs = [
+            (round(i * (n_layers - 1) / max(args.head_repeats - 1, 1)), (i * 5) % n_heads)
+            for i in range(args.head_repeats)
+        ]
         reads = {}
         for name, d in (("float32", d32), ("float16", d16)):
             reads[name] = {c: head_reads(d, pairs, c) for c in ("dropped", "warm")}
@@ -494,9 +532,17 @@ def main(argv=None) -> int:
 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     T = TARGETS
-    labels = {"extract": "extract()" + (" (rule path, maps + reps)" if reps_on else " (maps)"), "extract_maps_only": "extract(reps=False) (maps only)"}
+    labels = {
+        "extract": "extract()" + (" (rule path, maps + reps)" if reps_on else " (maps)"),
+        "extract_maps_only": "extract(reps=False) (maps only)",
+    }
     rows = [
-        ("Sequences / tokens (records skipped > max_length)", f"{len(tokenized):,} / {n_tok:,} ({counts['skipped_too_long']})", "", ""),
+        (
+            "Sequences / tokens (records skipped > max_length)",
+            f"{len(tokenized):,} / {n_tok:,} ({counts['skipped_too_long']})",
+            "",
+            "",
+        ),
         ("Bare forward tokens/s (same batches, no attentions)", fmt(tps["bare"], 0), "", ""),
         ("One-at-a-time loop tokens/s (batch 1, attentions to numpy)", fmt(tps["single"], 0), "", ""),
         ("Naive extractor tokens/s (batch 1, one HDF5 dataset per sentence and layer)", fmt(tps["naive"], 0), "", ""),
@@ -505,11 +551,36 @@ def main(argv=None) -> int:
     for v in variants:
         rows += [
             (f"{labels[v]} float32 tokens/s (tokenise + forward + store)", fmt(tps[v], 0), "", ""),
-            (f"{labels[v]}: ratio to bare forward (strict)", fmt(ratios[v]["strict"]), f">= {T['extract_over_bare']}", verdict(ratios[v]["strict"], T["extract_over_bare"], ">=")),
-            (f"{labels[v]}: ratio to bare forward + tokenise (like for like)", fmt(ratios[v]["like_for_like"]), f">= {T['extract_over_bare']}", verdict(ratios[v]["like_for_like"], T["extract_over_bare"], ">=")),
-            (f"{labels[v]}: speed-up over one-at-a-time (strict, loop not tokenising)", fmt(speedups[v]["strict"], 2) + "x", f">= {T['speedup_over_single']}x", verdict(speedups[v]["strict"], T["speedup_over_single"], ">=")),
-            (f"{labels[v]}: speed-up over one-at-a-time + tokenise (like for like)", fmt(speedups[v]["like_for_like"], 2) + "x", f">= {T['speedup_over_single']}x", verdict(speedups[v]["like_for_like"], T["speedup_over_single"], ">=")),
-            (f"{labels[v]}: speed-up over a naive extractor (batch 1, one HDF5 dataset per sentence and layer, + tokenise)", fmt(speedups[v]["naive_extractor"], 2) + "x", f">= {T['speedup_over_single']}x", verdict(speedups[v]["naive_extractor"], T["speedup_over_single"], ">=")),
+            (
+                f"{labels[v]}: ratio to bare forward (strict)",
+                fmt(ratios[v]["strict"]),
+                f">= {T['extract_over_bare']}",
+                verdict(ratios[v]["strict"], T["extract_over_bare"], ">="),
+            ),
+            (
+                f"{labels[v]}: ratio to bare forward + tokenise (like for like)",
+                fmt(ratios[v]["like_for_like"]),
+                f">= {T['extract_over_bare']}",
+                verdict(ratios[v]["like_for_like"], T["extract_over_bare"], ">="),
+            ),
+            (
+                f"{labels[v]}: speed-up over one-at-a-time (strict, loop not tokenising)",
+                fmt(speedups[v]["strict"], 2) + "x",
+                f">= {T['speedup_over_single']}x",
+                verdict(speedups[v]["strict"], T["speedup_over_single"], ">="),
+            ),
+            (
+                f"{labels[v]}: speed-up over one-at-a-time + tokenise (like for like)",
+                fmt(speedups[v]["like_for_like"], 2) + "x",
+                f">= {T['speedup_over_single']}x",
+                verdict(speedups[v]["like_for_like"], T["speedup_over_single"], ">="),
+            ),
+            (
+                f"{labels[v]}: speed-up over a naive extractor (batch 1, one HDF5 dataset per sentence and layer, + tokenise)",
+                fmt(speedups[v]["naive_extractor"], 2) + "x",
+                f">= {T['speedup_over_single']}x",
+                verdict(speedups[v]["naive_extractor"], T["speedup_over_single"], ">="),
+            ),
         ]
     rows.append((f"{labels['extract']} float16 tokens/s", fmt(tps["extract_float16"], 0), "", ""))
     for name, _, _ in stores:
@@ -517,34 +588,73 @@ def main(argv=None) -> int:
         rows += [
             (f"Disk {name}: raw true-length map bytes per sequence", fmt(u["raw_bytes_per_sequence"], 0), "", ""),
             (f"Disk {name}: attn datasets alone / raw", fmt(u["attn_over_raw"], 4), "", ""),
-            (f"Disk {name}: representation datasets, bytes per sequence", fmt(u["representation_bytes"] / len(lengths), 0), "", ""),
-            (f"Disk {name}: layer files / raw", fmt(u["layers_over_raw"], 4), f"<= {T['disk_over_raw']}", verdict(u["layers_over_raw"], T["disk_over_raw"], "<=")),
-            (f"Disk {name}: layer files + tokens.h5 / raw", fmt(u["with_tokens_over_raw"], 4), f"<= {T['disk_over_raw']}", verdict(u["with_tokens_over_raw"], T["disk_over_raw"], "<=")),
+            (
+                f"Disk {name}: representation datasets, bytes per sequence",
+                fmt(u["representation_bytes"] / len(lengths), 0),
+                "",
+                "",
+            ),
+            (
+                f"Disk {name}: layer files / raw",
+                fmt(u["layers_over_raw"], 4),
+                f"<= {T['disk_over_raw']}",
+                verdict(u["layers_over_raw"], T["disk_over_raw"], "<="),
+            ),
+            (
+                f"Disk {name}: layer files + tokens.h5 / raw",
+                fmt(u["with_tokens_over_raw"], 4),
+                f"<= {T['disk_over_raw']}",
+                verdict(u["with_tokens_over_raw"], T["disk_over_raw"], "<="),
+            ),
             (f"Disk {name}: whole directory (with meta.json) / raw", fmt(u["dir_over_raw"], 4), "", ""),
         ]
     for name in ("float32", "float16"):
         for c, label in (("dropped", "page cache dropped"), ("warm", "page cache warm")):
             r = reads[name][c]
             rows.append(
-                (f"head() {name}, new store, {label}: median ms (with constructor)",
-                 f"{r['median_head_ms']:.2f} ({r['median_with_constructor_ms']:.2f})",
-                 f"<= {T['head_read_ms']:.0f} ms @2000 seqs", verdict(r["median_head_ms"], T["head_read_ms"], "<="))
+                (
+                    f"head() {name}, new store, {label}: median ms (with constructor)",
+                    f"{r['median_head_ms']:.2f} ({r['median_with_constructor_ms']:.2f})",
+                    f"<= {T['head_read_ms']:.0f} ms @2000 seqs",
+                    verdict(r["median_head_ms"], T["head_read_ms"], "<="),
+                )
             )
     rows += [
         ("float16: max abs error of maps (mean)", f"{cmp['max_abs_error']:.2e} ({cmp['mean_abs_error']:.1e})", "", ""),
-        ("float16: argmax flips (of all head x query argmaxes)", f"{cmp['argmax_flips']:,} / {cmp['argmax_total']:,} ({cmp['argmax_flip_fraction']:.3%})", "", ""),
+        (
+            "float16: argmax flips (of all head x query argmaxes)",
+            f"{cmp['argmax_flips']:,} / {cmp['argmax_total']:,} ({cmp['argmax_flip_fraction']:.3%})",
+            "",
+            "",
+        ),
     ]
     for key, label in (("prev", "previous-token acc."), ("gold_head", "gold-head acc.")):
         c = cmp[key]
         rows += [
-            (f"float16 vs float32 {label}: max abs diff over heads, points (head)", f"{c['max_abs_diff_points']:.3f} (L{c['argmax_diff_head'][0]}H{c['argmax_diff_head'][1]})", "", ""),
-            (f"float16 vs float32 {label}: heads whose rank changes, of {n_layers * n_heads}", fmt(c["heads_rank_changed"]), "", ""),
-            (f"float16 vs float32 {label}: best head f32 -> f16; same?; layers whose best head changes",
-             f"L{c['best_head_float32'][0]}H{c['best_head_float32'][1]} {c['best_acc_float32']:.2f}% -> L{c['best_head_float16'][0]}H{c['best_head_float16'][1]} {c['best_acc_float16']:.2f}%; {fmt(c['best_head_same'])}; {c['layers_best_head_changed']}", "", ""),
+            (
+                f"float16 vs float32 {label}: max abs diff over heads, points (head)",
+                f"{c['max_abs_diff_points']:.3f} (L{c['argmax_diff_head'][0]}H{c['argmax_diff_head'][1]})",
+                "",
+                "",
+            ),
+            (
+                f"float16 vs float32 {label}: heads whose rank changes, of {n_layers * n_heads}",
+                fmt(c["heads_rank_changed"]),
+                "",
+                "",
+            ),
+            (
+                f"float16 vs float32 {label}: best head f32 -> f16; same?; layers whose best head changes",
+                f"L{c['best_head_float32'][0]}H{c['best_head_float32'][1]} {c['best_acc_float32']:.2f}% -> L{c['best_head_float16'][0]}H{c['best_head_float16'][1]} {c['best_acc_float16']:.2f}%; {fmt(c['best_head_same'])}; {c['layers_best_head_changed']}",
+                "",
+                "",
+            ),
         ]
     rows.append(("Peak RSS (MB)", fmt(peak_mb, 0), "", ""))
 
-    print(f"### bench_extract: {spec.name}{' (random weights)' if args.random_weights else ''} on {args.device}, batch {spec.batch_size}, first {args.n} sentences of {Path(args.corpus).name}, {args.threads} thread(s), median of {args.repeats}\n")
+    print(
+        f"### bench_extract: {spec.name}{' (random weights)' if args.random_weights else ''} on {args.device}, batch {spec.batch_size}, first {args.n} sentences of {Path(args.corpus).name}, {args.threads} thread(s), median of {args.repeats}\n"
+    )
     print("| Metric | Value | Target | Result |")
     print("|---|---|---|---|")
     for row in rows:
@@ -552,12 +662,16 @@ def main(argv=None) -> int:
 
     result = {
         "config": {
-            "command": " ".join(["python", "benchmarks/bench_extract.py"] + (argv if argv is not None else sys.argv[1:])),
+            "command": " ".join(
+                ["python", "benchmarks/bench_extract.py"] + (argv if argv is not None else sys.argv[1:])
+            ),
             "n": args.n,
             "corpus": args.corpus,
             "model": entry,
             "device": args.device,
-            "device_name": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else platform.processor(),
+            "device_name": torch.cuda.get_device_name()
+            if str(args.device).startswith("cuda")
+            else platform.processor(),
             "random_weights": args.random_weights,
             "model_shape": {"layers": n_layers, "heads": n_heads, "kind": kind},
             "threads": args.threads,

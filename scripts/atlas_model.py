@@ -24,4 +24,10 @@ for key in ("atlas", "agreement", "relations", "profile"):
         t[key].to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 atlas_grid(t["atlas"], n_layers, n_heads, model, out.grid, out.grid_svg)
 agreement_figure(t["scores"], t["agreement"], model, out.agreement_png)
-log.info("atlas of %s: %d heads x %d columns; agreement:\n%s", model, len(t["atlas"]), t["atlas"].shape[1], t["agreement"].to_string(index=False))
+log.info(
+    "atlas of %s: %d heads x %d columns; agreement:\n%s",
+    model,
+    len(t["atlas"]),
+    t["atlas"].shape[1],
+    t["agreement"].to_string(index=False),
+)

@@ -26,5 +26,9 @@ with AttentionStore(list(sm.input.maps)) as store:
     best = best.assign(sequence=k, record_id=store.record_id[k], n_tokens=len(tokens))
 with atomic_path(sm.output.table) as tmp:
     best.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-save_figure(fig1_examples(best, maps, tokens, sm.wildcards.model, sm.wildcards.corpus, sm.params.min_weight), sm.output.png, sm.output.svg)
+save_figure(
+    fig1_examples(best, maps, tokens, sm.wildcards.model, sm.wildcards.corpus, sm.params.min_weight),
+    sm.output.png,
+    sm.output.svg,
+)
 log.info("sequence %d (%d tokens), heads %s", k, len(tokens), best[["behaviour", "layer", "head"]].values.tolist())

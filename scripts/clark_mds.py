@@ -24,4 +24,10 @@ with atomic_path(sm.output.heads) as tmp:
 with atomic_path(sm.output.layers) as tmp:
     layers.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 save_figure(fig6_mds(heads, sm.wildcards.model, sm.wildcards.corpus, stats), sm.output.png, sm.output.svg)
-log.info("within %.4f between %.4f p %.3g stress %.3g", stats["within_layer"], stats["between_layer"], stats["p_value"], layers["mds_stress"].iloc[0])
+log.info(
+    "within %.4f between %.4f p %.3g stress %.3g",
+    stats["within_layer"],
+    stats["between_layer"],
+    stats["p_value"],
+    layers["mds_stress"].iloc[0],
+)

@@ -27,11 +27,19 @@ with AttentionStore(dirs(sm.input.syntax_maps)) as store:
             log.info("relation %s: not among the reported relations; no panel", rel)
             continue
         b = best.loc[rel]
-        panels.append(syntax_example(store, records, rel, int(b["layer"]), int(b["head"]), b["direction"], p.max_words, p.word_mode))
+        panels.append(
+            syntax_example(
+                store, records, rel, int(b["layer"]), int(b["head"]), b["direction"], p.max_words, p.word_mode
+            )
+        )
 t2 = pd.read_csv(sm.input.table2, sep="\t")
 t2 = t2[t2["scored_on"] == "all"].set_index("system")
 records = load_records(sm.input.coref_corpus)
 with AttentionStore(dirs(sm.input.coref_maps)) as store:
-    panels.append(coref_example(store, records, int(t2.loc["Best head", "layer"]), int(t2.loc["Best head", "head"]), mode=p.word_mode))
+    panels.append(
+        coref_example(
+            store, records, int(t2.loc["Best head", "layer"]), int(t2.loc["Best head", "head"]), mode=p.word_mode
+        )
+    )
 save_figure(plot_examples(panels, sm.wildcards.model), sm.output.png, sm.output.svg)
 log.info("%d panels (%d without an example)", sum(x is not None for x in panels), sum(x is None for x in panels))

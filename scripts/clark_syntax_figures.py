@@ -21,5 +21,9 @@ save_figure(plot_table1(t1, model, corpus), sm.output.table1, sm.output.table1_s
 relations = ["All"] + [r for r in dict.fromkeys(t1.loc[t1["n"] > 0, "relation"]) if r != "All"]
 save_figure(plot_head_grid(heads, relations, model, corpus), sm.output.heads, sm.output.heads_svg)
 save_figure(plot_table2(pd.read_csv(sm.input.table2, sep="\t"), model, coref), sm.output.table2, sm.output.table2_svg)
-save_figure(plot_coref_heads(pd.read_csv(sm.input.coref_heads, sep="\t"), model, coref), sm.output.coref_heads, sm.output.coref_heads_svg)
+save_figure(
+    plot_coref_heads(pd.read_csv(sm.input.coref_heads, sep="\t"), model, coref),
+    sm.output.coref_heads,
+    sm.output.coref_heads_svg,
+)
 log.info("%s: figures for %d relations", model, len(relations))

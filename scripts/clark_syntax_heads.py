@@ -22,7 +22,15 @@ records = load_records(sm.input.data_corpus)
 with AttentionStore(dirs(sm.input.data_maps)) as store:
     model = store.meta["model"]
     c = store_correctness(store, records, p.word_mode, tuple(p.offsets), p.poss_rule)
-log.info("%s on %s: %d dependents in %d sentences, %d words without pieces (%.1f s)", model, p.corpus, len(c.relation), len(store), c.n_missing, time.time() - t0)
+log.info(
+    "%s on %s: %d dependents in %d sentences, %d words without pieces (%.1f s)",
+    model,
+    p.corpus,
+    len(c.relation),
+    len(store),
+    c.n_missing,
+    time.time() - t0,
+)
 outputs = syntax_tables(c, model, min_count=p.min_count, n_boot=p.bootstrap, seed=p.seed)
 for key, frame in outputs.items():
     with atomic_path(sm.output[key]) as tmp:

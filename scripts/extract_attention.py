@@ -18,10 +18,35 @@ records = load_records(sm.input.corpus)
 part = shard_slice(len(records), sm.params.shard, sm.params.n_shards)
 model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None)
 check_max_length(spec, config.to_dict(), f"{spec.name}'s config", p["reps"] and p["rep_position"] == "past_last")
-log.info("model %s on %s, corpus %s shard %d/%d: records %d..%d", spec.name, model.device, sm.wildcards.corpus, sm.params.shard, sm.params.n_shards, part.start, part.stop)
-meta = {"corpus": sm.wildcards.corpus, "shard": sm.params.shard, "n_shards": sm.params.n_shards, "config_hash": config_hash(p)}
+log.info(
+    "model %s on %s, corpus %s shard %d/%d: records %d..%d",
+    spec.name,
+    model.device,
+    sm.wildcards.corpus,
+    sm.params.shard,
+    sm.params.n_shards,
+    part.start,
+    part.stop,
+)
+meta = {
+    "corpus": sm.wildcards.corpus,
+    "shard": sm.params.shard,
+    "n_shards": sm.params.n_shards,
+    "config_hash": config_hash(p),
+}
 counts = extract(
-    records[part], spec, model, tokenizer, config, sm.output[0], p["storage_dtype"], p["overflow"], part.start, meta,
-    maps=p["maps"], reps=p["reps"], rep_position=p["rep_position"],
+    records[part],
+    spec,
+    model,
+    tokenizer,
+    config,
+    sm.output[0],
+    p["storage_dtype"],
+    p["overflow"],
+    part.start,
+    meta,
+    maps=p["maps"],
+    reps=p["reps"],
+    rep_position=p["rep_position"],
 )
 log.info("counts %s", counts.values)

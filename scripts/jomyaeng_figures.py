@@ -13,5 +13,14 @@ sm = snakemake  # noqa: F821
 log = setup(sm)
 tables = {k: pd.read_csv(sm.input[k], sep="\t") for k in ("heads", "layers", "topn", "summary")}
 out = {k: sm.output[k] for k in sm.output.keys()}
-all_figures(tables["heads"], tables["layers"], tables["topn"], tables["summary"], out, sm.wildcards.model, sm.params.probing, sm.params.downstream)
+all_figures(
+    tables["heads"],
+    tables["layers"],
+    tables["topn"],
+    tables["summary"],
+    out,
+    sm.wildcards.model,
+    sm.params.probing,
+    sm.params.downstream,
+)
 log.info("model %s: %d figures", sm.wildcards.model, len(out))

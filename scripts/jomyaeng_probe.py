@@ -24,7 +24,14 @@ with AttentionStore(list(sm.input.shards)) as store:
     kind = "classification" if spec["kind"] == "probing" else spec["kind"]
     data = task_data(items, list(store.record_id), kind, tuple(spec.get("score_range", (1, 5))))
     heads, layers = task_features(store, data)
-log.info("task %s: %d items (%d dropped: records not in the store), features %s, read in %.1f s", task, len(data.split), data.dropped, heads.shape, time.time() - t0)
+log.info(
+    "task %s: %d items (%d dropped: records not in the store), features %s, read in %.1f s",
+    task,
+    len(data.split),
+    data.dropped,
+    heads.shape,
+    time.time() - t0,
+)
 result = probe_task(
     heads, layers, data, ProbeConfig.from_config(sm.params.probe),
     n_top=sm.params.top_n or None, n_curve=sm.params.n_curve, model=sm.wildcards.model, task=task,

@@ -22,4 +22,10 @@ with atomic_path(sm.output.table) as tmp:
     table.to_csv(tmp, sep="\t", index=False)
 with atomic_path(sm.output.stats) as tmp:
     stats.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
-log.info("%d items over %d tasks, %d distinct sentences, %d words", len(table), table["task"].nunique(), len(records), sum(len(r.words) for r in records))
+log.info(
+    "%d items over %d tasks, %d distinct sentences, %d words",
+    len(table),
+    table["task"].nunique(),
+    len(records),
+    sum(len(r.words) for r in records),
+)

@@ -18,4 +18,10 @@ for key, frame in tables.items():
     with atomic_path(sm.output[key]) as tmp:
         frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 heads = tables["heads"]
-log.info("model %s: %d layers x %d heads, %d tasks", sm.wildcards.model, heads["layer"].max() + 1, heads["head"].max() + 1, tables["summary"]["task"].nunique())
+log.info(
+    "model %s: %d layers x %d heads, %d tasks",
+    sm.wildcards.model,
+    heads["layer"].max() + 1,
+    heads["head"].max() + 1,
+    tables["summary"]["task"].nunique(),
+)

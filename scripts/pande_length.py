@@ -4,11 +4,14 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.pande.analysis import length_analysis  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.pande.analysis import length_analysis  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
 out = {"table": sm.output.table, "trend": sm.output.trend, "figure": sm.output.figure}
 trend = length_analysis(list(sm.input.scores), sm.input.heads, out, n_bins=sm.params.bins, top=sm.params.heads)
-log.info("Spearman correlation of sentence score with length over heads, per corpus and role:\n%s", trend.to_string(index=False))
+log.info(
+    "Spearman correlation of sentence score with length over heads, per corpus and role:\n%s",
+    trend.to_string(index=False),
+)

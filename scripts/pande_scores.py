@@ -25,10 +25,19 @@ with AttentionStore(list(sm.input.shards)) as store:
 meta["trees"] = "spacy" if sm.input.trees else "gold"
 save_scores(sm.output[0], result, meta)
 n = (~np.isnan(result["scores"][:, 0, 0, :])).sum(0)
-log.info("%s on %s: %d sequences; sentences per role %s", meta["model"], meta["corpus"], len(result["record_id"]), dict(zip(result["roles"], n.tolist())))
+log.info(
+    "%s on %s: %d sequences; sentences per role %s",
+    meta["model"],
+    meta["corpus"],
+    len(result["record_id"]),
+    dict(zip(result["roles"], n.tolist())),
+)
 names = result["relations"] + ["all"]
 scored, present = result["pair_counts"].sum(0), result["pairs_present"]
-log.info("dependency pairs scored / in the inputs, per relation (then the union): %s", {k: f"{a}/{b}" for k, a, b in zip(names, scored, present)})
+log.info(
+    "dependency pairs scored / in the inputs, per relation (then the union): %s",
+    {k: f"{a}/{b}" for k, a, b in zip(names, scored, present)},
+)
 if (scored < present).any() and meta["model_kind"] != "encoder":
     log.warning(
         "%d of %d pairs are not scored: under the causal mask the query pieces (direction %s) cannot see the key word "

@@ -16,4 +16,10 @@ nlp = load_parser(sm.params.parser)
 parsed = parse_records(records, nlp)
 with atomic_path(sm.output[0]) as tmp:
     write_records(parsed, tmp)
-log.info("parsed %d records (%d words) of %s with %s", len(parsed), sum(len(r.words) for r in parsed), sm.input[0], parser_info(nlp))
+log.info(
+    "parsed %d records (%d words) of %s with %s",
+    len(parsed),
+    sum(len(r.words) for r in parsed),
+    sm.input[0],
+    parser_info(nlp),
+)

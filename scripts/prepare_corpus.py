@@ -17,4 +17,10 @@ for msg in skipped:
     log.warning("skipped (invalid_trees: skip): %s", msg)
 with atomic_path(snakemake.output[0]) as tmp:  # noqa: F821
     n = write_records(records, tmp)
-log.info("corpus %s: %d records, %d words; %d sentences skipped as invalid trees", name, n, sum(len(r.words) for r in records), len(skipped))
+log.info(
+    "corpus %s: %d records, %d words; %d sentences skipped as invalid trees",
+    name,
+    n,
+    sum(len(r.words) for r in records),
+    len(skipped),
+)

@@ -17,9 +17,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from tiny_workflow import BERT_SPECIALS, BPE_SPECIAL, EWT_DEV, REPO, RESOURCES, WIKI_TEST  # noqa: F401, E402
+from tiny_workflow import (  # noqa: F401, E402
+    BERT_SPECIALS,
+    BPE_SPECIAL,
+    EWT_DEV,
+    REPO,
+    RESOURCES,
+    WIKI_TEST,
+    wordpiece_tokenizer,  # noqa: E402
+)
 from tiny_workflow import bpe_tokenizer as train_bpe_tokenizer  # noqa: E402
-from tiny_workflow import wordpiece_tokenizer  # noqa: E402
 
 SICK_TEST = RESOURCES / "sick" / "sicktest-ent.tsv"
 TINY_NAMES = ("bert", "electra", "gpt2", "llama")
@@ -144,7 +151,14 @@ def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict
     n_wp = len(wp)
     torch.manual_seed(0)
     bert = BertModel(
-        BertConfig(vocab_size=n_wp, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=256)
+        BertConfig(
+            vocab_size=n_wp,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=256,
+        )
     )
     bert.save_pretrained(dirs["bert"])
     wp.save_pretrained(dirs["bert"])
@@ -168,7 +182,16 @@ def tiny_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object) -> dict
     n_bpe, eot = len(bpe), bpe.convert_tokens_to_ids(BPE_SPECIAL)
     torch.manual_seed(2)
     gpt2 = GPT2Model(
-        GPT2Config(vocab_size=n_bpe, n_layer=2, n_head=4, n_embd=32, n_positions=256, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+        GPT2Config(
+            vocab_size=n_bpe,
+            n_layer=2,
+            n_head=4,
+            n_embd=32,
+            n_positions=256,
+            bos_token_id=eot,
+            eos_token_id=eot,
+            pad_token_id=eot,
+        )
     )
     gpt2.save_pretrained(dirs["gpt2"])
     bpe.save_pretrained(dirs["gpt2"])

@@ -15,28 +15,67 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, tiny_llama_config, tiny_spec
+
 from headatlas.core.data import Record
 from headatlas.core.extract import head_output_modules
-from headatlas.core.models import ARCHITECTURES, ModelError, architecture, architecture_markdown, architecture_module, decoder_bos, embedding_parameters, load, model_kind, word_embeddings
+from headatlas.core.models import (
+    ARCHITECTURES,
+    ModelError,
+    architecture,
+    architecture_markdown,
+    architecture_module,
+    decoder_bos,
+    embedding_parameters,
+    load,
+    model_kind,
+    word_embeddings,
+)
 from headatlas.core.store import AttentionStore
 
 WIDTH, LAYERS, HEADS, FFN, POSITIONS = 32, 2, 4, 37, 128
 
 
 def _encoder(vocab: int, pad: int, **kw) -> dict:
-    base = dict(vocab_size=vocab, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN, max_position_embeddings=POSITIONS, pad_token_id=pad)
+    base = dict(
+        vocab_size=vocab,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=FFN,
+        max_position_embeddings=POSITIONS,
+        pad_token_id=pad,
+    )
     return {**base, **kw}
 
 
 def _decoder(vocab: int, eot: int, **kw) -> dict:
-    base = dict(vocab_size=vocab, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN, max_position_embeddings=POSITIONS, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+    base = dict(
+        vocab_size=vocab,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=FFN,
+        max_position_embeddings=POSITIONS,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+    )
     return {**base, **kw}
 
 
 def _gpt(vocab: int, eot: int, **kw) -> dict:
-    return dict(vocab_size=vocab, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH, n_positions=POSITIONS, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, **kw)
+    return dict(
+        vocab_size=vocab,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        n_embd=WIDTH,
+        n_positions=POSITIONS,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        **kw,
+    )
 
 
 _DEBERTA = dict(relative_attention=True, position_biased_input=False, pos_att_type=["c2p", "p2c"], type_vocab_size=0)
@@ -49,22 +88,53 @@ TINY_CONFIGS = {
     "roberta": lambda v, s: _encoder(v, s, type_vocab_size=1),
     "xlm-roberta": lambda v, s: _encoder(v, s, type_vocab_size=1),
     "deberta": lambda v, s: _encoder(v, s, **_DEBERTA),
-    "deberta-v2": lambda v, s: _encoder(v, s, **_DEBERTA, position_buckets=16, share_att_key=True, norm_rel_ebd="layer_norm"),
+    "deberta-v2": lambda v, s: _encoder(
+        v, s, **_DEBERTA, position_buckets=16, share_att_key=True, norm_rel_ebd="layer_norm"
+    ),
     "mpnet": lambda v, s: _encoder(v, s),
-    "distilbert": lambda v, s: dict(vocab_size=v, dim=WIDTH, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN, max_position_embeddings=POSITIONS, pad_token_id=s),
+    "distilbert": lambda v, s: dict(
+        vocab_size=v,
+        dim=WIDTH,
+        n_layers=LAYERS,
+        n_heads=HEADS,
+        hidden_dim=FFN,
+        max_position_embeddings=POSITIONS,
+        pad_token_id=s,
+    ),
     "albert": lambda v, s: _encoder(v, s, embedding_size=16, num_hidden_layers=4, num_hidden_groups=2),
     "gpt2": lambda v, s: _gpt(v, s),
     "openai-gpt": lambda v, s: dict(vocab_size=v, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH, n_positions=POSITIONS),
     "gptj": lambda v, s: _gpt(v, s, rotary_dim=4),
     "gpt_neox": lambda v, s: _decoder(v, s),
-    "opt": lambda v, s: dict(vocab_size=v, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, ffn_dim=FFN, word_embed_proj_dim=WIDTH, max_position_embeddings=POSITIONS, bos_token_id=s, eos_token_id=s, pad_token_id=s),
+    "opt": lambda v, s: dict(
+        vocab_size=v,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        ffn_dim=FFN,
+        word_embed_proj_dim=WIDTH,
+        max_position_embeddings=POSITIONS,
+        bos_token_id=s,
+        eos_token_id=s,
+        pad_token_id=s,
+    ),
     "phi": lambda v, s: _decoder(v, s),
     "llama": lambda v, s: tiny_llama_config(v, s, max_position_embeddings=POSITIONS).to_dict(),
     "mistral": lambda v, s: _decoder(v, s, num_key_value_heads=2, sliding_window=8),
     "phi3": lambda v, s: _decoder(v, s, num_key_value_heads=2),
     "gemma": lambda v, s: _decoder(v, s, num_key_value_heads=1, head_dim=8),
-    "gemma2": lambda v, s: _decoder(v, s, num_key_value_heads=2, head_dim=8, sliding_window=8, attn_logit_softcapping=50.0),
-    "gemma3_text": lambda v, s: _decoder(v, s, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "gemma2": lambda v, s: _decoder(
+        v, s, num_key_value_heads=2, head_dim=8, sliding_window=8, attn_logit_softcapping=50.0
+    ),
+    "gemma3_text": lambda v, s: _decoder(
+        v,
+        s,
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
     "qwen2": lambda v, s: _decoder(v, s, num_key_value_heads=2),
     "qwen3": lambda v, s: _decoder(v, s, num_key_value_heads=2, head_dim=8),
     "olmo": lambda v, s: _decoder(v, s),
@@ -112,16 +182,17 @@ VALUES = {
 
 @pytest.fixture(scope="module")
 def arch_records(ewt_records):
-    pair = Record(id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4)
+    pair = Record(
+        id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4
+    )
     return list(ewt_records[:5]) + [pair]
 
 
 @pytest.fixture(scope="module")
 def arch_model(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
     """model type -> (spec, model, tokenizer, config, directory), built and loaded once."""
-    from transformers import CONFIG_MAPPING, AutoModel, BertTokenizerFast
-
     from tiny_workflow import BPE_SPECIAL
+    from transformers import CONFIG_MAPPING, AutoModel, BertTokenizerFast
 
     root = tmp_path_factory.mktemp("arch")
     wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)
@@ -162,7 +233,18 @@ def arch_store(tmp_path_factory, arch_model, arch_records):
     def get(model_type: str) -> Path:
         if model_type not in cache:
             spec, model, tokenizer, config, _ = arch_model(model_type)
-            counts = extract(arch_records, spec, model, tokenizer, config, root / model_type, "float32", "truncate", 0, {"corpus": "t"})
+            counts = extract(
+                arch_records,
+                spec,
+                model,
+                tokenizer,
+                config,
+                root / model_type,
+                "float32",
+                "truncate",
+                0,
+                {"corpus": "t"},
+            )
             assert counts["sequences"] == len(arch_records)
             cache[model_type] = root / model_type
         return cache[model_type]
@@ -244,7 +326,9 @@ def test_extraction_head_vectors_and_surface(model_type, arch_model, arch_store)
                     v = v.detach().reshape(n, kv, head_dim).numpy()
                     group = np.arange(n_heads) // (n_heads // kv)  # query head -> its key/value head
                     expected = np.einsum("hj,jhd->hd", maps[:, at, :], v[:, group, :])
-                    np.testing.assert_allclose(vectors[layer][k], expected, atol=2e-5, err_msg=f"{model_type} layer {layer} sequence {k}")
+                    np.testing.assert_allclose(
+                        vectors[layer][k], expected, atol=2e-5, err_msg=f"{model_type} layer {layer} sequence {k}"
+                    )
         finally:
             for h in hooks:
                 h.remove()
@@ -269,7 +353,11 @@ def test_embeddings_and_lm_head_rows(model_type, arch_model):
     # independently: the word embeddings and every learned absolute position table, by module name
     words = model.get_input_embeddings()
     absolute = re.compile(r"(?:^|\.)(?:position_embeddings|wpe|positions_embed|embed_positions)$")
-    expected = [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding) and (m is words or absolute.search(n))]
+    expected = [
+        f"{n}.weight"
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Embedding) and (m is words or absolute.search(n))
+    ]
     assert sorted(keep) == sorted(expected)
     if arch.lm_head is not None:
         auto = AutoModelForMaskedLM if arch.kind == "encoder" else AutoModelForCausalLM

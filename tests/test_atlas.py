@@ -21,8 +21,17 @@ def pande_table(effect_syntactic, sig_syntactic):
         eff = effect_syntactic if role != "local" else np.full(L * H, 0.5)
         sig = sig_syntactic if role != "local" else np.zeros(L * H, bool)
         for i in range(L * H):
-            rows.append({"model": "m", "layer": layer[i], "head": head[i], "role": role, "effect": eff[i],
-                         "significant_faithful": bool(sig[i]), "significant_fdr": bool(sig[i])})
+            rows.append(
+                {
+                    "model": "m",
+                    "layer": layer[i],
+                    "head": head[i],
+                    "role": role,
+                    "effect": eff[i],
+                    "significant_faithful": bool(sig[i]),
+                    "significant_fdr": bool(sig[i]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -31,8 +40,25 @@ def syntax_tables(acc_all, acc_nsubj):
     rows = []
     for rel, acc in (("All", acc_all), ("nsubj", acc_nsubj)):
         for d, shift in (("dep->head", 0.0), ("head->dep", -0.1)):
-            rows += [{"model": "m", "layer": layer[i], "head": head[i], "relation": rel, "direction": d, "n": 100, "accuracy": acc[i] + shift} for i in range(L * H)]
-    base = pd.DataFrame([{"model": "m", "relation": r, "offset": k, "n": 100, "accuracy": a} for r in ("All", "nsubj") for k, a in ((-1, 0.2), (1, 0.3))])
+            rows += [
+                {
+                    "model": "m",
+                    "layer": layer[i],
+                    "head": head[i],
+                    "relation": rel,
+                    "direction": d,
+                    "n": 100,
+                    "accuracy": acc[i] + shift,
+                }
+                for i in range(L * H)
+            ]
+    base = pd.DataFrame(
+        [
+            {"model": "m", "relation": r, "offset": k, "n": 100, "accuracy": a}
+            for r in ("All", "nsubj")
+            for k, a in ((-1, 0.2), (1, 0.3))
+        ]
+    )
     return pd.DataFrame(rows), base
 
 
@@ -70,8 +96,11 @@ def test_head_outside_the_grid_is_an_error():
 
 def test_probe_columns_and_category_means():
     layer, head = heads()
-    rows = [{"model": "m", "layer": layer[i], "head": head[i], "task": t, "test_acc": a, "selectivity": a - 0.5}
-            for i in range(6) for t, a in (("TreeDepth", 0.2), ("BigramShift", 0.6), ("Tense", 0.9))]
+    rows = [
+        {"model": "m", "layer": layer[i], "head": head[i], "task": t, "test_acc": a, "selectivity": a - 0.5}
+        for i in range(6)
+        for t, a in (("TreeDepth", 0.2), ("BigramShift", 0.6), ("Tense", 0.9))
+    ]
     a = at.build_atlas("m", L, H, {"probes": pd.DataFrame(rows)})
     assert a["probe_syntactic_mean_acc"].tolist() == pytest.approx([0.4] * 6)
     assert a["probe_semantic_mean_acc"].tolist() == pytest.approx([0.9] * 6)
@@ -151,7 +180,9 @@ def test_registry_declares_every_table_once_and_in_join_order():
     assert {s.analysis for s in at.ATLAS_SOURCES} == {"clark_surface", "pande", "clark_syntax", "jomyaeng"}
     settings = {"surface_corpus": "wiki"}
     behaviour = at.ATLAS_SOURCES[0]
-    assert at.source_inputs(behaviour, "m", True, ["ewt", "wiki"], settings) == {"behaviour": "results/clark/m/wiki/behaviour.tsv"}
+    assert at.source_inputs(behaviour, "m", True, ["ewt", "wiki"], settings) == {
+        "behaviour": "results/clark/m/wiki/behaviour.tsv"
+    }
     assert at.source_inputs(behaviour, "m", True, ["ewt"], settings) == {}  # the surface corpus is not analysed
     assert at.source_inputs(behaviour, "m", False, ["wiki"], settings) == {}  # the analysis does not cover m
     pande = next(s for s in at.ATLAS_SOURCES if s.name == "pande")
@@ -164,7 +195,9 @@ def test_atlas_tables_of_the_rule():
     acc = np.array([0.1, 0.2, 0.9, 0.4, 0.5, 0.6])
     syntax, base = syntax_tables(acc, acc)
     pande = pande_table(np.arange(6) / 6, np.array([0, 0, 1, 0, 0, 0], bool))
-    settings = at.AtlasSettings.from_config({"relations": ["nsubj"], "bootstrap": 100, "seed": 1, "surface_corpus": "wiki"})
+    settings = at.AtlasSettings.from_config(
+        {"relations": ["nsubj"], "bootstrap": 100, "seed": 1, "surface_corpus": "wiki"}
+    )
     assert settings.relations == ("nsubj",) and settings.top_k == 0
     t = at.atlas_tables("m", L, H, {"pande": pande, "syntax": syntax, "syntax_baselines": base}, settings)
     assert set(t) == {"atlas", "agreement", "relations", "profile", "scores"}
@@ -178,7 +211,9 @@ def test_atlas_tables_of_the_rule():
 def test_cross_model_figures_one_per_family(tmp_path):
     from headatlas.atlas.figures import cross_model_figures
 
-    profile = pd.DataFrame({"relative_depth": [0.25, 0.75], "share_local": [0.5, 0.0], "share_behaviour_broad": [0.1, 0.2]})
+    profile = pd.DataFrame(
+        {"relative_depth": [0.25, 0.75], "share_local": [0.5, 0.0], "share_behaviour_broad": [0.1, 0.2]}
+    )
     paths = {f: tmp_path / f"{f}.png" for f in ("pande", "clark", "probing")}
     cross_model_figures({"a": profile, "b": profile}, paths)
     assert all(p.stat().st_size > 1000 for p in paths.values())  # probing: a panel saying no model has it

@@ -10,10 +10,10 @@ import tomllib
 
 import numpy as np
 import pytest
-
 from conftest import REPO
-from headatlas.cli import main
 from test_store import N_HEADS, N_LAYERS, make_tokenized, random_maps, write_store
+
+from headatlas.cli import main
 
 
 @pytest.fixture
@@ -32,11 +32,22 @@ def shards(tmp_path):
 def test_store_describe_is_the_default(shards, capsys):
     assert main(["store", *map(str, shards)]) == 0
     text = capsys.readouterr().out
-    for line in ("model           m", "corpus          c", "shards          0, 1", "sequences       3", "tokens          17", "layout_version  2"):
+    for line in (
+        "model           m",
+        "corpus          c",
+        "shards          0, 1",
+        "sequences       3",
+        "tokens          17",
+        "layout_version  2",
+    ):
         assert line in text
     assert main(["store", "describe", "--json", *map(str, shards)]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["sequences"] == 3 and info["cells_per_head"] == 25 + 81 + 9 and (info["layers"], info["heads"]) == (N_LAYERS, N_HEADS)
+    assert (
+        info["sequences"] == 3
+        and info["cells_per_head"] == 25 + 81 + 9
+        and (info["layers"], info["heads"]) == (N_LAYERS, N_HEADS)
+    )
     assert info["bytes"] == sum(p.stat().st_size for d in shards for p in d.iterdir() if p.name != "manifest.json")
 
 
@@ -55,7 +66,13 @@ def test_store_verify_exit_status_and_one_line_per_fault(shards, capsys):
 
 def test_module_and_console_script_entry(shards):
     env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
-    proc = subprocess.run([sys.executable, "-m", "headatlas", "store", "verify", str(shards[0])], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "headatlas", "store", "verify", str(shards[0])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr.strip().endswith(": ok"), proc.stderr
     proc = subprocess.run([sys.executable, "-m", "headatlas"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and "store" in proc.stderr

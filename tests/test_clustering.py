@@ -116,14 +116,22 @@ def test_mds_recovers_planar_distances():
 def test_mds_tables_of_the_rule():
     rng = np.random.default_rng(2)
     layers = np.repeat(np.arange(2), 3)
-    pts = (np.array([[0.0, 0.0], [10.0, 0.0]])[layers] + rng.normal(size=(6, 2)) * 0.1)
+    pts = np.array([[0.0, 0.0], [10.0, 0.0]])[layers] + rng.normal(size=(6, 2)) * 0.1
     d = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
     long = distance_long(d * 7, 2, 3, "m", n_tokens=7)  # the long table holds sums over 7 tokens
     long["n_sequences"], long["n_tokens"] = 2, 7
-    behaviour = pd.DataFrame({"model": "m", "layer": layers, "head": np.tile(np.arange(3), 2), "label": ["broad", "next", "prev"] * 2})
+    behaviour = pd.DataFrame(
+        {"model": "m", "layer": layers, "head": np.tile(np.arange(3), 2), "label": ["broad", "next", "prev"] * 2}
+    )
     heads, table, stats = mds_tables(long, behaviour, "m", seed=0, n_init=2, max_iter=300, permutations=50)
     assert heads["label"].tolist() == ["broad", "next", "prev"] * 2 and list(heads.columns[-2:]) == ["mds_x", "mds_y"]
-    got = np.linalg.norm(heads[["mds_x", "mds_y"]].to_numpy()[:, None] - heads[["mds_x", "mds_y"]].to_numpy()[None], axis=-1)
+    got = np.linalg.norm(
+        heads[["mds_x", "mds_y"]].to_numpy()[:, None] - heads[["mds_x", "mds_y"]].to_numpy()[None], axis=-1
+    )
     np.testing.assert_allclose(got, d, atol=1e-2)
-    assert table["n_sequences"].iloc[0] == 2 and table["n_tokens"].iloc[0] == 7 and table["within_layer"].iloc[0] < table["between_layer"].iloc[0]
+    assert (
+        table["n_sequences"].iloc[0] == 2
+        and table["n_tokens"].iloc[0] == 7
+        and table["within_layer"].iloc[0] < table["between_layer"].iloc[0]
+    )
     assert stats["within_layer"] == table["within_layer"].iloc[0]

@@ -28,7 +28,9 @@ def test_present_section_is_on_and_the_atlas_reads_it(tmp_path, tiny_models):
     assert wildcard_set(jobs, "pande_test", "model") == {("bert",), ("gpt2",)}
     inputs = atlas_inputs(text)
     assert set(inputs) == {"bert", "gpt2"}
-    assert "results/pande/bert/heads.tsv" in inputs["bert"] and "results/clark/bert/wiki/behaviour.tsv" in inputs["bert"]
+    assert (
+        "results/pande/bert/heads.tsv" in inputs["bert"] and "results/clark/bert/wiki/behaviour.tsv" in inputs["bert"]
+    )
     assert "jomyaeng" not in inputs["bert"] and "syntax" not in inputs["bert"]  # absent sections are off
 
 

@@ -25,8 +25,17 @@ WORDS = ("John", "met", "Mary", ".", "He", "said", "she", "likes", "her", "dog",
 HEADS = (1, -1, 1, 1, 5, -1, 7, 5, 9, 7, 5)
 UPOS = ("PROPN", "VERB", "PROPN", "PUNCT", "PRON", "VERB", "PRON", "VERB", "PRON", "NOUN", "PUNCT")
 FEATS = (
-    "Number=Sing", "_", "Number=Sing", "_", "Gender=Masc|Number=Sing|Person=3", "_",
-    "Gender=Fem|Number=Sing|Person=3", "_", "Gender=Fem|Number=Sing|Person=3|Poss=Yes", "Number=Sing", "_",
+    "Number=Sing",
+    "_",
+    "Number=Sing",
+    "_",
+    "Gender=Masc|Number=Sing|Person=3",
+    "_",
+    "Gender=Fem|Number=Sing|Person=3",
+    "_",
+    "Gender=Fem|Number=Sing|Person=3|Poss=Yes",
+    "Number=Sing",
+    "_",
 )
 MENTIONS = ((0, 0, 1), (2, 2, 2), (4, 4, 1), (6, 6, 2), (8, 8, 2), (8, 9, 3))
 ANAPHOR_HEADS = [4, 6, 8]  # He, she, her
@@ -36,7 +45,16 @@ NEAREST = {4: 2, 6: 4, 8: 6}
 
 def doc(words=WORDS, heads=HEADS, upos=UPOS, feats=FEATS, mentions=MENTIONS, rid="d1") -> Record:
     n = len(words)
-    return Record(id=rid, words=words, segment=(0,) * n, head=heads, upos=upos, feats=feats, deprel=("dep",) * n, mentions=mentions)
+    return Record(
+        id=rid,
+        words=words,
+        segment=(0,) * n,
+        head=heads,
+        upos=upos,
+        feats=feats,
+        deprel=("dep",) * n,
+        mentions=mentions,
+    )
 
 
 def word_maps(targets: list[dict[int, int]], n: int) -> WordMaps:
@@ -136,7 +154,10 @@ def test_table2_held_out_rows_choose_on_the_first_split():
     n = len(WORDS)
     gold = {a: RIGHT[a][-1] for a in ANAPHOR_HEADS}
     # head 0 is right on the dev document only, head 1 on the test document only
-    items = [(word_maps([gold, NEAREST], n), doc(), n, "dev"), (word_maps([NEAREST, gold], n), doc(rid="d9"), n, "test")]
+    items = [
+        (word_maps([gold, NEAREST], n), doc(), n, "dev"),
+        (word_maps([NEAREST, gold], n), doc(rid="d9"), n, "test"),
+    ]
     t = table2(collect(items, 1, 2), "m", n_boot=20)
     held = t[(t["scored_on"] == "test") & (t["system"] == "Best head")].iloc[0]
     assert held["selected_on"] == "dev" and held["label"] == "1-1" and held["n"] == 3

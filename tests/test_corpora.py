@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import EWT_DEV, SICK_TEST, WIKI_TEST
+
 from headatlas.core.corpora import (
     CorpusError,
     build_corpus,
@@ -201,7 +201,11 @@ def test_unknown_kind_raises(tmp_path):
 
 
 def test_duplicate_ids_raise(tmp_path):
-    path = write(tmp_path, "dup.conllu", ["# sent_id = same", tok(1, "a", 0, "root"), "", "# sent_id = same", tok(1, "b", 0, "root"), ""])
+    path = write(
+        tmp_path,
+        "dup.conllu",
+        ["# sent_id = same", tok(1, "a", 0, "root"), "", "# sent_id = same", tok(1, "b", 0, "root"), ""],
+    )
     with pytest.raises(CorpusError, match="duplicate"):
         build_corpus({"kind": "conllu", "path": str(path)}, "dup")
 
@@ -220,14 +224,18 @@ def test_ewt_dev_counts():
 
 def test_records_round_trip_jsonl_gz(tmp_path, ewt_records):
     path = tmp_path / "c.jsonl.gz"
-    recs = list(ewt_records[:5]) + [Record(id="p", words=("a", "b", "c"), segment=(0, 1, 1), mentions=((0, 1, 3),), label="X")]
+    recs = list(ewt_records[:5]) + [
+        Record(id="p", words=("a", "b", "c"), segment=(0, 1, 1), mentions=((0, 1, 3),), label="X")
+    ]
     assert write_records(recs, path) == len(recs)
     assert list(read_records(path)) == recs
 
 
 def test_bad_jsonl_record_names_line(tmp_path):
     path = tmp_path / "c.jsonl"
-    path.write_text('{"id": "a", "words": ["x"], "segment": [0]}\n{"id": "b", "words": [], "segment": []}\n', encoding="utf-8")
+    path.write_text(
+        '{"id": "a", "words": ["x"], "segment": [0]}\n{"id": "b", "words": [], "segment": []}\n', encoding="utf-8"
+    )
     with pytest.raises(ValueError, match=re.escape(f"{path}:2")):
         load_records(path)
 
@@ -261,7 +269,10 @@ def test_wiki_segments_through_build_corpus_ignores_limit():
 
 def test_wiki_joiners_are_undone(tmp_path):
     path = tmp_path / "w.raw"
-    path.write_text(" = Title = \n a state @-@ of @-@ the @-@ art 1 @,@ 000 item \n = = Sub = = \n second para 3 @.@ 5 \n", encoding="utf-8")
+    path.write_text(
+        " = Title = \n a state @-@ of @-@ the @-@ art 1 @,@ 000 item \n = = Sub = = \n second para 3 @.@ 5 \n",
+        encoding="utf-8",
+    )
     (rec,) = wiki_segments(path, n_segments=5, max_words=100, seed=0)
     assert rec.words == ("a", "state-of-the-art", "1,000", "item", "second", "para", "3.5")
     assert rec.segment == (0, 0, 0, 0, 1, 1, 1)
@@ -271,7 +282,9 @@ def test_wiki_joiners_are_undone(tmp_path):
 
 
 def test_sick_pairs():
-    recs = build_corpus({"kind": "tsv", "path": str(SICK_TEST), "text_columns": 2, "label_column": 2, "limit": 25}, "sick")
+    recs = build_corpus(
+        {"kind": "tsv", "path": str(SICK_TEST), "text_columns": 2, "label_column": 2, "limit": 25}, "sick"
+    )
     assert len(recs) == 25
     with open(SICK_TEST, encoding="utf-8") as fh:
         first = fh.readline().rstrip("\n").split("\t")

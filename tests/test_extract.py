@@ -6,8 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from conftest import TINY_NAMES, tiny_spec
+
 from headatlas.core.align import bos_id, encode_record
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, Record
 from headatlas.core.extract import check_attentions, extract, length_batches, shard_slice, storage_windows
@@ -20,7 +20,9 @@ DECODERS = {"gpt2", "llama"}
 @pytest.fixture(scope="module")
 def records(ewt_records):
     pairs = [
-        Record(id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4),
+        Record(
+            id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4
+        ),
         Record(id="pair-1", words=("Bush", "nominated", "two", "jurists"), segment=(0, 0, 1, 1)),
     ]
     return list(ewt_records[:12]) + pairs
@@ -36,7 +38,18 @@ def extracted(tmp_path_factory, tiny_loaded, records):
         dirs = []
         for bs in (4, 1):
             d = root / name / f"bs{bs}"
-            counts = extract(records, dataclasses.replace(spec, batch_size=bs), model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"})
+            counts = extract(
+                records,
+                dataclasses.replace(spec, batch_size=bs),
+                model,
+                tokenizer,
+                config,
+                d,
+                "float32",
+                "truncate",
+                0,
+                {"corpus": "t"},
+            )
             assert counts["sequences"] == len(records)
             dirs.append(d)
         out[name] = tuple(dirs)
@@ -161,7 +174,9 @@ def test_resolve_local_sources(tiny_models):
 
 
 def test_resolve_missing_package():
-    spec = ModelSpec.from_config({"name": "ghost-pkg", "source": {"package": "headatlas_no_such_package_xyz", "path": "model"}})
+    spec = ModelSpec.from_config(
+        {"name": "ghost-pkg", "source": {"package": "headatlas_no_such_package_xyz", "path": "model"}}
+    )
     with pytest.raises(ModelError, match="ghost-pkg") as err:
         resolve(spec)
     assert "headatlas_no_such_package_xyz" in str(err.value)
@@ -221,7 +236,19 @@ def test_storage_windows_are_contiguous_and_within_budget():
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_many_write_windows_give_the_same_store(name, tiny_loaded, records, extracted, tmp_path):
     spec, model, tokenizer, config = tiny_loaded(name)
-    extract(records, spec, model, tokenizer, config, tmp_path / "w", "float32", "truncate", 0, {"corpus": "t"}, buffer_bytes=20_000)
+    extract(
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        tmp_path / "w",
+        "float32",
+        "truncate",
+        0,
+        {"corpus": "t"},
+        buffer_bytes=20_000,
+    )
     with AttentionStore(extracted[name][0]) as a, AttentionStore(tmp_path / "w") as b:
         for layer in range(a.n_layers):
             np.testing.assert_allclose(a.head(layer, 1)[0], b.head(layer, 1)[0], rtol=0, atol=1e-6)
@@ -240,7 +267,19 @@ def test_failure_in_a_later_window_leaves_nothing(tiny_loaded, records, tmp_path
     handle = model.register_forward_hook(fail_late)
     try:
         with pytest.raises(RuntimeError, match="forward failed"):
-            extract(records, spec, model, tokenizer, config, tmp_path / "out", "float32", "truncate", 0, {}, buffer_bytes=20_000)
+            extract(
+                records,
+                spec,
+                model,
+                tokenizer,
+                config,
+                tmp_path / "out",
+                "float32",
+                "truncate",
+                0,
+                {},
+                buffer_bytes=20_000,
+            )
     finally:
         handle.remove()
     assert list(tmp_path.iterdir()) == []

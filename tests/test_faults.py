@@ -14,8 +14,8 @@ import sys
 import h5py
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from headatlas.core.extract import extract
 from headatlas.core.store import AttentionStore, StoreError, layer_file, store_problem, verify_store
 
@@ -51,7 +51,9 @@ def attn_offset(path) -> int:
 
 def run_cli(*args):
     env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
-    return subprocess.run([sys.executable, "-m", "headatlas", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "headatlas", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_random_bytes_in_the_maps_fail_every_reader_and_verify(store_dir, ewt_records):
@@ -133,10 +135,18 @@ extract(sentence_records(read_conllu(sys.argv[2]))[:10], spec, model, tokenizer,
 """
 
 
-def test_kill_during_the_write_leaves_nothing_accepted_and_the_next_run_cleans_up(tmp_path, tiny_models, tiny_loaded, ewt_head_file, ewt_records):
+def test_kill_during_the_write_leaves_nothing_accepted_and_the_next_run_cleans_up(
+    tmp_path, tiny_models, tiny_loaded, ewt_head_file, ewt_records
+):
     out = tmp_path / "results" / "shard0of1"
     env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
-    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tiny_models["bert"]), str(ewt_head_file), str(out)], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(tiny_models["bert"]), str(ewt_head_file), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     left = list(out.parent.iterdir())
     assert len(left) == 1 and re.fullmatch(r"shard0of1\.tmp\d+", left[0].name) and (left[0] / "tokens.h5").exists()
@@ -159,7 +169,16 @@ def test_more_shards_than_records_gives_valid_empty_stores(tmp_path, tiny_loaded
     for s in range(4):
         part = shard_slice(len(records), s, 4)
         d = tmp_path / f"shard{s}of4"
-        counts = extract(records[part], spec, model, tokenizer, config, d, first_index=part.start, meta={"corpus": "ewt", "shard": s, "n_shards": 4})
+        counts = extract(
+            records[part],
+            spec,
+            model,
+            tokenizer,
+            config,
+            d,
+            first_index=part.start,
+            meta={"corpus": "ewt", "shard": s, "n_shards": 4},
+        )
         assert counts["sequences"] == part.stop - part.start
         dirs.append(d)
     with AttentionStore(dirs) as st, AttentionStore(dirs[0]) as empty:
@@ -167,7 +186,9 @@ def test_more_shards_than_records_gives_valid_empty_stores(tmp_path, tiny_loaded
         assert st.head_vectors(1).shape[0] == 2 and empty.head_vectors(1).shape[0] == 0
     too_long = [r for r in ewt_records if len(r.words) > 20][:2]
     with pytest.raises(ModelError, match="every record is longer than max_length 8"):
-        extract(too_long, spec.__class__(**{**spec.__dict__, "max_length": 8}), model, tokenizer, config, tmp_path / "x")
+        extract(
+            too_long, spec.__class__(**{**spec.__dict__, "max_length": 8}), model, tokenizer, config, tmp_path / "x"
+        )
 
 
 @pytest.mark.slow
@@ -211,7 +232,9 @@ def test_extraction_refuses_maps_that_are_not_distributions(tmp_path, tiny_loade
 
     handle = model.register_forward_hook(zero_row)
     try:
-        with pytest.raises(ModelError, match=r"model 'bert': layer 1, head 2, record .+, query row 3: attention row sums to 0"):
+        with pytest.raises(
+            ModelError, match=r"model 'bert': layer 1, head 2, record .+, query row 3: attention row sums to 0"
+        ):
             extract(ewt_records[:4], spec, model, tokenizer, config, tmp_path / "out")
     finally:
         handle.remove()

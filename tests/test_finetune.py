@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, RESOURCES, tiny_spec
+
 from headatlas.core.corpora import CorpusError, tsv_records
 from headatlas.core.finetune import METRICS_FILE, finetune, label_index, length_bucketed_batches, read_metrics
 
@@ -77,7 +77,9 @@ def test_finetune_tiny_model_writes_a_loadable_checkpoint(tmp_path, tiny_models,
     assert metrics["steps"] == 4 and len(metrics["labels"]) >= 2
     assert 0 <= metrics["dev_accuracy"] <= 1 and 0 < metrics["majority_baseline"] <= 1
     # the extraction loads it as a derived model (AutoModel drops the classifier) and stores maps
-    spec = ModelSpec.from_config({"name": "ft", "source": {"finetuned": {"base": name, "task": "toy"}}, "max_length": 200})
+    spec = ModelSpec.from_config(
+        {"name": "ft", "source": {"finetuned": {"base": name, "task": "toy"}}, "max_length": 200}
+    )
     model, tokenizer, config = load(spec, out, device="cpu")
     records = tsv_records(dev, cols, cols)[:5]
     extract(records, spec, model, tokenizer, config, tmp_path / "store", reps=False)

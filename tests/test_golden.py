@@ -41,7 +41,20 @@ def run_tiny(out: Path, cores: int = 2) -> Path:
     if not (out / "resources").exists():
         (out / "resources").symlink_to(REPO / "resources")
     env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"), HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(out), "--configfile", str(config), "--cores", str(cores), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(out),
+        "--configfile",
+        str(config),
+        "--cores",
+        str(cores),
+        "--quiet",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"tiny workflow failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
@@ -50,7 +63,9 @@ def run_tiny(out: Path, cores: int = 2) -> Path:
 
 def digests(results: Path) -> dict[str, str]:
     """sha256 of every TSV under ``results`` (relative path -> hex digest)."""
-    return {str(p.relative_to(results)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(results.rglob("*.tsv"))}
+    return {
+        str(p.relative_to(results)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(results.rglob("*.tsv"))
+    }
 
 
 def differences(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -63,9 +78,14 @@ def differences(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
 @pytest.mark.slow
 def test_tiny_outputs_match_the_golden_digests(tmp_path):
     recorded = json.loads(GOLDEN.read_text())
-    assert recorded["analyses"] == ANALYSES and recorded["limit"] == LIMIT, f"{GOLDEN} was made for another configuration; refresh it"
+    assert recorded["analyses"] == ANALYSES and recorded["limit"] == LIMIT, (
+        f"{GOLDEN} was made for another configuration; refresh it"
+    )
     problems = differences(recorded["tsv_sha256"], digests(run_tiny(tmp_path)))
-    assert not problems, "tiny outputs differ from tests/golden/tiny_outputs.json (if intended: PYTHONPATH=scripts python tests/test_golden.py --refresh):\n" + "\n".join(problems)
+    assert not problems, (
+        "tiny outputs differ from tests/golden/tiny_outputs.json (if intended: PYTHONPATH=scripts python tests/test_golden.py --refresh):\n"
+        + "\n".join(problems)
+    )
 
 
 def test_differences_name_every_kind_of_change():
@@ -85,7 +105,9 @@ def main(argv=None) -> None:
     old = json.loads(GOLDEN.read_text())["tsv_sha256"] if GOLDEN.exists() else {}
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     tmp_path = GOLDEN.with_suffix(".tmp")
-    tmp_path.write_text(json.dumps({"analyses": ANALYSES, "limit": LIMIT, "tsv_sha256": found}, indent=1, sort_keys=True) + "\n")
+    tmp_path.write_text(
+        json.dumps({"analyses": ANALYSES, "limit": LIMIT, "tsv_sha256": found}, indent=1, sort_keys=True) + "\n"
+    )
     os.replace(tmp_path, GOLDEN)
     changes = differences(old, found)
     print(f"{GOLDEN}: {len(found)} TSVs; {len(changes)} changes" + "".join(f"\n  {c}" for c in changes))

@@ -14,7 +14,15 @@ K = {k: i for i, k in enumerate(KEY_TYPES)}
 def test_key_types_encoder_and_decoder():
     special = np.array([SPECIAL_CLS, 0, 0, 0, SPECIAL_SEP, 0, SPECIAL_SEP])
     piece = ["[CLS]", "a", ".", "b", "[SEP]", "Ġ,", "[SEP]"]
-    assert key_types(special, piece, causal=False).tolist() == [K["cls"], K["other"], K["punct"], K["other"], K["sep_bos"], K["punct"], K["sep_bos"]]
+    assert key_types(special, piece, causal=False).tolist() == [
+        K["cls"],
+        K["other"],
+        K["punct"],
+        K["other"],
+        K["sep_bos"],
+        K["punct"],
+        K["sep_bos"],
+    ]
     dec = np.array([SPECIAL_BOS, 0, 0])
     assert key_types(dec, ["<s>", "Ġ.", "x"], causal=True).tolist() == [K["sep_bos"], K["punct"], K["other"]]
 
@@ -37,7 +45,9 @@ def test_mlm_inputs_mask_only_ordinary_tokens():
 
 
 def test_mlm_inputs_mask_at_least_one_token():
-    _, labels = mlm_inputs(np.array([1, 5, 2]), np.array([SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP]), np.random.default_rng(0), 0.15, 3, 10)
+    _, labels = mlm_inputs(
+        np.array([1, 5, 2]), np.array([SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP]), np.random.default_rng(0), 0.15, 3, 10
+    )
     assert (labels != -100).sum() == 1
 
 
@@ -66,7 +76,14 @@ def lm_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
 
     root = tmp_path_factory.mktemp("lm_models")
     wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)
-    cfg = BertConfig(vocab_size=len(wp), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=len(wp),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     BertForMaskedLM(cfg).save_pretrained(root / "bert_mlm")
     wp.save_pretrained(root / "bert_mlm")
@@ -77,7 +94,9 @@ def lm_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
     eot = bpe.bos_token_id
     torch.manual_seed(1)
     # pad_token_id None: a padding_idx would zero BOS's embedding (BOS = pad here) and its gradients
-    llama = LlamaForCausalLM(tiny_llama_config(len(bpe), eot, max_position_embeddings=128, pad_token_id=None, tie_word_embeddings=True))
+    llama = LlamaForCausalLM(
+        tiny_llama_config(len(bpe), eot, max_position_embeddings=128, pad_token_id=None, tie_word_embeddings=True)
+    )
     llama.save_pretrained(root / "llama_lm")
     bpe.save_pretrained(root / "llama_lm")
     return root
@@ -86,7 +105,9 @@ def lm_models(tmp_path_factory, bert_vocab_file, bpe_tokenizer_object):
 def spec_of(path, **kw):
     from headatlas.core.models import ModelSpec
 
-    return ModelSpec.from_config({"name": path.name, "source": {"path": str(path)}, "max_length": 64, "batch_size": 4, **kw})
+    return ModelSpec.from_config(
+        {"name": path.name, "source": {"path": str(path)}, "max_length": 64, "batch_size": 4, **kw}
+    )
 
 
 def test_model_without_lm_head_is_skipped_with_a_reason(lm_models, ewt_records):
@@ -128,7 +149,9 @@ def test_gradients_per_sequence_do_not_depend_on_batching(lm_models, ewt_records
 def test_gradient_table_for_a_causal_model(lm_models, ewt_records):
     from headatlas.clark.gradients import gradient_table
 
-    table = gradient_table(spec_of(lm_models / "llama_lm"), ewt_records, overflow="truncate", n_segments=3, device="cpu")
+    table = gradient_table(
+        spec_of(lm_models / "llama_lm"), ewt_records, overflow="truncate", n_segments=3, device="cpu"
+    )
     assert set(table["status"]) == {"ok"} and set(table["loss_kind"]) == {"causal_lm"}
     assert set(table["key_type"]) <= set(KEY_TYPES) and "sep_bos" in set(table["key_type"])
     assert table["n_sequences"].iloc[0] == 3 and np.isfinite(table["mean_abs_grad"]).all()

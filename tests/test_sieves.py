@@ -151,7 +151,9 @@ def test_uniform_attention_scores_one_and_block_ln_n():
 def test_uniform_causal_attention_scores_one():
     special, segment, word, head, deprel = decoder_single()
     st = SieveSettings()
-    scores, counts = sequence_scores(uniform(5, causal=True), special, segment, word, dependency_pairs(head, deprel, st), st, causal=True)
+    scores, counts = sequence_scores(
+        uniform(5, causal=True), special, segment, word, dependency_pairs(head, deprel, st), st, causal=True
+    )
     for role in ("local", "delimiter", "delimiter_cls", "syntactic", "syntactic_obj"):
         np.testing.assert_allclose(scores[:, R[role]], 1.0, rtol=1e-6, err_msg=role)
     # no [SEP] in a decoder input, no pair, and the nsubj head lies to the right of its dependent
@@ -203,7 +205,9 @@ def test_matches_loop_reference_decoder_pair(direction):
 def test_single_sentence_has_no_block_score():
     special = np.array([SPECIAL_CLS, 0, 0, SPECIAL_SEP])
     st = SieveSettings()
-    s, _ = sequence_scores(uniform(4), special, np.zeros(4, dtype=np.int64), np.array([-1, 0, 1, -1]), dependency_pairs([], [], st), st)
+    s, _ = sequence_scores(
+        uniform(4), special, np.zeros(4, dtype=np.int64), np.array([-1, 0, 1, -1]), dependency_pairs([], [], st), st
+    )
     assert np.isnan(s[:, R["block"]]).all()
     assert not np.isnan(s[:, R["local"]]).any()
 
@@ -234,12 +238,26 @@ def _write_store(path, seqs, n_layers=2, n_heads=3, kind="encoder"):
     from headatlas.core.store import AttentionWriter
 
     tok = [
-        TokenizedRecord(record_index=k, ids=tuple(range(len(s[0]))), pieces=tuple("p" * len(s[0])), word=tuple(s[2]), special=tuple(s[0]),
-                        segment=tuple(s[1]), n_words=int(max(s[2])) + 1)  # fmt: skip
+        TokenizedRecord(
+            record_index=k,
+            ids=tuple(range(len(s[0]))),
+            pieces=tuple("p" * len(s[0])),
+            word=tuple(s[2]),
+            special=tuple(s[0]),
+            segment=tuple(s[1]),
+            n_words=int(max(s[2])) + 1,
+        )  # fmt: skip
         for k, s in enumerate(seqs)
     ]
     maps = {}
-    with AttentionWriter(path, tok, [f"r{k}" for k in range(len(seqs))], n_layers, n_heads, meta={"model": "toy", "model_kind": kind, "corpus": "toy"}) as w:
+    with AttentionWriter(
+        path,
+        tok,
+        [f"r{k}" for k in range(len(seqs))],
+        n_layers,
+        n_heads,
+        meta={"model": "toy", "model_kind": kind, "corpus": "toy"},
+    ) as w:
         for k, s in enumerate(seqs):
             for layer in range(n_layers):
                 maps[k, layer] = random_maps(len(s[0]), kind == "decoder", n_heads, seed=10 * k + layer)
@@ -280,7 +298,9 @@ def test_score_store_notes_roles_without_sentences(tmp_path):
     from headatlas.core.store import AttentionStore
 
     single = (np.array([SPECIAL_CLS, 0, 0, 0, SPECIAL_SEP]), np.zeros(5, dtype=np.int64), np.array([-1, 0, 1, 2, -1]))
-    records = [Record(id="r0", words=tuple("abc"), segment=(0, 0, 0), head=(1, -1, 1), deprel=("nsubj", "root", "amod"))]
+    records = [
+        Record(id="r0", words=tuple("abc"), segment=(0, 0, 0), head=(1, -1, 1), deprel=("nsubj", "root", "amod"))
+    ]
     _write_store(tmp_path / "s", [single])
     st = SieveSettings(relations=("nsubj", "amod", "iobj"))
     with AttentionStore(tmp_path / "s") as store:
@@ -296,7 +316,9 @@ def test_parse_records_aligns_words_and_segments():
 
     nlp = load_parser()
     recs = [
-        Record(id="p", words=tuple("the man ate an apple a dog chases the red ball".split()), segment=(0,) * 5 + (1,) * 6),
+        Record(
+            id="p", words=tuple("the man ate an apple a dog chases the red ball".split()), segment=(0,) * 5 + (1,) * 6
+        ),
         Record(id="s", words=tuple("she reads books .".split()), segment=(0,) * 4),
     ]
     parsed = parse_records(recs, nlp)
@@ -324,7 +346,9 @@ def test_score_store_notes_pairs_hidden_by_the_causal_mask(tmp_path):
 
     # BOS w0 w1 w2: w0 <-amod- w1 (head after its dependent: invisible from w0), w2 -> w1 (visible)
     seq = (np.array([SPECIAL_BOS, 0, 0, 0]), np.zeros(4, dtype=np.int64), np.array([-1, 0, 1, 2]))
-    records = [Record(id="r0", words=tuple("abc"), segment=(0, 0, 0), head=(1, -1, 1), deprel=("amod", "root", "advmod"))]
+    records = [
+        Record(id="r0", words=tuple("abc"), segment=(0, 0, 0), head=(1, -1, 1), deprel=("amod", "root", "advmod"))
+    ]
     _write_store(tmp_path / "s", [seq], kind="decoder")
     st = SieveSettings(relations=("amod", "advmod"))
     with AttentionStore(tmp_path / "s") as store:

@@ -22,7 +22,6 @@ from headatlas.pande.hypothesis import (
     stratified_counts,
 )
 
-
 # --- vectorised bootstrap t-tests ----------------------------------------------------------------
 
 
@@ -82,8 +81,28 @@ def test_stability_shares_strong_absent_and_borderline_heads():
 def test_corpus_shares_count_only_corpora_with_a_test():
     rows = []
     for corpus, sig, p in (("a", True, 0.01), ("b", False, 0.5), ("c", False, np.nan)):
-        rows.append({"corpus": corpus, "layer": 0, "head": 0, "role": "local", "p": p, "significant_faithful": sig, "significant_fdr": sig})
-        rows.append({"corpus": corpus, "layer": 0, "head": 0, "role": "block", "p": np.nan, "significant_faithful": False, "significant_fdr": False})
+        rows.append(
+            {
+                "corpus": corpus,
+                "layer": 0,
+                "head": 0,
+                "role": "local",
+                "p": p,
+                "significant_faithful": sig,
+                "significant_fdr": sig,
+            }
+        )
+        rows.append(
+            {
+                "corpus": corpus,
+                "layer": 0,
+                "head": 0,
+                "role": "block",
+                "p": np.nan,
+                "significant_faithful": False,
+                "significant_fdr": False,
+            }
+        )
     s = corpus_shares(pd.DataFrame(rows)).set_index("role")
     assert s.loc["local", "corpus_share_faithful"] == 0.5 and s.loc["local", "corpora_tested"] == 2
     assert np.isnan(s.loc["block", "corpus_share_fdr"]) and s.loc["block", "corpora_tested"] == 0
@@ -233,14 +252,24 @@ def test_pande_figures_cope_with_degenerate_tables(tmp_path):
     row = coloc[(coloc["mode"] == "faithful") & (coloc["role_a"] == "local") & (coloc["role_b"] == "syntactic")].iloc[0]
     assert row["both"] == 0 and np.isnan(row["share_of_a"])  # no local head: share undefined, not an error
     # an all-NA table (tau <= 0) and a model without any label
-    empty = t.assign(mean=np.nan, effect=np.nan, p=np.nan, p_adj=np.nan, statistic=np.nan, significant_faithful=False, significant_fdr=False)
+    empty = t.assign(
+        mean=np.nan,
+        effect=np.nan,
+        p=np.nan,
+        p_adj=np.nan,
+        statistic=np.nan,
+        significant_faithful=False,
+        significant_fdr=False,
+    )
     write_table(empty, tmp_path / "empty.tsv")
     figures(tmp_path / "empty.tsv", out)
     # fine-tuning comparison between a degenerate and an empty table
     (tmp_path / "tuned").mkdir()
     from headatlas.core.finetune import METRICS_FILE
 
-    (tmp_path / "tuned" / METRICS_FILE).write_text('{"task": "sst2", "steps": 1, "dev_accuracy": 0.5, "majority_baseline": 0.5}')
+    (tmp_path / "tuned" / METRICS_FILE).write_text(
+        '{"task": "sst2", "steps": 1, "dev_accuracy": 0.5, "majority_baseline": 0.5}'
+    )
     write_table(empty.assign(model="m2"), tmp_path / "tuned.tsv")
     finetune_comparison(tmp_path / "heads.tsv", tmp_path / "tuned.tsv", tmp_path / "tuned",
                         {"table": tmp_path / "cmp.tsv", "roles": tmp_path / "cmp.png", "sep": tmp_path / "sep.png"})  # fmt: skip
@@ -248,7 +277,14 @@ def test_pande_figures_cope_with_degenerate_tables(tmp_path):
 
 
 def test_length_figure_with_no_scores(tmp_path):
-    empty = pf.length_table(np.zeros((0, 1, 1, 2)), np.zeros(0), np.zeros(0, int), ["a"], ["local", "block"], pf.picked_heads(degenerate_pande()))
+    empty = pf.length_table(
+        np.zeros((0, 1, 1, 2)),
+        np.zeros(0),
+        np.zeros(0, int),
+        ["a"],
+        ["local", "block"],
+        pf.picked_heads(degenerate_pande()),
+    )
     assert empty.empty
     pf.length_figure(empty, ["local", "block"], tmp_path / "l.png", "m", 3.0)
     assert pf.picked_heads(degenerate_pande().assign(mean=np.nan)).empty
@@ -262,8 +298,20 @@ def atlas_inputs_degenerate():
         for head in range(3):
             for rel, acc in (("All", 0.3), ("nsubj", 0.1 * (layer * 3 + head)), ("amod", np.nan)):
                 for d in ("dep->head", "head->dep"):
-                    rows.append({"model": "m", "layer": layer, "head": head, "relation": rel, "direction": d, "n": 5, "accuracy": acc})
-    base = pd.DataFrame([{"model": "m", "relation": r, "offset": 1, "n": 5, "accuracy": 0.2} for r in ("All", "nsubj", "amod")])
+                    rows.append(
+                        {
+                            "model": "m",
+                            "layer": layer,
+                            "head": head,
+                            "relation": rel,
+                            "direction": d,
+                            "n": 5,
+                            "accuracy": acc,
+                        }
+                    )
+    base = pd.DataFrame(
+        [{"model": "m", "relation": r, "offset": 1, "n": 5, "accuracy": 0.2} for r in ("All", "nsubj", "amod")]
+    )
     return pd.DataFrame(rows), base
 
 
@@ -281,22 +329,41 @@ def test_atlas_carries_stability_and_copes_with_degenerate_inputs(tmp_path):
     old = at.build_atlas("m", 2, 3, {"pande": pande[COLUMNS]})
     assert list(a.columns[: len(old.columns)]) == list(old.columns)
     cols = [c for c in a.columns if c.startswith("pande_")]
-    assert cols[: len([c for c in old.columns if c.startswith("pande_")])] == [c for c in old.columns if c.startswith("pande_")]
+    assert cols[: len([c for c in old.columns if c.startswith("pande_")])] == [
+        c for c in old.columns if c.startswith("pande_")
+    ]
     assert not a["pande_local_sig_fdr"].any()  # no head holds local
     scores = at.method_scores(a, syntax, ["nsubj", "amod"])
     ag = at.agreement_table(scores, "m", 2, 100, 0)
-    assert ag.set_index("method_a").loc["clark_syntax", "spearman"] != ag.set_index("method_a").loc["clark_syntax", "spearman"]  # constant: NaN
+    assert (
+        ag.set_index("method_a").loc["clark_syntax", "spearman"]
+        != ag.set_index("method_a").loc["clark_syntax", "spearman"]
+    )  # constant: NaN
     # an estimate outside its percentile interval (the tinygpt2 crash) and a NaN row
-    forced = pd.concat([ag, ag.iloc[[-1]].assign(method_a="clark_obj", method_b="pande_obj", spearman=0.9, ci_low=-0.2, ci_high=0.5)], ignore_index=True)
+    forced = pd.concat(
+        [ag, ag.iloc[[-1]].assign(method_a="clark_obj", method_b="pande_obj", spearman=0.9, ci_low=-0.2, ci_high=0.5)],
+        ignore_index=True,
+    )
     forced.loc[forced["method_a"] == "clark_amod", ["spearman", "ci_low", "ci_high"]] = np.nan
-    agreement_figure(scores, forced, "m", [tmp_path / "agreement.png"])
-    atlas_grid(a, 2, 3, "m", [tmp_path / "atlas.png"])
+    agreement_figure(scores, forced, "m", tmp_path / "agreement.png")
+    atlas_grid(a, 2, 3, "m", tmp_path / "atlas.png")
     prof = at.layer_profiles(a, 2)
     assert prof["share_local"].tolist() == [0.0, 0.0] and prof["share_delimiter"].tolist() == [1.0, 1.0]
-    cross_model_figure({"m": prof, "n": prof.assign(share_local=np.nan)}, [("share_local", "local"), ("share_block", "block")], "t", "share", [tmp_path / "x.png"])
+    cross_model_figure(
+        {"m": prof, "n": prof.assign(share_local=np.nan)},
+        [("share_local", "local"), ("share_block", "block")],
+        "t",
+        "share",
+        tmp_path / "x.png",
+    )
     for p in ("agreement.png", "atlas.png", "x.png"):
         assert (tmp_path / p).stat().st_size > 0
-    assert stability_alpha(1.0) == 1.0 and stability_alpha(0.0) == pytest.approx(0.2) and stability_alpha(np.nan) == 1.0 and stability_alpha(None) == 1.0
+    assert (
+        stability_alpha(1.0) == 1.0
+        and stability_alpha(0.0) == pytest.approx(0.2)
+        and stability_alpha(np.nan) == 1.0
+        and stability_alpha(None) == 1.0
+    )
 
 
 def test_atlas_script_writes_well_formed_tables_with_nan(tmp_path):
@@ -325,7 +392,19 @@ def test_tiny_models_through_every_analysis(tmp_path):
     cfg = write_tiny(tmp_path)
     (tmp_path / "resources").symlink_to(REPO / "resources")  # the analysis block's relative resources/ paths
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(cfg), "--cores", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(cfg),
+        "--cores",
+        "2",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     res = tmp_path / "results"
@@ -354,7 +433,6 @@ def test_tiny_models_through_every_analysis(tmp_path):
 
 def test_config_keys_have_schema_defaults_and_reach_the_settings():
     import yaml
-
     from tiny_workflow import REPO
 
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "pande.schema.yaml").read_text())["properties"]

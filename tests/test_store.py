@@ -58,8 +58,16 @@ def write_store(out, tokenized, maps, ids, storage_dtype="float32", order=None, 
 
 def test_round_trip(tmp_path, corpus):
     tokenized, maps, ids = corpus
-    out = write_store(tmp_path / "store", tokenized, maps, ids, order=[3, 0, 4, 2, 1], meta={"model": "m", "corpus": "c"})
-    assert sorted(p.name for p in out.iterdir()) == ["layer_00.h5", "layer_01.h5", "manifest.json", "meta.json", "tokens.h5"]
+    out = write_store(
+        tmp_path / "store", tokenized, maps, ids, order=[3, 0, 4, 2, 1], meta={"model": "m", "corpus": "c"}
+    )
+    assert sorted(p.name for p in out.iterdir()) == [
+        "layer_00.h5",
+        "layer_01.h5",
+        "manifest.json",
+        "meta.json",
+        "tokens.h5",
+    ]
     with AttentionStore(out) as st:
         assert len(st) == len(tokenized)
         assert (st.n_layers, st.n_heads) == (N_LAYERS, N_HEADS)
@@ -71,7 +79,7 @@ def test_round_trip(tmp_path, corpus):
         assert st.meta["n_sequences"] == 5 and st.meta["storage_dtype"] == "float32"
         assert json.loads((out / "meta.json").read_text()) == st.meta
         for layer in range(N_LAYERS):
-            for k, t in enumerate(tokenized):
+            for k in range(len(tokenized)):
                 got = st.maps(layer, k)
                 assert got.dtype == np.float32
                 np.testing.assert_array_equal(got, maps[layer][k])
@@ -123,8 +131,20 @@ def test_shards_read_as_one_store(tmp_path, corpus):
     tokenized, maps, ids = corpus
     single = write_store(tmp_path / "all", tokenized, maps, ids)
     cut = 2
-    a = write_store(tmp_path / "shard0", tokenized[:cut], [m[:cut] for m in maps], ids[:cut], meta={"model": "m", "shard": 0, "n_shards": 2})
-    b = write_store(tmp_path / "shard1", tokenized[cut:], [m[cut:] for m in maps], ids[cut:], meta={"model": "m", "shard": 1, "n_shards": 2})
+    a = write_store(
+        tmp_path / "shard0",
+        tokenized[:cut],
+        [m[:cut] for m in maps],
+        ids[:cut],
+        meta={"model": "m", "shard": 0, "n_shards": 2},
+    )
+    b = write_store(
+        tmp_path / "shard1",
+        tokenized[cut:],
+        [m[cut:] for m in maps],
+        ids[cut:],
+        meta={"model": "m", "shard": 1, "n_shards": 2},
+    )
     with AttentionStore(single) as one, AttentionStore([a, b]) as two:
         assert len(two) == len(one) == 5
         assert two.lengths.tolist() == one.lengths.tolist()
@@ -279,7 +299,11 @@ def test_manifest_lists_every_file_with_size_and_checksum(tmp_path, corpus):
         assert entry["size"] == (out / name).stat().st_size
         assert entry["sha256"] == file_checksum(out / name)
     assert man["n_sequences"] == 5 and man["n_tokens"] == sum(len(t) for t in tokenized)
-    assert man["layers"]["layer_01.h5"] == {"n_sequences": 5, "n_cells": sum(len(t) ** 2 for t in tokenized), "n_heads": N_HEADS}
+    assert man["layers"]["layer_01.h5"] == {
+        "n_sequences": 5,
+        "n_cells": sum(len(t) ** 2 for t in tokenized),
+        "n_heads": N_HEADS,
+    }
 
 
 def test_old_or_foreign_layout_is_rejected_with_the_rebuild_advice(tmp_path, corpus):
@@ -287,7 +311,9 @@ def test_old_or_foreign_layout_is_rejected_with_the_rebuild_advice(tmp_path, cor
     out = write_store(tmp_path / "s", tokenized, maps, ids)
     man = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps(dict(man, layout_version=99)))
-    with pytest.raises(StoreError, match=r"manifest.json: store layout version 99.*delete the directory and rerun snakemake"):
+    with pytest.raises(
+        StoreError, match=r"manifest.json: store layout version 99.*delete the directory and rerun snakemake"
+    ):
         AttentionStore(out)
     (out / "manifest.json").unlink()  # a store from before the manifest
     with pytest.raises(StoreError, match=r"manifest.json: missing.*layout version 1.*rerun snakemake"):
@@ -301,7 +327,9 @@ def _bad_store(tmp_path, corpus, layer, k, head, row, value, storage_dtype="floa
     return write_store(tmp_path / "bad", tokenized, maps, ids, storage_dtype=storage_dtype)
 
 
-@pytest.mark.parametrize("value, what", [(0.0, "row sums to 0"), (np.nan, "value nan"), (-0.25, "value -0.25"), (2.0, "value 2 outside")])
+@pytest.mark.parametrize(
+    "value, what", [(0.0, "row sums to 0"), (np.nan, "value nan"), (-0.25, "value -0.25"), (2.0, "value 2 outside")]
+)
 def test_every_read_checks_values_and_names_file_layer_head_record(tmp_path, corpus, value, what):
     out = _bad_store(tmp_path, corpus, layer=1, k=2, head=2, row=1, value=value)
     where = rf"layer_01.h5: invalid attention map at layer 1, head 2, sequence 2 \(record rec-2\), query row 1: {what}"
@@ -349,7 +377,9 @@ def test_map_faults_hand_computed():
 
     assert row_starts(np.array([2, 1, 3])).tolist() == [0, 2, 4, 5, 8, 11]
     a = np.array([0.5, 0.5, 1.0, 0.0, 1.0]), np.array([1.0]), np.array([1, 0, 0, 0.2, 0.8, 0, 0, 0, 1.0])
-    cells = np.concatenate([np.concatenate([x.reshape(-1) for x in (np.array([0.5, 0.5, 1.0, 0.0]), a[1], a[2])])])[None]
+    cells = np.concatenate([np.concatenate([x.reshape(-1) for x in (np.array([0.5, 0.5, 1.0, 0.0]), a[1], a[2])])])[
+        None
+    ]
     assert map_faults(cells, np.array([2, 1, 3]), 1e-3) == []
     cells[0, 5 + 3 : 5 + 6] = [0.2, 0.2, 0.2]  # sequence 2, row 1 sums to 0.6
     assert map_faults(cells, np.array([2, 1, 3]), 1e-3) == [(0, 2, 1, "row sums to 0.6, not 1 (tolerance 0.001)")]
@@ -379,7 +409,12 @@ def test_one_index_rule_everywhere(tmp_path, corpus):
         ):
             with pytest.raises(IndexError, match="outside 0..[0-9]+( \\(negative indices are not accepted\\))?"):
                 call()
-        for call in (lambda: st.maps(1.0, 0), lambda: st.maps(0, 1.0), lambda: st.tokens(True), lambda: st.layer_maps(0, 0, 2.5)):
+        for call in (
+            lambda: st.maps(1.0, 0),
+            lambda: st.maps(0, 1.0),
+            lambda: st.tokens(True),
+            lambda: st.layer_maps(0, 0, 2.5),
+        ):
             with pytest.raises(TypeError, match="must be an integer"):
                 call()
         assert st.maps(np.int64(1), np.int32(4)).shape == (N_HEADS, 4, 4)  # numpy integers are integers
@@ -394,7 +429,9 @@ def _shards(tmp_path, data, n_shards=2, **meta):
         a, b = cuts[s], cuts[s + 1]
         m = {"model": "m", "corpus": "c", "shard": s, "n_shards": n_shards}
         m.update({k: v[s] if isinstance(v, list) else v for k, v in meta.items()})
-        out.append(write_store(tmp_path / f"shard{s}of{n_shards}", tokenized[a:b], [x[a:b] for x in maps], ids[a:b], meta=m))
+        out.append(
+            write_store(tmp_path / f"shard{s}of{n_shards}", tokenized[a:b], [x[a:b] for x in maps], ids[a:b], meta=m)
+        )
     return out
 
 
@@ -413,7 +450,13 @@ def test_shards_must_be_one_extraction_each_once_in_order(tmp_path, corpus):
     with pytest.raises(StoreError, match="model 'x' differs"):
         AttentionStore(other)
     tokenized, maps, ids = corpus
-    plain = write_store(tmp_path / "plain", tokenized[:2], [x[:2] for x in maps], ids[:2], meta={"model": "m", "corpus": "c", "n_shards": 2})
+    plain = write_store(
+        tmp_path / "plain",
+        tokenized[:2],
+        [x[:2] for x in maps],
+        ids[:2],
+        meta={"model": "m", "corpus": "c", "n_shards": 2},
+    )
     with pytest.raises(StoreError, match="no shard index"):
         AttentionStore([plain, b])
 
@@ -447,7 +490,7 @@ def test_empty_shards_are_valid_empty_stores(tmp_path, corpus):
     with AttentionStore([empty, full, empty2]) as st:
         assert len(st) == 5 and st.chunks(10**9) == [(0, 5)]
         np.testing.assert_array_equal(st.maps(1, 4), maps[1][4])
-        np.testing.assert_array_equal(st.head(0, 1)[0][: 25], maps[0][0][1].reshape(-1))
+        np.testing.assert_array_equal(st.head(0, 1)[0][:25], maps[0][0][1].reshape(-1))
 
 
 def test_writer_removes_temporaries_of_dead_jobs_only(tmp_path, corpus):
@@ -455,7 +498,9 @@ def test_writer_removes_temporaries_of_dead_jobs_only(tmp_path, corpus):
     import sys
 
     tokenized, maps, ids = corpus
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     stale = tmp_path / f"s.tmp{dead}"
     (stale / "sub").mkdir(parents=True)
     (stale / "layer_00.h5").write_bytes(b"half written")
@@ -476,7 +521,10 @@ def test_verify_finds_changed_bytes_and_bad_values(tmp_path, corpus):
     bad = _bad_store(tmp_path, corpus, layer=0, k=3, head=1, row=0, value=0.0)
     man = json.loads((bad / "manifest.json").read_text())
     faults = verify_store(bad)
-    assert len(faults) == 1 and "layer_00.h5: layer 0, head 1, sequence 3 (record rec-3), query row 0: row sums to 0" in faults[0]
+    assert (
+        len(faults) == 1
+        and "layer_00.h5: layer 0, head 1, sequence 3 (record rec-3), query row 0: row sums to 0" in faults[0]
+    )
     with open(bad / "meta.json", "r+b") as fh:  # same size, other bytes
         fh.seek(2)
         fh.write(b"X")

@@ -156,7 +156,19 @@ def test_behaviour_labels_thresholds_and_override_order():
             {"sep": np.nan, "entropy": 1.0},
         ]
     )
-    assert behaviour_labels(t).tolist() == ["next", "prev", "broad", "cls", "sep", "punct", "other", "sep", "punct", "broad", "other"]
+    assert behaviour_labels(t).tolist() == [
+        "next",
+        "prev",
+        "broad",
+        "cls",
+        "sep",
+        "punct",
+        "other",
+        "sep",
+        "punct",
+        "broad",
+        "other",
+    ]
 
 
 def test_decoder_label_is_bos():
@@ -189,8 +201,15 @@ def test_relative_layers_match_bert_base():
 
 def test_headlines_flag_middle_layer_sep_share():
     rows = [{"sep": 0.8 if 5 <= i // 12 <= 9 else 0.05, "self": 0.02, "sep_to_sep": 0.95} for i in range(144)]
-    t = pd.DataFrame([dict({s: 0.0 for s in STATS}, **r, layer=i // 12, head=i % 12, model="m", model_kind="encoder") for i, r in enumerate(rows)])
-    h = clark_headlines(t, {"within_layer": 0.1, "between_layer": 0.2, "ratio": 2.0, "p_value": 0.001}).set_index("claim")
+    t = pd.DataFrame(
+        [
+            dict({s: 0.0 for s in STATS}, **r, layer=i // 12, head=i % 12, model="m", model_kind="encoder")
+            for i, r in enumerate(rows)
+        ]
+    )
+    h = clark_headlines(t, {"within_layer": 0.1, "between_layer": 0.2, "ratio": 2.0, "p_value": 0.001}).set_index(
+        "claim"
+    )
     assert h.loc["over half of the attention in middle layers goes to [SEP]", "holds"] == "yes"
     assert h.loc["over half of the attention in middle layers goes to [SEP]", "measured"] == pytest.approx(0.8)
     assert h.loc["[SEP]-attending heads send > 90% of [SEP]'s attention to [SEP]s", "holds"] == "yes"
@@ -203,12 +222,28 @@ def test_surface_figures_render(tmp_path):
     from headatlas.core.figures import save_figure
 
     rng = np.random.default_rng(0)
-    t = pd.DataFrame([dict({s: rng.random() for s in STATS}, layer=i // 4, head=i % 4, model="m", model_kind="decoder", n_sequences=3) for i in range(12)])
+    t = pd.DataFrame(
+        [
+            dict(
+                {s: rng.random() for s in STATS},
+                layer=i // 4,
+                head=i % 4,
+                model="m",
+                model_kind="decoder",
+                n_sequences=3,
+            )
+            for i in range(12)
+        ]
+    )
     t["next"] = np.nan
     t["sep"] = np.nan
     save_figure(fig2_surface(t, "m", "wiki"), tmp_path / "f2.png", tmp_path / "f2.svg")
     save_figure(fig4_entropy(t, "m", "wiki"), tmp_path / "f4.png")
-    assert (tmp_path / "f2.png").stat().st_size > 1000 and (tmp_path / "f2.svg").is_file() and (tmp_path / "f4.png").is_file()
+    assert (
+        (tmp_path / "f2.png").stat().st_size > 1000
+        and (tmp_path / "f2.svg").is_file()
+        and (tmp_path / "f4.png").is_file()
+    )
 
 
 # --- the Clark surface / gradient / clustering / example DAG end to end -------------------------------
@@ -247,12 +282,28 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
     wp = BertTokenizerFast(vocab=str(bert_vocab_file), do_lower_case=True)
     torch.manual_seed(0)
     BertForMaskedLM(
-        BertConfig(vocab_size=len(wp), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=128)
+        BertConfig(
+            vocab_size=len(wp),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=128,
+        )
     ).save_pretrained(model_dir)
     wp.save_pretrained(model_dir)
     cfg = {
         "models": [{"name": "bert", "source": {"path": str(model_dir)}, "max_length": 64, "batch_size": 4}],
-        "corpora": {"wiki": {"kind": "wikitext", "path": str(WIKI_TEST), "n_segments": 6, "max_words": 40, "seed": 0, "overflow": "truncate"}},
+        "corpora": {
+            "wiki": {
+                "kind": "wikitext",
+                "path": str(WIKI_TEST),
+                "n_segments": 6,
+                "max_words": 40,
+                "seed": 0,
+                "overflow": "truncate",
+            }
+        },
         "analysis": {
             "clark_surface": {
                 "corpora": ["wiki"],
@@ -267,7 +318,20 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
     (work / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
     targets = [f"results/clark/bert/wiki/{f}" for f in CLARK_FILES]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(work / "config.yaml"), "--cores", "2", *targets]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(work),
+        "--configfile",
+        str(work / "config.yaml"),
+        "--cores",
+        "2",
+        *targets,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=work)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     out = work / "results" / "clark" / "bert" / "wiki"
@@ -277,7 +341,9 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
     assert set(grads["status"]) == {"ok"} and set(grads["loss_kind"]) == {"masked_lm"}
     assert set(grads["key_type"]) >= {"sep_bos", "cls", "other"} and (grads["mean_abs_grad"] > 0).all()
     js = pd.read_csv(out / "js_distance.tsv", sep="\t")
-    assert len(js) == 8 * 9 // 2 and (js.loc[(js.layer_a == js.layer_b) & (js.head_a == js.head_b), "js_sum"] == 0).all()
+    assert (
+        len(js) == 8 * 9 // 2 and (js.loc[(js.layer_a == js.layer_b) & (js.head_a == js.head_b), "js_sum"] == 0).all()
+    )
     mds = pd.read_csv(out / "mds.tsv", sep="\t")
     assert list(mds.columns[:4]) == ["model", "layer", "head", "label"] and mds[["mds_x", "mds_y"]].notna().all().all()
     headlines = pd.read_csv(out / "headlines.tsv", sep="\t")

@@ -35,7 +35,9 @@ DEPREL = ("det", "nmod:poss", "case", "nsubj", "root", "det", "obj", "punct")
 
 def record(words=WORDS, heads=HEADS, deprel=DEPREL, rid="s1") -> Record:
     n = len(words)
-    return Record(id=rid, words=tuple(words), segment=(0,) * n, head=tuple(heads), deprel=tuple(deprel), upos=("X",) * n)
+    return Record(
+        id=rid, words=tuple(words), segment=(0,) * n, head=tuple(heads), deprel=tuple(deprel), upos=("X",) * n
+    )
 
 
 def units(n_words: int):
@@ -272,17 +274,44 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
     work.mkdir()
     (work / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    files = ["syntax/table1.png", "syntax/heads.png", "coref/table2.png", "coref/heads.png", "probes/table3.png", "examples/fig5.png"]
+    files = [
+        "syntax/table1.png",
+        "syntax/heads.png",
+        "coref/table2.png",
+        "coref/heads.png",
+        "probes/table3.png",
+        "examples/fig5.png",
+    ]
     targets = [f"results/clark/bert/{f}" for f in files] + ["results/clark/relation_map.tsv"]
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(work / "config.yaml"), "--cores", "2", *targets]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(work),
+        "--configfile",
+        str(work / "config.yaml"),
+        "--cores",
+        "2",
+        *targets,
+    ]
     # the default target: the random-init helper is extracted on its own corpora only and gets
     # no analysis target of its own; its probe is built only as an input of the base model's Table 3
     dry = subprocess.run(cmd[: -len(targets)] + ["-n"], capture_output=True, text=True, timeout=300, env=env, cwd=work)
     assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
     assert "results/attention/bert-random/ewt_dev" in dry.stdout and "bert-random/gum_dev" not in dry.stdout
-    assert "results/clark/bert-random/probes/uas.tsv" in dry.stdout and "results/clark/bert-random/syntax" not in dry.stdout
+    assert (
+        "results/clark/bert-random/probes/uas.tsv" in dry.stdout
+        and "results/clark/bert-random/syntax" not in dry.stdout
+    )
     paths = set(re.findall(r"results/[^\s,]*bert-random[^\s,]*", dry.stdout))
-    allowed = ("results/attention/bert-random/", "results/models/random_init/bert-random", "results/clark/bert-random/probes/")
+    allowed = (
+        "results/attention/bert-random/",
+        "results/models/random_init/bert-random",
+        "results/clark/bert-random/probes/",
+    )
     assert paths and not [p for p in paths if not p.startswith(allowed)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=work)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
@@ -312,6 +341,11 @@ def test_syntax_tables_of_the_rule():
     c = collect_correctness([(wm, record(), n)], 1, 1, poss_rule=False)
     t = syntax_tables(c, "m", min_count=2, n_boot=10, seed=0)
     assert list(t) == ["heads", "baselines", "relations", "table1"]
-    assert set(t["relations"]["relation"]) == {"All", "det"}  # Table 1's rarer relations stay out of the per-head tables
+    assert set(t["relations"]["relation"]) == {
+        "All",
+        "det",
+    }  # Table 1's rarer relations stay out of the per-head tables
     assert set(t["heads"]["relation"]) == {"All", "det"}
-    assert t["table1"].equals(table1(best_table(c, relation_masks(c, 2, also=list(RELATION_MAP["relation"])), "m", n_boot=10), min_count=2))
+    assert t["table1"].equals(
+        table1(best_table(c, relation_masks(c, 2, also=list(RELATION_MAP["relation"])), "m", n_boot=10), min_count=2)
+    )

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import EWT_DEV, REPO, WIKI_TEST
 
 SNAKEFILE = REPO / "Snakefile"
@@ -20,7 +19,11 @@ SNAKEFILE = REPO / "Snakefile"
 if (REPO / "workflow" / "rules" / "surface.smk").exists():
     SURFACE_RULE, SURFACE_SECTION, SURFACE_OUT = "surface_stats", "surface", "results/surface/{model}/{corpus}.tsv"
 else:
-    SURFACE_RULE, SURFACE_SECTION, SURFACE_OUT = "clark_surface_stats", "clark_surface", "results/clark/{model}/{corpus}/surface.tsv"
+    SURFACE_RULE, SURFACE_SECTION, SURFACE_OUT = (
+        "clark_surface_stats",
+        "clark_surface",
+        "results/clark/{model}/{corpus}/surface.tsv",
+    )
 
 
 def targets(models=("bert", "gpt2"), corpora=("ewt", "wiki"), surface_corpora=("wiki",)) -> list[str]:
@@ -103,7 +106,14 @@ def tiny_config(tiny_models, models=("bert", "gpt2")) -> dict:
         "models": [model_entry(m, tiny_models[m]) for m in models],
         "corpora": {
             "ewt": {"kind": "conllu", "path": str(EWT_DEV), "limit": 20},
-            "wiki": {"kind": "wikitext", "path": str(WIKI_TEST), "n_segments": 5, "max_words": 40, "seed": 0, "overflow": "truncate"},
+            "wiki": {
+                "kind": "wikitext",
+                "path": str(WIKI_TEST),
+                "n_segments": 5,
+                "max_words": 40,
+                "seed": 0,
+                "overflow": "truncate",
+            },
         },
         "analysis": {SURFACE_SECTION: {"corpora": ["wiki"]}},
     }
@@ -185,8 +195,8 @@ def e2e(tmp_path_factory, tiny_models):
 def test_end_to_end_outputs(e2e):
     import pandas as pd
 
-    from headatlas.core.store import AttentionStore
     from headatlas.clark.surface import STATS
+    from headatlas.core.store import AttentionStore
 
     workdir, cfg, proc = e2e
     assert proc.returncode == 0, output_of(proc)[-6000:]

@@ -89,7 +89,11 @@ def bpe_tokenizer():
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(lines, vocab_size=500, min_frequency=2, show_progress=False, special_tokens=[BPE_SPECIAL])
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer, bos_token=BPE_SPECIAL, eos_token=BPE_SPECIAL, unk_token=BPE_SPECIAL, pad_token=BPE_SPECIAL
+        tokenizer_object=bpe._tokenizer,
+        bos_token=BPE_SPECIAL,
+        eos_token=BPE_SPECIAL,
+        unk_token=BPE_SPECIAL,
+        pad_token=BPE_SPECIAL,
     )
 
 
@@ -111,7 +115,14 @@ def build_models(root: str | Path) -> dict[str, Path]:
     wp = wordpiece_tokenizer(vocab)
     torch.manual_seed(0)
     bert = BertModel(
-        BertConfig(vocab_size=len(wp), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=256)
+        BertConfig(
+            vocab_size=len(wp),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=256,
+        )
     )
     bert.save_pretrained(dirs["tinybert"])
     wp.save_pretrained(dirs["tinybert"])
@@ -120,7 +131,16 @@ def build_models(root: str | Path) -> dict[str, Path]:
     eot = bpe.convert_tokens_to_ids(BPE_SPECIAL)
     torch.manual_seed(2)
     gpt2 = GPT2Model(
-        GPT2Config(vocab_size=len(bpe), n_layer=2, n_head=4, n_embd=32, n_positions=256, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+        GPT2Config(
+            vocab_size=len(bpe),
+            n_layer=2,
+            n_head=4,
+            n_embd=32,
+            n_positions=256,
+            bos_token_id=eot,
+            eos_token_id=eot,
+            pad_token_id=eot,
+        )
     )
     gpt2.save_pretrained(dirs["tinygpt2"])
     bpe.save_pretrained(dirs["tinygpt2"])
@@ -252,7 +272,9 @@ def _same(a, b) -> bool:
     import numpy as np
 
     if isinstance(a, dict) or isinstance(b, dict):
-        return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return (
+            isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = np.asarray(a), np.asarray(b)
         return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
@@ -336,7 +358,10 @@ def main(argv=None) -> None:
     n = sum(1 for p in Path(args.a).rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")
     for p in problems:
         print(p)
-    print(f"{n} files under {args.a} compared with {args.b}: " + ("identical" if not problems else f"{len(problems)} differences"))
+    print(
+        f"{n} files under {args.a} compared with {args.b}: "
+        + ("identical" if not problems else f"{len(problems)} differences")
+    )
     sys.exit(1 if problems else 0)
 
 

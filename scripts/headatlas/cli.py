@@ -46,13 +46,21 @@ def _store_verify(args) -> int:
 
 
 def add_store(subparsers) -> None:
-    store = subparsers.add_parser("store", help="describe or verify attention stores", description="Describe (default) or verify attention stores.")
+    store = subparsers.add_parser(
+        "store",
+        help="describe or verify attention stores",
+        description="Describe (default) or verify attention stores.",
+    )
     sub = store.add_subparsers(dest="store_command", metavar="{describe,verify}")
     describe = sub.add_parser("describe", help="model, corpus, sequences, tokens, bytes, layout version (the default)")
-    describe.add_argument("dirs", nargs="+", metavar="DIR", help="store directories: one, or the shards of one corpus in order")
+    describe.add_argument(
+        "dirs", nargs="+", metavar="DIR", help="store directories: one, or the shards of one corpus in order"
+    )
     describe.add_argument("--json", action="store_true", help="print JSON")
     describe.set_defaults(func=_store_describe)
-    verify = sub.add_parser("verify", help="check manifest, checksums, token table and every value; exit 1 on any fault")
+    verify = sub.add_parser(
+        "verify", help="check manifest, checksums, token table and every value; exit 1 on any fault"
+    )
     verify.add_argument("dirs", nargs="+", metavar="DIR", help="store directories, each checked on its own")
     verify.set_defaults(func=_store_verify)
 
@@ -66,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     # ``headatlas store DIR`` means ``headatlas store describe DIR``
     if len(argv) > 1 and argv[0] in _DEFAULT_SUB and argv[1] not in _DEFAULT_SUB[argv[0]][1]:
         argv.insert(1, _DEFAULT_SUB[argv[0]][0])
-    parser = argparse.ArgumentParser(prog="headatlas", description="Map what every attention head of a transformer does.")
+    parser = argparse.ArgumentParser(
+        prog="headatlas", description="Map what every attention head of a transformer does."
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(subparsers)

@@ -72,7 +72,8 @@ MODELS = _resolve_models(config["models"])
 
 def _check_max_lengths():
     """max_length against the position limit of every model whose config.json is readable now
-    (derived models against their base's); the others are checked when extraction loads them."""
+    (derived models against their base's); the others are checked when extraction loads them.
+    """
     past_last = config["extraction"]["rep_position"] == "past_last"
     for m in MODELS.values():
         kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)

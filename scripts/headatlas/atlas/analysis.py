@@ -36,7 +36,9 @@ def grid(n_layers: int, n_heads: int) -> pd.DataFrame:
 def _check_heads(df: pd.DataFrame, name: str, n_layers: int, n_heads: int) -> None:
     bad = (df["layer"] >= n_layers) | (df["head"] >= n_heads) | (df["layer"] < 0) | (df["head"] < 0)
     if bad.any():
-        raise ValueError(f"{name}: heads outside the {n_layers} x {n_heads} grid, e.g. {df.loc[bad, KEY].iloc[0].tolist()}")
+        raise ValueError(
+            f"{name}: heads outside the {n_layers} x {n_heads} grid, e.g. {df.loc[bad, KEY].iloc[0].tolist()}"
+        )
 
 
 def surface_columns(behaviour: pd.DataFrame) -> pd.DataFrame:
@@ -55,8 +57,12 @@ PANDE_STABILITY = ["stability_faithful", "stability_fdr", "corpus_share_faithful
 def pande_columns(pande: pd.DataFrame) -> pd.DataFrame:
     """Per role: effect size (mean score / tau), significance in both modes and, when the table
     has them, the stability of each label (share of bootstrap resamples, of corpora)."""
-    wide = pande.pivot_table(index=KEY, columns="role", values=["effect", "significant_faithful", "significant_fdr"], aggfunc="first")
-    wide.columns = [f"pande_{role}_{'effect' if v == 'effect' else v.replace('significant_', 'sig_')}" for v, role in wide.columns]
+    wide = pande.pivot_table(
+        index=KEY, columns="role", values=["effect", "significant_faithful", "significant_fdr"], aggfunc="first"
+    )
+    wide.columns = [
+        f"pande_{role}_{'effect' if v == 'effect' else v.replace('significant_', 'sig_')}" for v, role in wide.columns
+    ]
     wide = wide.reset_index()
     for c in wide.columns:
         if "_sig_" in c:
@@ -80,9 +86,16 @@ def syntax_columns(heads: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame
     best_dir["margin"] = best_dir["accuracy"] - best_dir["baseline"]
     rel = best_dir[best_dir["relation"] != "All"].sort_values("margin", ascending=False).drop_duplicates(KEY)
     out = rel[KEY + ["relation", "direction", "accuracy", "margin"]].rename(
-        columns={"relation": "syntax_best_relation", "direction": "syntax_best_direction", "accuracy": "syntax_best_accuracy", "margin": "syntax_best_margin"}
+        columns={
+            "relation": "syntax_best_relation",
+            "direction": "syntax_best_direction",
+            "accuracy": "syntax_best_accuracy",
+            "margin": "syntax_best_margin",
+        }
     )
-    all_ = best_dir[best_dir["relation"] == "All"][KEY + ["accuracy", "margin"]].rename(columns={"accuracy": "syntax_all_accuracy", "margin": "syntax_all_margin"})
+    all_ = best_dir[best_dir["relation"] == "All"][KEY + ["accuracy", "margin"]].rename(
+        columns={"accuracy": "syntax_all_accuracy", "margin": "syntax_all_margin"}
+    )
     return out.merge(all_, on=KEY, how="outer")
 
 
@@ -130,12 +143,24 @@ class AtlasSource:
 
 # The registry the atlas rule and build_atlas read; its order is the atlas's column order.
 ATLAS_SOURCES = (
-    AtlasSource("behaviour", "clark_surface", {"behaviour": "results/clark/{model}/{corpus}/behaviour.tsv"}, surface_columns, "surface_corpus"),
-    AtlasSource("mds", "clark_surface", {"mds": "results/clark/{model}/{corpus}/mds.tsv"}, mds_columns, "surface_corpus"),
+    AtlasSource(
+        "behaviour",
+        "clark_surface",
+        {"behaviour": "results/clark/{model}/{corpus}/behaviour.tsv"},
+        surface_columns,
+        "surface_corpus",
+    ),
+    AtlasSource(
+        "mds", "clark_surface", {"mds": "results/clark/{model}/{corpus}/mds.tsv"}, mds_columns, "surface_corpus"
+    ),
     AtlasSource("pande", "pande", {"pande": "results/pande/{model}/heads.tsv"}, pande_columns),
     AtlasSource(
-        "syntax", "clark_syntax",
-        {"syntax": "results/clark/{model}/syntax/heads.tsv", "syntax_baselines": "results/clark/{model}/syntax/baselines.tsv"},
+        "syntax",
+        "clark_syntax",
+        {
+            "syntax": "results/clark/{model}/syntax/heads.tsv",
+            "syntax_baselines": "results/clark/{model}/syntax/baselines.tsv",
+        },
         syntax_columns,
     ),  # fmt: skip
     AtlasSource("coref", "clark_syntax", {"coref": "results/clark/{model}/coref/heads.tsv"}, coref_columns),
@@ -144,7 +169,9 @@ ATLAS_SOURCES = (
 TABLE_NAMES = [k for source in ATLAS_SOURCES for k in source.tables]
 
 
-def source_inputs(source: AtlasSource, model: str, covered: bool, corpora: list[str] | None, settings: dict) -> dict[str, str]:
+def source_inputs(
+    source: AtlasSource, model: str, covered: bool, corpora: list[str] | None, settings: dict
+) -> dict[str, str]:
     """The input paths of one source for one model ({} when the model has none): ``covered``
     says whether the analysis covers the model, ``corpora`` its corpora for the model (None:
     the analysis has no corpora list), ``settings`` the atlas section."""
@@ -199,7 +226,9 @@ def method_scores(atlas: pd.DataFrame, syntax: pd.DataFrame | None, relations: l
     return out
 
 
-def spearman_ci(x: np.ndarray, y: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float, float, float, int]:
+def spearman_ci(
+    x: np.ndarray, y: np.ndarray, n_boot: int, seed: int, level: float = 0.95
+) -> tuple[float, float, float, float, int]:
     """Spearman rho with a seeded bootstrap CI over heads, its p-value and n."""
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
@@ -235,8 +264,14 @@ def topk_overlap(x: np.ndarray, y: np.ndarray, k: int) -> tuple[int, float, floa
 def agreement_table(scores: pd.DataFrame, model: str, k: int, n_boot: int, seed: int) -> pd.DataFrame:
     """Rank correlation (bootstrap CI) and top-k overlap for every pair of method scores that
     measure the same thing: the three syntactic scores, and Clark vs Pande per relation."""
-    pairs = [(a, b) for i, a in enumerate(["clark_syntax", "pande_syntactic", "jm_syntactic"]) for b in ["clark_syntax", "pande_syntactic", "jm_syntactic"][i + 1 :]]
-    pairs += [(c, "pande_" + c[len("clark_") :]) for c in scores.columns if c.startswith("clark_") and c != "clark_syntax"]
+    pairs = [
+        (a, b)
+        for i, a in enumerate(["clark_syntax", "pande_syntactic", "jm_syntactic"])
+        for b in ["clark_syntax", "pande_syntactic", "jm_syntactic"][i + 1 :]
+    ]
+    pairs += [
+        (c, "pande_" + c[len("clark_") :]) for c in scores.columns if c.startswith("clark_") and c != "clark_syntax"
+    ]
     rows = []
     for a, b in pairs:
         if a not in scores or b not in scores:
@@ -246,10 +281,28 @@ def agreement_table(scores: pd.DataFrame, model: str, k: int, n_boot: int, seed:
         both, jac, chance = topk_overlap(x, y, k)
         rows.append({"model": model, "method_a": a, "method_b": b, "n_heads": n, "spearman": rho, "ci_low": lo, "ci_high": hi, "p": p,
                      "top_k": k, "top_k_overlap": both, "top_k_jaccard": jac, "top_k_chance": chance})  # fmt: skip
-    return pd.DataFrame(rows, columns=["model", "method_a", "method_b", "n_heads", "spearman", "ci_low", "ci_high", "p", "top_k", "top_k_overlap", "top_k_jaccard", "top_k_chance"])
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "model",
+            "method_a",
+            "method_b",
+            "n_heads",
+            "spearman",
+            "ci_low",
+            "ci_high",
+            "p",
+            "top_k",
+            "top_k_overlap",
+            "top_k_jaccard",
+            "top_k_chance",
+        ],
+    )
 
 
-def relation_heads_vs_sieve(atlas: pd.DataFrame, syntax: pd.DataFrame, relations: list[str], k: int, model: str) -> pd.DataFrame:
+def relation_heads_vs_sieve(
+    atlas: pd.DataFrame, syntax: pd.DataFrame, relations: list[str], k: int, model: str
+) -> pd.DataFrame:
     """Are the heads Clark's argmax finds for relation r the heads Pande's test calls syntactic?
 
     For each relation: Clark's best head, whether it is sieve-significant (FDR) for r and for
@@ -292,7 +345,12 @@ def layer_profiles(atlas: pd.DataFrame, n_layers: int) -> pd.DataFrame:
             out[f"share_{role}"] = g[col].mean().reindex(out["layer"]).to_numpy()
     if "clark_behaviour" in atlas:
         for label in sorted(atlas["clark_behaviour"].dropna().unique()):
-            out[f"share_behaviour_{label}"] = g["clark_behaviour"].apply(lambda s, lab=label: float((s == lab).mean())).reindex(out["layer"]).to_numpy()
+            out[f"share_behaviour_{label}"] = (
+                g["clark_behaviour"]
+                .apply(lambda s, lab=label: float((s == lab).mean()))
+                .reindex(out["layer"])
+                .to_numpy()
+            )
     for cat in JM_CATEGORIES:
         col = f"probe_{cat}_mean_acc"
         if col in atlas:
@@ -321,7 +379,9 @@ class AtlasSettings:
         return cls(**kw)
 
 
-def atlas_tables(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.DataFrame | None], settings: AtlasSettings) -> dict[str, pd.DataFrame]:
+def atlas_tables(
+    model: str, n_layers: int, n_heads: int, tables: dict[str, pd.DataFrame | None], settings: AtlasSettings
+) -> dict[str, pd.DataFrame]:
     """Every table of rule atlas: the atlas, method agreement, relation heads vs the sieve
     test, the layer profile, and the method scores behind the agreement figure."""
     atlas = build_atlas(model, n_layers, n_heads, tables)

@@ -60,7 +60,6 @@ def _fmt(v, spec: str = ".2f") -> str:
     return format(v, spec) if np.isfinite(v) else "n/a"
 
 
-
 def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png, svg=None) -> None:
     """Layers x heads grid: fill = Clark behaviour, markers = Pande roles (FDR), a black frame =
     the head's best relation beats that relation's offset baseline by 5+ points, and the cell text =
@@ -73,17 +72,54 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     a = atlas.set_index(["layer", "head"])
     cats = [c for c in ("surface", "syntactic", "semantic") if f"probe_{c}_mean_acc" in atlas]
     if cats:
-        z = pd.DataFrame({c: (atlas[f"probe_{c}_mean_acc"] - atlas[f"probe_{c}_mean_acc"].mean()) / (atlas[f"probe_{c}_mean_acc"].std() or 1) for c in cats})
+        z = pd.DataFrame(
+            {
+                c: (atlas[f"probe_{c}_mean_acc"] - atlas[f"probe_{c}_mean_acc"].mean())
+                / (atlas[f"probe_{c}_mean_acc"].std() or 1)
+                for c in cats
+            }
+        )
         best_cat = pd.Series(np.array(cats)[np.nanargmax(z.fillna(-np.inf).to_numpy(), axis=1)], index=a.index)
     for (layer, head), row in a.iterrows():
-        colour = BEHAVIOUR_COLOURS.get(row.get("clark_behaviour"), "white") if isinstance(row.get("clark_behaviour"), str) else "white"
-        framed = bool(row.get("syntax_best_margin", 0) >= 0.05) if pd.notna(row.get("syntax_best_margin", np.nan)) else False
-        ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, facecolor=colour, edgecolor="black" if framed else "#cccccc", linewidth=2.0 if framed else 0.5))
+        colour = (
+            BEHAVIOUR_COLOURS.get(row.get("clark_behaviour"), "white")
+            if isinstance(row.get("clark_behaviour"), str)
+            else "white"
+        )
+        framed = (
+            bool(row.get("syntax_best_margin", 0) >= 0.05) if pd.notna(row.get("syntax_best_margin", np.nan)) else False
+        )
+        ax.add_patch(
+            plt.Rectangle(
+                (head - 0.5, layer - 0.5),
+                1,
+                1,
+                facecolor=colour,
+                edgecolor="black" if framed else "#cccccc",
+                linewidth=2.0 if framed else 0.5,
+            )
+        )
         for role, (marker, (dx, dy), mc) in ROLE_MARKERS.items():
             if bool(row.get(f"pande_{role}_sig_fdr", False)):
-                ax.plot(head + dx, layer + dy, marker=marker, color=mc, markersize=4.5, linestyle="none", alpha=stability_alpha(row.get(f"pande_{role}_stability_fdr")))
+                ax.plot(
+                    head + dx,
+                    layer + dy,
+                    marker=marker,
+                    color=mc,
+                    markersize=4.5,
+                    linestyle="none",
+                    alpha=stability_alpha(row.get(f"pande_{role}_stability_fdr")),
+                )
         if cats:
-            ax.text(head, layer, {"surface": "S", "syntactic": "Y", "semantic": "M"}[best_cat[(layer, head)]], ha="center", va="center", fontsize=6.5, color="#333333")
+            ax.text(
+                head,
+                layer,
+                {"surface": "S", "syntactic": "Y", "semantic": "M"}[best_cat[(layer, head)]],
+                ha="center",
+                va="center",
+                fontsize=6.5,
+                color="#333333",
+            )
     ax.set_xlim(-0.5, n_heads - 0.5)
     ax.set_ylim(-0.5, n_layers - 0.5)
     ax.set_xticks(range(n_heads), [str(h + 1) for h in range(n_heads)], fontsize=7)
@@ -95,11 +131,16 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     ax.set_title(f"Head atlas of {model} ({n_layers} x {n_heads})", fontsize=10)
     shown = legend_behaviours(atlas.get("clark_behaviour", []))
     handles = [Patch(facecolor=BEHAVIOUR_COLOURS[k], edgecolor="#999999", label=f"Clark: {k}") for k in shown]
-    handles += [Line2D([], [], marker=m, color=c, linestyle="none", label=f"Pande: {r} (FDR)") for r, (m, _, c) in ROLE_MARKERS.items()]
+    handles += [
+        Line2D([], [], marker=m, color=c, linestyle="none", label=f"Pande: {r} (FDR)")
+        for r, (m, _, c) in ROLE_MARKERS.items()
+    ]
     if any(f"pande_{r}_stability_fdr" in atlas for r in ROLE_MARKERS):
         handles += [Line2D([], [], marker="s", color="#54278f", linestyle="none", alpha=stability_alpha(v), label=f"Pande opacity: label holds in {v:.0%} of bootstrap resamples")
                     for v in (1.0, 0.5, 0.0)]  # fmt: skip
-    handles += [Patch(facecolor="white", edgecolor="black", linewidth=2, label="Clark: best relation > offset baseline + 5 pts")]
+    handles += [
+        Patch(facecolor="white", edgecolor="black", linewidth=2, label="Clark: best relation > offset baseline + 5 pts")
+    ]
     if cats:
         handles += [Patch(facecolor="white", edgecolor="white", label="text: best J&M category (S/Y/M)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
@@ -108,16 +149,28 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
 
 def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, png, svg=None) -> None:
     """Scatter of each pair of the three syntactic scores across heads, with Spearman rho and CI."""
-    pairs = [(r.method_a, r.method_b, r) for r in agreement.itertuples() if r.method_a in ("clark_syntax", "pande_syntactic", "jm_syntactic") and r.method_b in ("clark_syntax", "pande_syntactic", "jm_syntactic")]
+    pairs = [
+        (r.method_a, r.method_b, r)
+        for r in agreement.itertuples()
+        if r.method_a in ("clark_syntax", "pande_syntactic", "jm_syntactic")
+        and r.method_b in ("clark_syntax", "pande_syntactic", "jm_syntactic")
+    ]
     rel = agreement[~agreement["method_a"].isin(["clark_syntax", "pande_syntactic", "jm_syntactic"])]
     n = max(1, len(pairs)) + (1 if len(rel) else 0)
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.4), squeeze=False)
-    names = {"clark_syntax": "Clark: argmax accuracy (All)", "pande_syntactic": "Pande: syntactic effect (score / tau)", "jm_syntactic": "Jo & Myaeng: syntactic probe acc."}
+    names = {
+        "clark_syntax": "Clark: argmax accuracy (All)",
+        "pande_syntactic": "Pande: syntactic effect (score / tau)",
+        "jm_syntactic": "Jo & Myaeng: syntactic probe acc.",
+    }
     for ax, (a, b, r) in zip(axes[0], pairs):
         ax.scatter(scores[a], scores[b], c=scores["layer"], cmap="viridis", s=14)
         ax.set_xlabel(names[a], fontsize=8)
         ax.set_ylabel(names[b], fontsize=8)
-        ax.set_title(f"rho = {_fmt(r.spearman)} [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] (n = {r.n_heads})\ntop-{r.top_k} overlap {r.top_k_overlap} (chance {_fmt(r.top_k_chance, '.1f')})", fontsize=8)
+        ax.set_title(
+            f"rho = {_fmt(r.spearman)} [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] (n = {r.n_heads})\ntop-{r.top_k} overlap {r.top_k_overlap} (chance {_fmt(r.top_k_chance, '.1f')})",
+            fontsize=8,
+        )
     if not pairs:
         axes[0][0].text(0.5, 0.5, "fewer than two methods available", ha="center", va="center")
         axes[0][0].set_axis_off()
@@ -130,7 +183,9 @@ def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, 
         ax.plot(rho, y, "o", color="#a50f15")
         for yy, v in zip(y, rho):
             if not np.isfinite(v):
-                ax.text(0, yy, "n/a (too few heads or no spread)", fontsize=7, va="center", ha="center", color="#666666")
+                ax.text(
+                    0, yy, "n/a (too few heads or no spread)", fontsize=7, va="center", ha="center", color="#666666"
+                )
         ax.set_yticks(y, [a.replace("clark_", "") for a in rel["method_a"]], fontsize=8)
         ax.set_ylim(-0.5, len(rel) - 0.5)
         ax.axvline(0, color="#999999", linewidth=0.8)
@@ -142,7 +197,9 @@ def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, 
     save_figure(fig, png, svg)
 
 
-def cross_model_figure(profiles: dict[str, pd.DataFrame], columns: list[tuple[str, str]], title: str, ylabel: str, png, svg=None) -> None:
+def cross_model_figure(
+    profiles: dict[str, pd.DataFrame], columns: list[tuple[str, str]], title: str, ylabel: str, png, svg=None
+) -> None:
     """One panel per column, one line per model, x = relative depth."""
     cols = [(c, t) for c, t in columns if any(c in p for p in profiles.values())]
     if not cols:
@@ -175,9 +232,21 @@ def cross_model_figures(profiles: dict[str, pd.DataFrame], paths: dict[str, str]
     behaviours = sorted({c for p in profiles.values() for c in p.columns if c.startswith("share_behaviour_")})
     share = "share of the layer's heads"
     figures = {
-        "pande": ([(f"share_{r}", f"{r} (FDR)") for r in PANDE_ROLES_MAIN], "Pande roles: share of heads per layer", share),
-        "clark": ([(c, c.replace("share_behaviour_", "Clark: ")) for c in behaviours], "Clark behaviour labels: share of heads per layer", share),
-        "probing": ([(f"probe_{c}", f"{c} tasks") for c in JM_CATEGORIES], "Jo & Myaeng probing: mean head accuracy per layer", "mean test accuracy"),
+        "pande": (
+            [(f"share_{r}", f"{r} (FDR)") for r in PANDE_ROLES_MAIN],
+            "Pande roles: share of heads per layer",
+            share,
+        ),
+        "clark": (
+            [(c, c.replace("share_behaviour_", "Clark: ")) for c in behaviours],
+            "Clark behaviour labels: share of heads per layer",
+            share,
+        ),
+        "probing": (
+            [(f"probe_{c}", f"{c} tasks") for c in JM_CATEGORIES],
+            "Jo & Myaeng probing: mean head accuracy per layer",
+            "mean test accuracy",
+        ),
     }
     for family, (columns, title, ylabel) in figures.items():
         cross_model_figure(profiles, columns, title, ylabel, paths[family])

@@ -64,7 +64,9 @@ def js_sums(cells, max_elements: int = 1_000_000):
     return out.clamp_(min=0.0).numpy()
 
 
-def js_distance_matrix(store, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000) -> tuple[np.ndarray, int, int]:
+def js_distance_matrix(
+    store, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000
+) -> tuple[np.ndarray, int, int]:
     """Clark's summed JS distance between every pair of heads (layer-major order, L*H heads)
     over the first ``n_sequences`` sequences of an :class:`AttentionStore`.
 
@@ -84,7 +86,9 @@ def js_distance_matrix(store, n_sequences: int = 200, smoothing: float = 1e-3, m
 
 def head_index(n_layers: int, n_heads: int) -> pd.DataFrame:
     """layer, head of every row of a layer-major distance matrix."""
-    return pd.DataFrame({"layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers)})
+    return pd.DataFrame(
+        {"layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers)}
+    )
 
 
 def distance_long(d: np.ndarray, n_layers: int, n_heads: int, model: str, n_tokens: int) -> pd.DataFrame:
@@ -158,7 +162,9 @@ def layer_clustering(d: np.ndarray, layers: np.ndarray, permutations: int = 1000
     }
 
 
-def mds_embedding(d: np.ndarray, seed: int = 0, n_init: int = 5, max_iter: int = 1000, eps: float = 1e-10) -> tuple[np.ndarray, float]:
+def mds_embedding(
+    d: np.ndarray, seed: int = 0, n_init: int = 5, max_iter: int = 1000, eps: float = 1e-10
+) -> tuple[np.ndarray, float]:
     """2-D metric MDS of a precomputed distance matrix (Clark: n_init=5, max_iter=1000, eps=1e-10).
 
     Returns (coordinates [N, 2], stress). Works across the scikit-learn versions that renamed
@@ -182,7 +188,15 @@ def mds_embedding(d: np.ndarray, seed: int = 0, n_init: int = 5, max_iter: int =
 
 
 def mds_tables(
-    long: pd.DataFrame, behaviour: pd.DataFrame, model: str, *, seed: int = 0, n_init: int = 5, max_iter: int = 1000, eps: float = 1e-10, permutations: int = 1000
+    long: pd.DataFrame,
+    behaviour: pd.DataFrame,
+    model: str,
+    *,
+    seed: int = 0,
+    n_init: int = 5,
+    max_iter: int = 1000,
+    eps: float = 1e-10,
+    permutations: int = 1000,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Rule clark_mds: per head its MDS coordinates and behaviour label (``heads``), the
     within- vs between-layer distance test with the MDS stress (``layers``), and the test's
@@ -190,10 +204,20 @@ def mds_tables(
     d, n_layers, n_heads = distance_square(long)
     coords, stress = mds_embedding(d, seed, n_init, max_iter, eps)
     heads = head_index(n_layers, n_heads)
-    heads = heads.merge(behaviour[["model", "layer", "head", "label"]], on=["layer", "head"], how="left", validate="1:1")
+    heads = heads.merge(
+        behaviour[["model", "layer", "head", "label"]], on=["layer", "head"], how="left", validate="1:1"
+    )
     heads = heads[["model", "layer", "head", "label"]].assign(mds_x=coords[:, 0], mds_y=coords[:, 1])
     stats = layer_clustering(d, heads["layer"].to_numpy(), permutations, seed)
     layers = pd.DataFrame(
-        [dict(model=model, **stats, mds_stress=stress, n_sequences=int(long["n_sequences"].iloc[0]), n_tokens=int(long["n_tokens"].iloc[0]))]
+        [
+            dict(
+                model=model,
+                **stats,
+                mds_stress=stress,
+                n_sequences=int(long["n_sequences"].iloc[0]),
+                n_tokens=int(long["n_tokens"].iloc[0]),
+            )
+        ]
     )
     return heads, layers, stats

@@ -104,7 +104,11 @@ def document_mentions(record: Record, n_words: int) -> list[Mention]:
 def features(record: Record, word: int) -> tuple[str | None, str | None, str | None]:
     """(person, number, gender) of a head word; None = unknown."""
     feats = dict(f.split("=", 1) for f in record.feats[word].split("|") if "=" in f) if record.feats else {}
-    lex = PRONOUNS.get(record.words[word].lower(), (None, None, None)) if record.upos[word] == "PRON" else ("3", None, None)
+    lex = (
+        PRONOUNS.get(record.words[word].lower(), (None, None, None))
+        if record.upos[word] == "PRON"
+        else ("3", None, None)
+    )
     person = feats.get("Person", lex[0])
     number = feats.get("Number", lex[1])
     gender = feats.get("Gender", lex[2])
@@ -172,7 +176,9 @@ def document_anaphors(record: Record, n_words: int, split: str, out: Anaphors) -
     return added
 
 
-def attention_correct(wm: WordMaps, n_words: int, heads: Sequence[int], candidates: Sequence[np.ndarray], right: Sequence[np.ndarray]) -> np.ndarray:
+def attention_correct(
+    wm: WordMaps, n_words: int, heads: Sequence[int], candidates: Sequence[np.ndarray], right: Sequence[np.ndarray]
+) -> np.ndarray:
     """[A, K] whether each head's most-attended candidate head word is right, for the
     anaphors of one document (head word -> candidate head words, on word-level maps)."""
     block = word_block(wm, n_words)
@@ -217,7 +223,13 @@ def collect(items: Iterable[tuple[WordMaps, Record, int, str]], n_layers: int, n
         parts.append(attention_correct(wm, n_words, heads, [an.candidates[i] for i in idx], [an.right[i] for i in idx]))
     if not parts:
         raise ValueError("no mention with an antecedent in any document")
-    base = np.array([[r[np.searchsorted(c, p)] if p in c else False for p in b] for c, r, b in zip(an.candidates, an.right, an.baselines)], dtype=bool)
+    base = np.array(
+        [
+            [r[np.searchsorted(c, p)] if p in c else False for p in b]
+            for c, r, b in zip(an.candidates, an.right, an.baselines)
+        ],
+        dtype=bool,
+    )
     return CorefResult(an, np.concatenate(parts), base, n_layers, n_heads, missing)
 
 
@@ -245,7 +257,9 @@ def head_table(res: CorefResult, model: str) -> pd.DataFrame:
     for s, t, m in _groups(res):
         n = int(m.sum())
         acc = res.heads[m].mean(0) if n else np.full(len(layer), np.nan)
-        frames.append(pd.DataFrame({"model": model, "layer": layer, "head": head, "split": s, "type": t, "n": n, "accuracy": acc}))
+        frames.append(
+            pd.DataFrame({"model": model, "layer": layer, "head": head, "split": s, "type": t, "n": n, "accuracy": acc})
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -254,7 +268,16 @@ def baseline_table(res: CorefResult, model: str) -> pd.DataFrame:
     for s, t, m in _groups(res):
         n = int(m.sum())
         for b, name in enumerate(BASELINES):
-            rows.append({"model": model, "system": name, "split": s, "type": t, "n": n, "accuracy": res.baselines[m, b].mean() if n else np.nan})
+            rows.append(
+                {
+                    "model": model,
+                    "system": name,
+                    "split": s,
+                    "type": t,
+                    "n": n,
+                    "accuracy": res.baselines[m, b].mean() if n else np.nan,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -308,7 +331,16 @@ def anaphor_table(res: CorefResult, t2: pd.DataFrame, model: str) -> pd.DataFram
     best = t2[(t2["system"] == "Best head") & (t2["scored_on"] == "all")].iloc[0]
     k = int(best["layer"]) * res.n_heads + int(best["head"])
     an = res.anaphors
-    out = pd.DataFrame({"model": model, "doc": an.doc, "split": an.split, "type": an.kind, "head": an.head, "n_candidates": [len(c) for c in an.candidates]})
+    out = pd.DataFrame(
+        {
+            "model": model,
+            "doc": an.doc,
+            "split": an.split,
+            "type": an.kind,
+            "head": an.head,
+            "n_candidates": [len(c) for c in an.candidates],
+        }
+    )
     for b, name in enumerate(BASELINES):
         out[name] = res.baselines[:, b]
     out["best_head"] = res.heads[:, k]
@@ -318,10 +350,21 @@ def anaphor_table(res: CorefResult, t2: pd.DataFrame, model: str) -> pd.DataFram
 def coref_tables(res: CorefResult, model: str, *, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
     """Every table of rule clark_syntax_coref from scored anaphors: heads, baselines, anaphors, table2."""
     t2 = table2(res, model, n_boot, seed)
-    return {"heads": head_table(res, model), "baselines": baseline_table(res, model), "anaphors": anaphor_table(res, t2, model), "table2": t2}
+    return {
+        "heads": head_table(res, model),
+        "baselines": baseline_table(res, model),
+        "anaphors": anaphor_table(res, t2, model),
+        "table2": t2,
+    }
 
 
-def run_coref(splits: dict[str, tuple[Sequence[str], Sequence[Record]]], *, word_mode: str = "mean", n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
+def run_coref(
+    splits: dict[str, tuple[Sequence[str], Sequence[Record]]],
+    *,
+    word_mode: str = "mean",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, pd.DataFrame]:
     """Rule clark_syntax_coref: score every head and baseline on the documents of each split
     (split -> shard directories, records) and return :func:`coref_tables`."""
     t0 = time.time()
@@ -335,7 +378,14 @@ def run_coref(splits: dict[str, tuple[Sequence[str], Sequence[Record]]], *, word
     finally:
         for st in stores.values():
             st.close()
-    log.info("%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces (%.1f s)", model, len(res.heads), kept, res.n_no_pieces, time.time() - t0)
+    log.info(
+        "%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces (%.1f s)",
+        model,
+        len(res.heads),
+        kept,
+        res.n_no_pieces,
+        time.time() - t0,
+    )
     tables = coref_tables(res, model, n_boot=n_boot, seed=seed)
     log.info("table 2:\n%s", tables["table2"].to_string(index=False))
     return tables

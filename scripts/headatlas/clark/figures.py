@@ -20,7 +20,16 @@ LABEL_COLOURS = {
     "punct": "#ff7f0e",
     "other": "#b0b0b0",
 }
-LABEL_NAMES = {"next": "next token", "prev": "previous token", "broad": "broad", "cls": "[CLS]", "bos": "BOS", "sep": "[SEP]", "punct": ". ,", "other": "other"}
+LABEL_NAMES = {
+    "next": "next token",
+    "prev": "previous token",
+    "broad": "broad",
+    "cls": "[CLS]",
+    "bos": "BOS",
+    "sep": "[SEP]",
+    "punct": ". ,",
+    "other": "other",
+}
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -77,7 +86,13 @@ def layer_dots(ax, table: pd.DataFrame, column: str, colour: str = "#1f77b4", la
     x = layers + 1 + _jitter(n_heads, 0.2)[heads]
     ax.scatter(x, values, s=10, color=colour, alpha=0.6, linewidths=0, label=f"{label} (heads)" if label else "heads")
     means = table.groupby("layer")[column].mean()
-    ax.plot(means.index + 1, means.to_numpy(), color=colour, lw=1.8, label=f"{label} (layer mean)" if label else "layer mean")
+    ax.plot(
+        means.index + 1,
+        means.to_numpy(),
+        color=colour,
+        lw=1.8,
+        label=f"{label} (layer mean)" if label else "layer mean",
+    )
     return True
 
 
@@ -128,10 +143,15 @@ def fig2_surface(table: pd.DataFrame, model: str, corpus: str):
         ax.set_title(title, fontsize=10)
     from matplotlib.lines import Line2D
 
-    proxies = [Line2D([], [], ls="", marker="o", ms=4, color="#555555", alpha=0.6), Line2D([], [], color="#555555", lw=1.8)]
+    proxies = [
+        Line2D([], [], ls="", marker="o", ms=4, color="#555555", alpha=0.6),
+        Line2D([], [], color="#555555", lw=1.8),
+    ]
     axes[1, 2].legend(proxies, ["one head (x jittered)", "mean over the layer's heads"], loc="center", frameon=False)
     n_seq = int(table["n_sequences"].iloc[0])
-    fig.suptitle(f"{model}: where heads attend (Clark et al. Fig. 2 analogue), {corpus}, {n_seq} sequences", fontsize=12)
+    fig.suptitle(
+        f"{model}: where heads attend (Clark et al. Fig. 2 analogue), {corpus}, {n_seq} sequences", fontsize=12
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     return fig
 
@@ -144,8 +164,18 @@ def fig4_entropy(table: pd.DataFrame, model: str, corpus: str, broad_entropy: fl
     n_layers = int(table["layer"].max()) + 1
     fig, axes = plt.subplots(1, 2, figsize=(12 if n_layers <= 12 else 15, 5.0))
     panels = [
-        ("entropy", "entropy_uniform", "mean entropy of a head's rows", "uniform attention" + (" (causal: mean ln(i+1))" if decoder else " (ln n)")),
-        ("cls_entropy", "cls_entropy_uniform", "entropy of the " + ("last token's row" if decoder else "[CLS] row"), "uniform attention (ln n)"),
+        (
+            "entropy",
+            "entropy_uniform",
+            "mean entropy of a head's rows",
+            "uniform attention" + (" (causal: mean ln(i+1))" if decoder else " (ln n)"),
+        ),
+        (
+            "cls_entropy",
+            "cls_entropy_uniform",
+            "entropy of the " + ("last token's row" if decoder else "[CLS] row"),
+            "uniform attention (ln n)",
+        ),
     ]
     for ax, (col, ref, title, ref_label) in zip(axes, panels):
         layer_dots(ax, table, col, "#2ca02c")
@@ -192,7 +222,10 @@ def fig3_gradients(table: pd.DataFrame, model: str, corpus: str):
     ax.set_ylabel("mean |dL/d attention| (log scale)")
     loss = "causal-LM" if decoder else "masked-LM (15% masking)"
     n = int(table["n_sequences"].iloc[0])
-    ax.set_title(f"{model}: gradient of the {loss} loss w.r.t. attention\nby key type (Clark et al. Fig. 3 analogue), {corpus}, {n} sequences", fontsize=10)
+    ax.set_title(
+        f"{model}: gradient of the {loss} loss w.r.t. attention\nby key type (Clark et al. Fig. 3 analogue), {corpus}, {n} sequences",
+        fontsize=10,
+    )
     ax.legend(title="attention to", fontsize=8)
     fig.tight_layout()
     return fig
@@ -214,7 +247,15 @@ def fig6_mds(heads: pd.DataFrame, model: str, corpus: str, stats: dict | None = 
     for lab in ["other"] + [p for p in present if p != "other"]:
         sel = heads["label"].to_numpy() == lab
         if sel.any():
-            ax.scatter(x[sel], y[sel], s=22, color=LABEL_COLOURS[lab], label=f"{LABEL_NAMES[lab]} ({sel.sum()})", edgecolors="white", linewidths=0.3)
+            ax.scatter(
+                x[sel],
+                y[sel],
+                s=22,
+                color=LABEL_COLOURS[lab],
+                label=f"{LABEL_NAMES[lab]} ({sel.sum()})",
+                edgecolors="white",
+                linewidths=0.3,
+            )
     ax.legend(title="behaviour (Clark thresholds)", fontsize=8, title_fontsize=8, loc="best")
     ax.set_title("coloured by behaviour", fontsize=10)
     ax = axes[1]
@@ -238,7 +279,9 @@ def fig6_mds(heads: pd.DataFrame, model: str, corpus: str, stats: dict | None = 
     return fig
 
 
-def attention_lines(ax, attn: np.ndarray, tokens, title: str = "", min_weight: float = 0.01, colour: str = "#1f77b4") -> None:
+def attention_lines(
+    ax, attn: np.ndarray, tokens, title: str = "", min_weight: float = 0.01, colour: str = "#1f77b4"
+) -> None:
     """Clark's Fig. 1 style: tokens in two columns (query left, key right) and a line from each
     query to each key with opacity equal to its attention weight (weights below ``min_weight``
     are not drawn)."""
@@ -288,7 +331,10 @@ def fig1_examples(examples: pd.DataFrame, maps: dict, tokens, model: str, corpus
         attention_lines(ax, maps[(row.layer, row.head)], tokens, title, min_weight, colour)
     if k == 0:
         _na(axes[0][0], "no head to show")
-    fig.suptitle(f"{model}: the strongest head of each behaviour on one {corpus} sequence (Clark et al. Fig. 1 analogue)\n"
-                 "left column: query tokens, right column: key tokens, line opacity = attention weight; heads are layer-head, 1-based", fontsize=10)
+    fig.suptitle(
+        f"{model}: the strongest head of each behaviour on one {corpus} sequence (Clark et al. Fig. 1 analogue)\n"
+        "left column: query tokens, right column: key tokens, line opacity = attention weight; heads are layer-head, 1-based",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.95 if n > 20 else 0.88))
     return fig

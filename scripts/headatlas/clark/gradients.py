@@ -33,7 +33,19 @@ from .surface import punct_mask
 log = logging.getLogger("headatlas.clark.gradients")
 
 KEY_TYPES = ["sep_bos", "punct", "cls", "other"]
-COLUMNS = ["model", "model_kind", "status", "reason", "loss_kind", "layer", "key_type", "mean_abs_grad", "n_cells", "n_sequences", "mean_loss"]
+COLUMNS = [
+    "model",
+    "model_kind",
+    "status",
+    "reason",
+    "loss_kind",
+    "layer",
+    "key_type",
+    "mean_abs_grad",
+    "n_cells",
+    "n_sequences",
+    "mean_loss",
+]
 
 
 def key_types(special: np.ndarray, piece: Sequence[str], causal: bool) -> np.ndarray:
@@ -92,7 +104,9 @@ def group_sums(grad: np.ndarray, types: np.ndarray, n_groups: int, causal: bool)
     else:
         per_key = g.sum((0, 1))
         cells = np.full(n, h * n)
-    return np.bincount(types, weights=per_key, minlength=n_groups), np.bincount(types, weights=cells, minlength=n_groups)
+    return np.bincount(types, weights=per_key, minlength=n_groups), np.bincount(
+        types, weights=cells, minlength=n_groups
+    )
 
 
 def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
@@ -112,13 +126,18 @@ def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
     if head is None:
         return None, f"transformers has no {auto.__name__} class for model type {model_type!r}"
     try:
-        model, info = auto.from_pretrained(loc, attn_implementation="eager", dtype=torch.float32, output_loading_info=True, **(kwargs or {}))
+        model, info = auto.from_pretrained(
+            loc, attn_implementation="eager", dtype=torch.float32, output_loading_info=True, **(kwargs or {})
+        )
     except ValueError as e:  # no such head class for this architecture
         return None, f"{auto.__name__} cannot load this architecture: {str(e).splitlines()[0]}"
     head_missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(tuple(h + "." for h in head)))
     if head_missing:
         what = "masked-LM" if kind == "encoder" else "causal-LM"
-        return None, f"the checkpoint has no {what} head (missing weights: {', '.join(head_missing[:4])}{' ...' if len(head_missing) > 4 else ''})"
+        return (
+            None,
+            f"the checkpoint has no {what} head (missing weights: {', '.join(head_missing[:4])}{' ...' if len(head_missing) > 4 else ''})",
+        )
     model.eval()
     return model, None
 
@@ -167,13 +186,17 @@ def gradient_importance(
                 labels[b, : len(t)] = causal_lm_labels(t.ids)
             else:
                 rng = np.random.default_rng([seed, t.record_index])
-                ids[b, : len(t)], labels[b, : len(t)] = mlm_inputs(t.ids, t.special, rng, mask_prob, tokenizer.mask_token_id, vocab)
+                ids[b, : len(t)], labels[b, : len(t)] = mlm_inputs(
+                    t.ids, t.special, rng, mask_prob, tokenizer.mask_token_id, vocab
+                )
         emb = embed(torch.from_numpy(ids).to(device)).detach().requires_grad_(True)
         inputs.pop("input_ids")
         with torch.enable_grad():
             out = model(inputs_embeds=emb, **inputs, output_attentions=True)
             if not out.attentions or len(out.attentions) != n_layers:
-                raise RuntimeError("the model returned no attention probabilities; load it with attn_implementation='eager'")
+                raise RuntimeError(
+                    "the model returned no attention probabilities; load it with attn_implementation='eager'"
+                )
             for a in out.attentions:
                 a.retain_grad()
             logits = out.logits.float()
@@ -195,7 +218,9 @@ def gradient_importance(
     return sums, counts, float(np.mean(losses)) if losses else float("nan")
 
 
-def importance_table(model_name: str, kind: str, sums: np.ndarray, counts: np.ndarray, n_sequences: int, mean_loss: float) -> pd.DataFrame:
+def importance_table(
+    model_name: str, kind: str, sums: np.ndarray, counts: np.ndarray, n_sequences: int, mean_loss: float
+) -> pd.DataFrame:
     """Tidy table: one row per (layer, key type) present, with the mean |dL/dA|."""
     layer, group = np.nonzero(counts > 0)
     return pd.DataFrame(
@@ -218,7 +243,9 @@ def importance_table(model_name: str, kind: str, sums: np.ndarray, counts: np.nd
 
 def skipped_table(model_name: str, kind: str, reason: str) -> pd.DataFrame:
     """The one-row table of a model without an LM head."""
-    return pd.DataFrame([{"model": model_name, "model_kind": kind, "status": "skipped", "reason": reason}], columns=COLUMNS)
+    return pd.DataFrame(
+        [{"model": model_name, "model_kind": kind, "status": "skipped", "reason": reason}], columns=COLUMNS
+    )
 
 
 def gradient_table(
@@ -256,8 +283,17 @@ def gradient_table(
     bos = decoder_bos(tokenizer, config, spec)
     tokenized, counts = tokenize_records(records[:n_segments], tokenizer, kind, spec.max_length, overflow, bos)
     if not tokenized:
-        raise ValueError(f"model {spec.name!r}: none of the first {n_segments} records fits in {spec.max_length} tokens")
-    log.info("model %s (%s): %d sequences (%s), loss %s", spec.name, kind, len(tokenized), counts.values, "causal LM" if kind == "decoder" else "masked LM")
+        raise ValueError(
+            f"model {spec.name!r}: none of the first {n_segments} records fits in {spec.max_length} tokens"
+        )
+    log.info(
+        "model %s (%s): %d sequences (%s), loss %s",
+        spec.name,
+        kind,
+        len(tokenized),
+        counts.values,
+        "causal LM" if kind == "decoder" else "masked LM",
+    )
     sums, cells, loss = gradient_importance(model, tokenizer, tokenized, kind, mask_prob, seed, batch_size)
     log.info("model %s: mean loss %.3f", spec.name, loss)
     return importance_table(spec.name, kind, sums, cells, len(tokenized), loss)

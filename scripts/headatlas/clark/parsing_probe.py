@@ -175,7 +175,8 @@ def build_probes(n_maps: int, dim: int, hidden: int = 256, seed: int = 0) -> dic
             root_pre = self.dist(root) + dep[:, None, :]
             pre = torch.cat([root_pre, words], 1)
             return self.out(torch.tanh(pre))[..., 0].masked_fill(
-                torch.cat([torch.zeros(len(pos), 1, dtype=torch.bool), torch.eye(len(pos), dtype=torch.bool)], 1), float("-inf")
+                torch.cat([torch.zeros(len(pos), 1, dtype=torch.bool), torch.eye(len(pos), dtype=torch.bool)], 1),
+                float("-inf"),
             )
 
     out = {}
@@ -189,10 +190,14 @@ def sentence_loss(probe, s: ProbeSentence):
     torch = _torch()
     ok = s.target >= 0
     logits = probe(s)
-    return torch.nn.functional.cross_entropy(logits[torch.from_numpy(ok)], torch.from_numpy(s.target[ok]), reduction="sum")
+    return torch.nn.functional.cross_entropy(
+        logits[torch.from_numpy(ok)], torch.from_numpy(s.target[ok]), reduction="sum"
+    )
 
 
-def train(probes: dict, epochs: int, sentences: Callable[[int], Iterable[ProbeSentence]], lr: float = 0.002) -> dict[str, list[float]]:
+def train(
+    probes: dict, epochs: int, sentences: Callable[[int], Iterable[ProbeSentence]], lr: float = 0.002
+) -> dict[str, list[float]]:
     """Adam, one sentence per step; ``sentences(epoch)`` yields the training order. Returns
     the mean loss per word of each epoch, per probe."""
     torch = _torch()
@@ -248,7 +253,12 @@ def evaluate(probes: dict, sentences: Iterable[ProbeSentence]) -> dict[str, tupl
 
 
 def store_sentences(
-    store: AttentionStore, records: Sequence[Record], glove, mode: str = "mean", chunk: int = 64, rng: np.random.Generator | None = None
+    store: AttentionStore,
+    records: Sequence[Record],
+    glove,
+    mode: str = "mean",
+    chunk: int = 64,
+    rng: np.random.Generator | None = None,
 ) -> Iterator[ProbeSentence]:
     """Probe inputs of every stored sentence; with ``rng``, chunks and the sentences within
     each chunk come in a random order."""
@@ -257,7 +267,10 @@ def store_sentences(
         starts = rng.permutation(starts)
     for a in starts:
         ks = np.arange(a, min(a + chunk, len(store)))
-        part = [probe_sentence(wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]), glove) for wm in iter_word_maps(store, mode, chunk, ks)]
+        part = [
+            probe_sentence(wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]), glove)
+            for wm in iter_word_maps(store, mode, chunk, ks)
+        ]
         if rng is not None:
             part = [part[i] for i in rng.permutation(len(part))]
         yield from part
@@ -269,16 +282,24 @@ def attn_weights(probe, n_layers: int, n_heads: int, model: str) -> pd.DataFrame
     w = probe.w.detach().numpy()
     k = n_layers * n_heads
     layer, head = np.divmod(np.arange(k), n_heads)
-    return pd.DataFrame({"model": model, "layer": layer, "head": head, "weight_dep_to_head": w[:k], "weight_head_to_dep": w[k:]})
+    return pd.DataFrame(
+        {"model": model, "layer": layer, "head": head, "weight_dep_to_head": w[:k], "weight_head_to_dep": w[k:]}
+    )
 
 
 def table3(uas: pd.DataFrame, random_uas: pd.DataFrame | None, model: str, random_model: str | None) -> pd.DataFrame:
     """Clark's Table 3 analogue: UAS per system and split beside the paper's numbers; the
     random-init row is the random model's Attn + GloVe."""
-    wide = uas.pivot_table(index="probe", columns="split", values="uas").reset_index().rename(columns={"probe": "system"})
+    wide = (
+        uas.pivot_table(index="probe", columns="split", values="uas").reset_index().rename(columns={"probe": "system"})
+    )
     wide["source_model"] = model
     if random_uas is not None:
-        r = random_uas[random_uas["probe"] == "Attn + GloVe"].pivot_table(index="probe", columns="split", values="uas").reset_index()
+        r = (
+            random_uas[random_uas["probe"] == "Attn + GloVe"]
+            .pivot_table(index="probe", columns="split", values="uas")
+            .reset_index()
+        )
         r["system"] = RANDOM_INIT
         r["source_model"] = random_model
         wide = pd.concat([wide, r.drop(columns="probe")], ignore_index=True)
@@ -308,7 +329,14 @@ class ProbeSettings:
 
 
 def fit_probes(
-    train_sentences: Callable[[int], Iterable[ProbeSentence]], n_maps: int, dim: int, *, hidden: int = 256, epochs: int = 1, lr: float = 0.002, seed: int = 0
+    train_sentences: Callable[[int], Iterable[ProbeSentence]],
+    n_maps: int,
+    dim: int,
+    *,
+    hidden: int = 256,
+    epochs: int = 1,
+    lr: float = 0.002,
+    seed: int = 0,
 ) -> tuple[dict, dict[str, list[float]]]:
     """Build the probes (seeded) and train them; ``train_sentences(epoch)`` yields each epoch's order."""
     probes = build_probes(n_maps, dim, hidden, seed)
@@ -322,14 +350,36 @@ def uas_table(probes: dict, eval_sets: Iterable[tuple[str, int, Iterable[ProbeSe
         t1 = time.time()
         res = evaluate(probes, sentences)
         for name, (correct, n) in res.items():
-            rows.append({"model": model, "probe": name, "split": split, "n_sentences": n_sent, "n_words": n, "correct": correct, "uas": correct / n if n else np.nan})
-        log.info("%s %s: %s (%.1f s)", model, split, {k: round(c / max(n, 1), 4) for k, (c, n) in res.items()}, time.time() - t1)
+            rows.append(
+                {
+                    "model": model,
+                    "probe": name,
+                    "split": split,
+                    "n_sentences": n_sent,
+                    "n_words": n,
+                    "correct": correct,
+                    "uas": correct / n if n else np.nan,
+                }
+            )
+        log.info(
+            "%s %s: %s (%.1f s)",
+            model,
+            split,
+            {k: round(c / max(n, 1), 4) for k, (c, n) in res.items()},
+            time.time() - t1,
+        )
     return pd.DataFrame(rows)
 
 
 def history_table(history: dict[str, list[float]], model: str, n_train: int) -> pd.DataFrame:
     """Training loss per word of every probe and epoch."""
-    hist = pd.DataFrame([{"model": model, "probe": k, "epoch": e, "train_loss_per_word": v} for k, vs in history.items() for e, v in enumerate(vs)])
+    hist = pd.DataFrame(
+        [
+            {"model": model, "probe": k, "epoch": e, "train_loss_per_word": v}
+            for k, vs in history.items()
+            for e, v in enumerate(vs)
+        ]
+    )
     hist["n_train_sentences"] = n_train
     return hist
 
@@ -350,13 +400,27 @@ def run_probes(
             rng = np.random.default_rng([seed, epoch])
             return store_sentences(store, train_records, glove, word_mode, rng=rng)
 
-        probes, history = fit_probes(sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed)
+        probes, history = fit_probes(
+            sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed
+        )
         n_train = len(store)
-    log.info("%s: trained %s on %d sentences x %d epochs in %.1f s; GloVe OOV rate %.3f", model, list(probes), n_train, epochs, time.time() - t0, glove.oov_rate)
+    log.info(
+        "%s: trained %s on %d sentences x %d epochs in %.1f s; GloVe OOV rate %.3f",
+        model,
+        list(probes),
+        n_train,
+        epochs,
+        time.time() - t0,
+        glove.oov_rate,
+    )
 
     def eval_sets():
         for split, (maps, records) in evals.items():
             with AttentionStore(list(maps)) as st:
                 yield split, len(st), store_sentences(st, records, glove, word_mode)
 
-    return {"uas": uas_table(probes, eval_sets(), model), "weights": attn_weights(probes["Attn"], n_layers, n_heads, model), "history": history_table(history, model, n_train)}
+    return {
+        "uas": uas_table(probes, eval_sets(), model),
+        "weights": attn_weights(probes["Attn"], n_layers, n_heads, model),
+        "history": history_table(history, model, n_train),
+    }

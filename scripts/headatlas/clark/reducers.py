@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
+from ..core.reduce import ReduceBatch, Reducer, clean_maps, key_masses
 from .surface import STATS, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -35,14 +35,18 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     col_mass = a.sum(2).double()  # [B, H, n]
     shares = col_mass @ f["keys"]  # [B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
     # next, prev, self: three diagonals read at once from the flattened maps
-    diag = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 3, n) * f["diag_w"]).sum(-1).double() / f["n"]
+    diag = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 3, n) * f["diag_w"]).sum(
+        -1
+    ).double() / f["n"]
     to_sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0].double()  # [B, H, n]
     # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
     # Sequences are taken in chunks of at most ENTROPY_CHUNK_BYTES of maps, so the two temporaries stay small
     # next to the layer's maps (long inputs).
     step = max(1, ENTROPY_CHUNK_BYTES // max(1, 4 * h * n * n))
-    ent = torch.cat([row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]).double()  # [B, H, n]
+    ent = torch.cat(
+        [row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]
+    ).double()  # [B, H, n]
     # [next, prev, self, cls, sep, punct, sep_to_sep, other_to_sep, entropy, cls_entropy, 0] -> STATS order
     core = torch.cat([diag, shares, to_sep @ f["sep_w"], ent @ f["ent_w"], torch.zeros_like(diag[..., :1])], -1)
     out = core.index_select(2, f["order"]) + f["constant"][:, None, :]  # [B, H, S]
@@ -73,7 +77,9 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     nf = batch.tensor("lengths", dev).double()
     first = special == (SPECIAL_BOS if causal else SPECIAL_CLS)
     sep = special == SPECIAL_SEP
-    punct = torch.as_tensor(np.stack([punct_mask(p, s) for p, s in zip(batch.piece, batch.special)]).reshape(bsz, n), device=dev)
+    punct = torch.as_tensor(
+        np.stack([punct_mask(p, s) for p, s in zip(batch.piece, batch.special)]).reshape(bsz, n), device=dev
+    )
     other = valid & ~sep
     idx = torch.arange(n, device=dev, dtype=torch.float64)
     k = (idx + 1)[None, :].expand(bsz, n) if causal else nf[:, None].expand(bsz, n)  # keys per row
@@ -113,7 +119,9 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
         "keys": torch.stack([first, sep, punct], -1).double() / nf[:, None, None],  # [B, n, 3]
         "diag_idx": torch.cat(diag_idx),
         "diag_w": torch.stack(diag_w),  # [3, n]
-        "sep_w": torch.stack([sep.double() / sep.sum(1).clamp(min=1)[:, None], other.double() / other.sum(1).clamp(min=1)[:, None]], -1),  # [B, n, 2]
+        "sep_w": torch.stack(
+            [sep.double() / sep.sum(1).clamp(min=1)[:, None], other.double() / other.sum(1).clamp(min=1)[:, None]], -1
+        ),  # [B, n, 2]
         "ent_w": torch.stack([valid.double() / nf[:, None], summary_row], -1),  # [B, n, 2]
         "order": torch.as_tensor([names.index(s) if s in names else len(names) for s in STATS], device=dev),
         "offset": (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None],  # [B, 1, n, n]
@@ -158,7 +166,14 @@ class SurfaceReducer(Reducer):
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = self.total.cpu().numpy() / self.count.cpu().numpy()
         rows = [
-            {"model": info.model, "model_kind": info.model_kind, "layer": layer, "head": head, "n_sequences": info.n_sequences, **dict(zip(STATS, mean[layer, head]))}
+            {
+                "model": info.model,
+                "model_kind": info.model_kind,
+                "layer": layer,
+                "head": head,
+                "n_sequences": info.n_sequences,
+                **dict(zip(STATS, mean[layer, head])),
+            }
             for layer in range(info.n_layers)
             for head in range(info.n_heads)
         ]
@@ -200,7 +215,9 @@ class JSReducer(Reducer):
         for i, b in enumerate(wanted):  # per sequence: each has its own length and its own JS sum
             n = int(batch.lengths[b])
             maps = stacked[i, :, :n, :n].float().cpu().numpy()
-            self.total += js_sums(smoothed_cells(maps, self.info.causal, self.smoothing).astype(np.float32), self.max_elements)
+            self.total += js_sums(
+                smoothed_cells(maps, self.info.causal, self.smoothing).astype(np.float32), self.max_elements
+            )
             self.tokens += n
 
     def result(self):

@@ -75,7 +75,9 @@ def row_entropy(maps: np.ndarray, causal: bool, smoothing: float) -> np.ndarray:
     return -np.where(pos, smooth * np.log(np.where(pos, smooth, 1.0)), 0.0).sum(-1)
 
 
-def sequence_stats(maps: np.ndarray, special: np.ndarray, piece: np.ndarray, causal: bool, smoothing: float) -> np.ndarray:
+def sequence_stats(
+    maps: np.ndarray, special: np.ndarray, piece: np.ndarray, causal: bool, smoothing: float
+) -> np.ndarray:
     """[heads, len(STATS)] statistics of one sequence's [H, n, n] maps."""
     h, n, _ = maps.shape
     special = np.asarray(special)
@@ -101,7 +103,9 @@ def sequence_stats(maps: np.ndarray, special: np.ndarray, piece: np.ndarray, cau
     ent = row_entropy(maps, causal, smoothing)
     out[:, col["entropy"]] = ent.mean(-1)
     out[:, col["entropy_uniform"]] = np.log(idx + 1).mean() if causal else np.log(n)
-    summary = n - 1 if causal else (int(np.flatnonzero(special == SPECIAL_CLS)[0]) if (special == SPECIAL_CLS).any() else -1)
+    summary = (
+        n - 1 if causal else (int(np.flatnonzero(special == SPECIAL_CLS)[0]) if (special == SPECIAL_CLS).any() else -1)
+    )
     if summary >= 0:
         out[:, col["cls_entropy"]] = ent[:, summary]
         out[:, col["cls_entropy_uniform"]] = np.log(n)
@@ -131,7 +135,14 @@ def surface_table(store, smoothing: float = 1e-4, chunk: int = 256) -> pd.DataFr
             mean = total / count
         for head in range(store.n_heads):
             rows.append(
-                {"model": store.meta["model"], "model_kind": kind, "layer": layer, "head": head, "n_sequences": len(store), **dict(zip(STATS, mean[head]))}
+                {
+                    "model": store.meta["model"],
+                    "model_kind": kind,
+                    "layer": layer,
+                    "head": head,
+                    "n_sequences": len(store),
+                    **dict(zip(STATS, mean[head])),
+                }
             )
     return pd.DataFrame(rows)
 
@@ -176,7 +187,14 @@ def layer_summary(table: pd.DataFrame) -> pd.DataFrame:
     return table.groupby(["model", "layer"], as_index=False)[STATS].mean()
 
 
-BEST_HEAD_STATS = [("prev", "prev"), ("next", "next"), ("cls", "cls"), ("sep", "sep"), ("punct", "punct"), ("broad", "entropy")]
+BEST_HEAD_STATS = [
+    ("prev", "prev"),
+    ("next", "next"),
+    ("cls", "cls"),
+    ("sep", "sep"),
+    ("punct", "punct"),
+    ("broad", "entropy"),
+]
 
 
 def best_heads(table: pd.DataFrame) -> pd.DataFrame:
@@ -193,7 +211,15 @@ def best_heads(table: pd.DataFrame) -> pd.DataFrame:
             continue
         i = values.idxmax()
         name = "bos" if (behaviour == "cls" and decoder) else behaviour
-        rows.append({"behaviour": name, "layer": int(table.at[i, "layer"]), "head": int(table.at[i, "head"]), "statistic": stat, "score": float(values[i])})
+        rows.append(
+            {
+                "behaviour": name,
+                "layer": int(table.at[i, "layer"]),
+                "head": int(table.at[i, "head"]),
+                "statistic": stat,
+                "score": float(values[i]),
+            }
+        )
     return pd.DataFrame(rows, columns=["behaviour", "layer", "head", "statistic", "score"])
 
 
@@ -219,7 +245,10 @@ def relative_layers(n_layers: int, first: int, last: int, of: int = 12) -> np.nd
 
 
 def clark_headlines(
-    behaviour: pd.DataFrame, clustering: dict | None = None, gradients: pd.DataFrame | None = None, broad_entropy: float = 3.8
+    behaviour: pd.DataFrame,
+    clustering: dict | None = None,
+    gradients: pd.DataFrame | None = None,
+    broad_entropy: float = 3.8,
 ) -> pd.DataFrame:
     """Clark et al.'s headline claims beside this model's analogue (one row per claim).
 
@@ -233,15 +262,31 @@ def clark_headlines(
     rows = []
 
     def add(claim, paper, measured, measure, holds):
-        ok = "not applicable" if holds is None or (isinstance(measured, float) and np.isnan(measured)) else ("yes" if holds else "no")
+        ok = (
+            "not applicable"
+            if holds is None or (isinstance(measured, float) and np.isnan(measured))
+            else ("yes" if holds else "no")
+        )
         rows.append({"claim": claim, "paper": paper, "measured": measured, "measure": measure, "holds": ok})
 
     self_med = float(t["self"].median())
-    add("most heads put little attention on the current token", "little (Fig. 2)", self_med, "median over heads of mean attention to the current token", self_med < 0.1)
+    add(
+        "most heads put little attention on the current token",
+        "little (Fig. 2)",
+        self_med,
+        "median over heads of mean attention to the current token",
+        self_med < 0.1,
+    )
     mid = relative_layers(n_layers, 6, 10)
     mid_names = f"layers {mid[0] + 1}-{mid[-1] + 1}"
     sep_mid = float(t[t["layer"].isin(mid)]["sep"].mean())
-    add("over half of the attention in middle layers goes to [SEP]", "> 0.5 in layers 6-10 of 12", sep_mid, f"mean attention to [SEP] in {mid_names}", sep_mid > 0.5)
+    add(
+        "over half of the attention in middle layers goes to [SEP]",
+        "> 0.5 in layers 6-10 of 12",
+        sep_mid,
+        f"mean attention to [SEP] in {mid_names}",
+        sep_mid > 0.5,
+    )
     first_mid = float(t[t["layer"].isin(mid)]["cls"].mean())
     add(
         f"(analogue) share of middle-layer attention on {'BOS' if decoder else '[CLS]'}",
@@ -252,10 +297,19 @@ def clark_headlines(
     )
     sep_heads = t[t["sep"] > 0.6]
     s2s = float(sep_heads["sep_to_sep"].mean()) if len(sep_heads) else float("nan")
-    add("[SEP]-attending heads send > 90% of [SEP]'s attention to [SEP]s", "> 0.9", s2s, f"mean [SEP]->[SEP] over the {len(sep_heads)} heads with [SEP] > 0.6", s2s > 0.9)
+    add(
+        "[SEP]-attending heads send > 90% of [SEP]'s attention to [SEP]s",
+        "> 0.9",
+        s2s,
+        f"mean [SEP]->[SEP] over the {len(sep_heads)} heads with [SEP] > 0.6",
+        s2s > 0.9,
+    )
     early = relative_layers(n_layers, 1, 4)
     deep = relative_layers(n_layers, 9, 12)
-    for col, name, where, sel in (("cls", "BOS" if decoder else "[CLS]", "early", early), ("punct", "periods and commas", "deep", deep)):
+    for col, name, where, sel in (
+        ("cls", "BOS" if decoder else "[CLS]", "early", early),
+        ("punct", "periods and commas", "deep", deep),
+    ):
         means = by_layer[col].mean()
         peak = int(means.idxmax()) if not means.isna().all() else -1
         add(
@@ -269,10 +323,22 @@ def clark_headlines(
     ent = float(last["cls_entropy"].mean())
     ref = float(last["cls_entropy_uniform"].mean())
     summary = "last token's" if decoder else "[CLS]"
-    add(f"last-layer {summary} row attends broadly", "3.89 nats (uniform about 4.5-4.8)", ent, f"mean entropy of the {summary} row in the last layer (uniform here {ref:.2f})", ent > 0.8 * ref)
+    add(
+        f"last-layer {summary} row attends broadly",
+        "3.89 nats (uniform about 4.5-4.8)",
+        ent,
+        f"mean entropy of the {summary} row in the last layer (uniform here {ref:.2f})",
+        ent > 0.8 * ref,
+    )
     for col, paper in (("prev", 4), ("next", 5)):
         n = float((t[col] > 0.5).sum()) if t[col].notna().any() else float("nan")
-        add(f"heads with > 50% of their attention on the {'previous' if col == 'prev' else 'next'} token", f"{paper} of 144", n, f"heads of {len(t)}", n > 0)
+        add(
+            f"heads with > 50% of their attention on the {'previous' if col == 'prev' else 'next'} token",
+            f"{paper} of 144",
+            n,
+            f"heads of {len(t)}",
+            n > 0,
+        )
     broad = t["entropy"] > broad_entropy
     n_broad, n_low = int(broad.sum()), int((broad & (t["layer"] < n_layers / 2)).sum())
     add(
@@ -288,7 +354,10 @@ def clark_headlines(
         ratio = piv["sep_bos"] / piv["other"]
         from_5 = relative_layers(n_layers, 5, 12)
         before = np.setdiff1d(np.arange(n_layers), from_5)
-        late, early_r = float(ratio.loc[from_5].mean()), float(ratio.loc[before].mean()) if len(before) else float("nan")
+        late, early_r = (
+            float(ratio.loc[from_5].mean()),
+            float(ratio.loc[before].mean()) if len(before) else float("nan"),
+        )
         key = "BOS" if decoder else "[SEP]"
         add(
             f"from layer 5 on, gradients for attention to {key} are small",
@@ -298,7 +367,13 @@ def clark_headlines(
             late < 1 and (np.isnan(early_r) or late < early_r),
         )
     else:
-        add("from layer 5 on, gradients for attention to [SEP] are small", "very small from layer 5 (Fig. 3)", float("nan"), "skipped: no LM head", None)
+        add(
+            "from layer 5 on, gradients for attention to [SEP] are small",
+            "very small from layer 5 (Fig. 3)",
+            float("nan"),
+            "skipped: no LM head",
+            None,
+        )
     if clustering:
         add(
             "heads in the same layer cluster together",

@@ -47,9 +47,19 @@ ALL = "All"
 RELATION_MAP = pd.DataFrame(
     [
         ("All", "All", "exact", "every word; punctuation and root included"),
-        ("prep", "obl", "other dependent", "SD prep: preposition -> the word its phrase modifies; UD obl: the phrase's noun -> that word (same head word, the noun instead of the preposition)"),
+        (
+            "prep",
+            "obl",
+            "other dependent",
+            "SD prep: preposition -> the word its phrase modifies; UD obl: the phrase's noun -> that word (same head word, the noun instead of the preposition)",
+        ),
         ("prep", "nmod", "other dependent", "as obl, for phrases that modify a noun"),
-        ("pobj", "case", "reversed", "SD pobj: noun -> its preposition; UD case: preposition -> its noun (same word pair, reversed); Clark's pobj head (prepositions attend to their objects) is a case head in the dep->head direction"),
+        (
+            "pobj",
+            "case",
+            "reversed",
+            "SD pobj: noun -> its preposition; UD case: preposition -> its noun (same word pair, reversed); Clark's pobj head (prepositions attend to their objects) is a case head in the dep->head direction",
+        ),
         ("det", "det", "same", ""),
         ("nn", "compound", "same", "noun compound modifier"),
         ("nsubj", "nsubj", "same", ""),
@@ -127,7 +137,9 @@ def word_level(maps: np.ndarray, word: np.ndarray, special: np.ndarray, mode: st
     return store_word_level(maps.astype(np.float32, copy=False), word, special, mode)
 
 
-def iter_word_maps(store: AttentionStore, mode: str = "mean", chunk: int = 32, ks: Sequence[int] | None = None) -> Iterator[WordMaps]:
+def iter_word_maps(
+    store: AttentionStore, mode: str = "mean", chunk: int = 32, ks: Sequence[int] | None = None
+) -> Iterator[WordMaps]:
     """Word-level maps of every head, sequence by sequence (store order, or the runs of ``ks``).
 
     Each sequence's [L*H, n, n] maps are aggregated at once (:func:`word_level`); sequences
@@ -175,7 +187,9 @@ def apply_poss_rule(pred: np.ndarray, record: Record, block: WordBlock, poss_rel
     nxt = block.word + 1
     has_next = nxt < n
     nxt_row = np.where(has_next, block.position[np.minimum(nxt, n - 1)], -1)
-    marker = np.array([has_next[i] and record.words[d + 1].lower() in POSS_MARKERS for i, d in enumerate(block.word)], dtype=bool)
+    marker = np.array(
+        [has_next[i] and record.words[d + 1].lower() in POSS_MARKERS for i, d in enumerate(block.word)], dtype=bool
+    )
     poss = np.isin(np.asarray(record.deprel)[block.word], poss_relations)
     rows = np.flatnonzero(poss & marker & (nxt_row >= 0))
     pred = pred.copy()
@@ -214,7 +228,13 @@ def sentence_correctness(wm: WordMaps, record: Record, n_words: int, offsets: Se
     return np.asarray(record.deprel)[dep], heads, base.T
 
 
-def collect_correctness(items: Iterable[tuple[WordMaps, Record, int]], n_layers: int, n_heads: int, offsets=DEFAULT_OFFSETS, poss_rule: bool = True) -> Correctness:
+def collect_correctness(
+    items: Iterable[tuple[WordMaps, Record, int]],
+    n_layers: int,
+    n_heads: int,
+    offsets=DEFAULT_OFFSETS,
+    poss_rule: bool = True,
+) -> Correctness:
     """Gather per-dependent correctness over (word maps, record, words kept) triples."""
     rel, sent, heads, base = [], [], [], []
     missing = 0
@@ -230,17 +250,33 @@ def collect_correctness(items: Iterable[tuple[WordMaps, Record, int]], n_layers:
     if not rel:
         raise ValueError("no sentence to evaluate")
     return Correctness(
-        np.concatenate(rel), np.concatenate(sent), np.concatenate(heads), np.concatenate(base), tuple(offsets), n_layers, n_heads, missing
+        np.concatenate(rel),
+        np.concatenate(sent),
+        np.concatenate(heads),
+        np.concatenate(base),
+        tuple(offsets),
+        n_layers,
+        n_heads,
+        missing,
     )
 
 
-def store_correctness(store: AttentionStore, records: Sequence[Record], mode: str = "mean", offsets=DEFAULT_OFFSETS, poss_rule: bool = True, chunk: int = 32) -> Correctness:
-    items = ((wm, records[store.record_index[wm.k]], int(store.n_words[wm.k])) for wm in iter_word_maps(store, mode, chunk))
+def store_correctness(
+    store: AttentionStore,
+    records: Sequence[Record],
+    mode: str = "mean",
+    offsets=DEFAULT_OFFSETS,
+    poss_rule: bool = True,
+    chunk: int = 32,
+) -> Correctness:
+    items = (
+        (wm, records[store.record_index[wm.k]], int(store.n_words[wm.k])) for wm in iter_word_maps(store, mode, chunk)
+    )
     return collect_correctness(items, store.n_layers, store.n_heads, offsets, poss_rule)
 
 
 def relation_masks(c: Correctness, min_count: int, also: Sequence[str] = ()) -> dict[str, np.ndarray]:
-    """"All" and every relation (except root, never predicted) with at least ``min_count``
+    """ "All" and every relation (except root, never predicted) with at least ``min_count``
     dependents, most frequent first; relations in ``also`` are added when present at all."""
     names, counts = np.unique(c.relation, return_counts=True)
     order = np.argsort(-counts, kind="stable")
@@ -258,7 +294,19 @@ def head_table(c: Correctness, masks: dict[str, np.ndarray], model: str) -> pd.D
     for name, m in masks.items():
         acc = c.heads[m].mean(0)  # [2, K]
         for d, direction in enumerate(DIRECTIONS):
-            frames.append(pd.DataFrame({"model": model, "layer": layer, "head": head, "relation": name, "direction": direction, "n": int(m.sum()), "accuracy": acc[d]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "model": model,
+                        "layer": layer,
+                        "head": head,
+                        "relation": name,
+                        "direction": direction,
+                        "n": int(m.sum()),
+                        "accuracy": acc[d],
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -271,7 +319,9 @@ def baseline_table(c: Correctness, masks: dict[str, np.ndarray], model: str) -> 
     return pd.DataFrame(rows)
 
 
-def sentence_ci(correct: np.ndarray, cluster: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+def sentence_ci(
+    correct: np.ndarray, cluster: np.ndarray, n_boot: int, seed: int, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile CI of the accuracy ``correct`` resampling whole clusters (sentences, documents)."""
     lo, hi = bootstrap_ci(correct, n_boot=n_boot, level=level, rng=np.random.default_rng(seed), clusters=cluster)
     return float(lo[0]), float(hi[0])
@@ -281,7 +331,9 @@ def relation_seed(seed: int, relation: str) -> int:
     return seed * 1_000_003 + zlib.crc32(relation.encode())
 
 
-def best_table(c: Correctness, masks: dict[str, np.ndarray], model: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def best_table(
+    c: Correctness, masks: dict[str, np.ndarray], model: str, n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Per relation: the best head and direction (ties: lower layer, head, dep->head first)
     with a sentence-bootstrap CI, and the best offset baseline."""
     rows = []
@@ -322,16 +374,35 @@ def table1(best: pd.DataFrame, min_count: int = 0) -> pd.DataFrame:
     t["n"] = t["n"].fillna(0).astype(int)
     t["below_min_count"] = (t["n"] < min_count) & (t["relation"] != ALL)
     cols = [
-        "model", "paper_relation", "relation", "correspondence", "n", "below_min_count", "layer", "head", "label", "direction",
-        "accuracy", "ci_low", "ci_high", "baseline_offset", "baseline_accuracy",
-        "paper_head", "paper_accuracy", "paper_baseline", "paper_offset", "note",
+        "model",
+        "paper_relation",
+        "relation",
+        "correspondence",
+        "n",
+        "below_min_count",
+        "layer",
+        "head",
+        "label",
+        "direction",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "baseline_offset",
+        "baseline_accuracy",
+        "paper_head",
+        "paper_accuracy",
+        "paper_baseline",
+        "paper_offset",
+        "note",
     ]
     for col in ("layer", "head", "baseline_offset"):
         t[col] = t[col].astype("Int64")
     return t[cols]
 
 
-def syntax_tables(c: Correctness, model: str, *, min_count: int = 100, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
+def syntax_tables(
+    c: Correctness, model: str, *, min_count: int = 100, n_boot: int = 1000, seed: int = 0
+) -> dict[str, pd.DataFrame]:
     """Every table of rule clark_syntax_heads: per-head accuracies and offset baselines of the
     relations with ``min_count`` dependents, their best heads, and Table 1 (which also shows
     its rarer relations)."""

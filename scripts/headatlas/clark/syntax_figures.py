@@ -31,8 +31,12 @@ def plot_table1(t: pd.DataFrame, model: str, corpus: str):
     acc = 100 * t["accuracy"].to_numpy(float)
     err = np.vstack([acc - 100 * t["ci_low"].to_numpy(float), 100 * t["ci_high"].to_numpy(float) - acc])
     ax.barh(y + 0.2, acc, height=0.4, xerr=err, color="tab:blue", label="best head (95% CI, sentence bootstrap)")
-    ax.barh(y - 0.2, 100 * t["baseline_accuracy"].to_numpy(float), height=0.4, color="tab:gray", label="best fixed offset")
-    ax.scatter(t["paper_accuracy"], y + 0.2, marker="D", color="black", zorder=3, label="paper: best head (BERT-base, PTB)")
+    ax.barh(
+        y - 0.2, 100 * t["baseline_accuracy"].to_numpy(float), height=0.4, color="tab:gray", label="best fixed offset"
+    )
+    ax.scatter(
+        t["paper_accuracy"], y + 0.2, marker="D", color="black", zorder=3, label="paper: best head (BERT-base, PTB)"
+    )
     ax.scatter(t["paper_baseline"], y - 0.2, marker="|", s=120, color="black", zorder=3, label="paper: offset baseline")
     labels = []
     for r in t.itertuples():
@@ -68,8 +72,16 @@ def plot_head_grid(heads: pd.DataFrame, relations: Sequence[str], model: str, co
         ax.set_title(f"{rel} (n={n}, max {np.nanmax(grid):.0f}%)", fontsize=9)
         ax.set_xlabel("head (1-based)", fontsize=8)
         ax.set_ylabel("layer (1-based)", fontsize=8)
-        ax.set_xticks(range(0, n_heads, max(1, n_heads // 6)), [str(i + 1) for i in range(0, n_heads, max(1, n_heads // 6))], fontsize=7)
-        ax.set_yticks(range(0, n_layers, max(1, n_layers // 6)), [str(i + 1) for i in range(0, n_layers, max(1, n_layers // 6))], fontsize=7)
+        ax.set_xticks(
+            range(0, n_heads, max(1, n_heads // 6)),
+            [str(i + 1) for i in range(0, n_heads, max(1, n_heads // 6))],
+            fontsize=7,
+        )
+        ax.set_yticks(
+            range(0, n_layers, max(1, n_layers // 6)),
+            [str(i + 1) for i in range(0, n_layers, max(1, n_layers // 6))],
+            fontsize=7,
+        )
     for ax in list(axes.flat)[len(relations) :]:
         ax.axis("off")
     fig.suptitle(f"{model}: accuracy of every head as a dependency parser ({corpus}), best direction", fontsize=10)
@@ -94,7 +106,15 @@ def plot_table2(t: pd.DataFrame, model: str, corpora: str):
         label = f"{s} {t.loc[s, 'label']}" if s == "Best head" else s
         ax.bar(x + (i - (len(systems) - 1) / 2) * w, vals, width=w, color=c, label=label)
         paper = [t.loc[s, f"paper_{g}"] for g in groups]
-        ax.scatter(x + (i - (len(systems) - 1) / 2) * w, paper, marker="D", color="black", s=14, zorder=3, label="paper (CoNLL-2012)" if i == 0 else None)
+        ax.scatter(
+            x + (i - (len(systems) - 1) / 2) * w,
+            paper,
+            marker="D",
+            color="black",
+            s=14,
+            zorder=3,
+            label="paper (CoNLL-2012)" if i == 0 else None,
+        )
     n = [int(t.loc["Best head", "n"])] + [int(t.loc["Best head", f"n_{g}"]) for g in groups[1:]]
     ax.set_xticks(x, [f"{g}\n(n={k})" for g, k in zip(groups, n)])
     ax.set_ylim(0, 100)
@@ -116,7 +136,9 @@ def plot_coref_heads(heads: pd.DataFrame, model: str, corpora: str):
     ax.set_yticks(range(n_layers), [str(i + 1) for i in range(n_layers)], fontsize=7)
     ax.set_xlabel("head (1-based)")
     ax.set_ylabel("layer (1-based)")
-    ax.set_title(f"{model}: antecedent selection accuracy per head\n({corpora}, n={int(sub['n'].iloc[0])} anaphors)", fontsize=10)
+    ax.set_title(
+        f"{model}: antecedent selection accuracy per head\n({corpora}, n={int(sub['n'].iloc[0])} anaphors)", fontsize=10
+    )
     fig.colorbar(im, ax=ax, label="accuracy (%)")
     return fig
 
@@ -129,9 +151,18 @@ def plot_table3(t: pd.DataFrame, model: str):
     h = 0.8 / max(1, len(splits))
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(t) + 1.5))
     for i, (s, c) in enumerate(zip(splits, ["tab:blue", "tab:orange"])):
-        ax.barh(y - (i - (len(splits) - 1) / 2) * h, 100 * t[s].to_numpy(float), height=h, color=c, label=f"{model} ({s[4:]})")
+        ax.barh(
+            y - (i - (len(splits) - 1) / 2) * h,
+            100 * t[s].to_numpy(float),
+            height=h,
+            color=c,
+            label=f"{model} ({s[4:]})",
+        )
     ax.scatter(t["paper_uas"], y, marker="D", color="black", zorder=3, label="paper (BERT-base, PTB dev)")
-    names = [f"{r.system}" + (f"\n[{r.source_model}]" if r.source_model != model and isinstance(r.source_model, str) else "") for r in t.itertuples()]
+    names = [
+        f"{r.system}" + (f"\n[{r.source_model}]" if r.source_model != model and isinstance(r.source_model, str) else "")
+        for r in t.itertuples()
+    ]
     ax.set_yticks(y, names, fontsize=8)
     ax.set_xlim(0, 100)
     ax.set_xlabel("UAS excluding punctuation (%)")
@@ -153,7 +184,9 @@ class Panel:
 
 
 def unit_labels(record: Record, unit_word: np.ndarray, unit_special: np.ndarray) -> list[str]:
-    return [record.words[w] if w >= 0 else f"[{SPECIAL_NAMES[int(s)].upper()}]" for w, s in zip(unit_word, unit_special)]
+    return [
+        record.words[w] if w >= 0 else f"[{SPECIAL_NAMES[int(s)].upper()}]" for w, s in zip(unit_word, unit_special)
+    ]
 
 
 def head_word_maps(store: AttentionStore, k: int, layer: int, head: int, mode: str = "mean") -> WordMaps:
@@ -162,7 +195,16 @@ def head_word_maps(store: AttentionStore, k: int, layer: int, head: int, mode: s
     return WordMaps(k, maps, uw, us)
 
 
-def syntax_example(store: AttentionStore, records: Sequence[Record], relation: str, layer: int, head: int, direction: str, max_words: int = 18, mode: str = "mean") -> Panel | None:
+def syntax_example(
+    store: AttentionStore,
+    records: Sequence[Record],
+    relation: str,
+    layer: int,
+    head: int,
+    direction: str,
+    max_words: int = 18,
+    mode: str = "mean",
+) -> Panel | None:
     """The first sentence of at most ``max_words`` words with a ``relation`` arc that the head
     gets right for every such dependent (else the best one found)."""
     d = DIRECTIONS.index(direction)
@@ -181,7 +223,11 @@ def syntax_example(store: AttentionStore, records: Sequence[Record], relation: s
         score = sum(ok) / len(ok)
         if best is None or score > best[0]:
             unit_of = {int(block.word[i]): int(u) for i, u in enumerate(block.unit)}
-            arcs = [(unit_of[i], unit_of[r.head[i]]) if d == 0 else (unit_of[r.head[i]], unit_of[i]) for i in deps if i in unit_of and r.head[i] in unit_of]
+            arcs = [
+                (unit_of[i], unit_of[r.head[i]]) if d == 0 else (unit_of[r.head[i]], unit_of[i])
+                for i in deps
+                if i in unit_of and r.head[i] in unit_of
+            ]
             arrow = "dependent -> head" if d == 0 else "head -> dependent"
             title = f"head {head_label(layer, head)}: {relation} ({arrow})"
             best = (score, Panel(title, unit_labels(r, wm.unit_word, wm.unit_special), wm.maps[0], arcs))
@@ -190,7 +236,9 @@ def syntax_example(store: AttentionStore, records: Sequence[Record], relation: s
     return None if best is None else best[1]
 
 
-def coref_example(store: AttentionStore, records: Sequence[Record], layer: int, head: int, max_span: int = 16, mode: str = "mean") -> Panel | None:
+def coref_example(
+    store: AttentionStore, records: Sequence[Record], layer: int, head: int, max_span: int = 16, mode: str = "mean"
+) -> Panel | None:
     """The first anaphor (within ``max_span`` words of its predicted antecedent) that the head
     gets right; the panel shows the words between them."""
     for k in range(len(store)):
@@ -215,7 +263,10 @@ def coref_example(store: AttentionStore, records: Sequence[Record], layer: int, 
             lo, hi = max(0, ante - 2), min(n, h + 2)
             units = [int(block.unit[block.position[w]]) for w in range(lo, hi) if block.position[w] >= 0]
             labels = [r.words[int(wm.unit_word[u])] for u in units]
-            a_row, a_col = units.index(int(block.unit[block.position[h]])), units.index(int(block.unit[block.position[ante]]))
+            a_row, a_col = (
+                units.index(int(block.unit[block.position[h]])),
+                units.index(int(block.unit[block.position[ante]])),
+            )
             sub = np.zeros((len(units), len(units)), dtype=np.float32)
             sub[a_row] = wm.maps[0][units[a_row], units]  # only the anaphor's row
             title = f"head {head_label(layer, head)}: coreference ('{r.words[h]}' -> '{r.words[ante]}')\nthe mention head's row; opacity = weight / its largest weight here"
@@ -251,6 +302,9 @@ def plot_examples(panels: Sequence[Panel], model: str, min_weight: float = 0.02)
         ax.set_title(p.title, fontsize=9)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"{model}: example heads (blue: attention from left word to right word, opacity = weight; red dashed: gold arcs)", fontsize=9)
+    fig.suptitle(
+        f"{model}: example heads (blue: attention from left word to right word, opacity = weight; red dashed: gold arcs)",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig

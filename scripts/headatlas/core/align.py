@@ -97,7 +97,7 @@ def _encode_words(words: list[str], segment: list[int], tokenizer, kind: str, bo
         seq_ids = np.array([-1 if s is None else s for s in enc.sequence_ids()])
         word = np.full(len(ids), -1, dtype=np.int64)
         base = 0
-        for k, (text, char_word, wordchars) in enumerate(maps):
+        for k, (_text, char_word, wordchars) in enumerate(maps):
             sel = (seq_ids == k) & ~special
             word[sel] = offsets_to_words(offsets[sel], char_word, wordchars, len(parts[k])) + base
             base += len(parts[k])

@@ -58,7 +58,9 @@ def tree_problem(head) -> tuple[int, str] | None:
     if roots.size == 0:
         return 0, "no root (no word has HEAD 0)"
     if roots.size > 1:
-        return int(roots[1]), f"{roots.size} roots (words {', '.join(str(r + 1) for r in roots)} have HEAD 0); a tree has exactly one"
+        return int(
+            roots[1]
+        ), f"{roots.size} roots (words {', '.join(str(r + 1) for r in roots)} have HEAD 0); a tree has exactly one"
     up = np.concatenate([[0], h])  # up[i] = head of word i (1-based), up[0] = 0
     for _ in range(int(np.ceil(np.log2(n + 1))) + 1):  # pointer jumping: 2^k >= n + 1 steps up
         up = up[up]
@@ -71,11 +73,16 @@ def tree_problem(head) -> tuple[int, str] | None:
         first = min(cycle)
         k = cycle.index(first)
         cycle = cycle[k:] + cycle[:k]
-        return first - 1, f"cycle {' -> '.join(map(str, cycle + [first]))} (words {', '.join(str(i + 1) for i in stuck)} do not reach the root)"
+        return (
+            first - 1,
+            f"cycle {' -> '.join(map(str, cycle + [first]))} (words {', '.join(str(i + 1) for i in stuck)} do not reach the root)",
+        )
     return None
 
 
-def read_conllu(path: str | Path, invalid_trees: str = "error", skipped: list[str] | None = None) -> list[ConlluSentence]:
+def read_conllu(
+    path: str | Path, invalid_trees: str = "error", skipped: list[str] | None = None
+) -> list[ConlluSentence]:
     """Parse a CoNLL-U file into sentences of syntactic words.
 
     Raises CorpusError naming ``path:line`` for a malformed line. Every sentence must be a
@@ -225,7 +232,9 @@ def document_records(sentences: list[ConlluSentence], path: str = "", max_words:
         mentions = parse_mentions(ent, where=f"{path} document {doc!r}")
         if max_words and len(words) > max_words:
             n = max_words
-            words, deprel, upos, xpos, lemma, feats, sent = (x[:n] for x in (words, deprel, upos, xpos, lemma, feats, sent))
+            words, deprel, upos, xpos, lemma, feats, sent = (
+                x[:n] for x in (words, deprel, upos, xpos, lemma, feats, sent)
+            )
             head = [h if h < n else -1 for h in head[:n]]
             mentions = [m for m in mentions if m[1] < n]
         records.append(
@@ -322,7 +331,21 @@ def wiki_segments(path: str | Path, n_segments: int, max_words: int, seed: int) 
 # --- TSV tasks ------------------------------------------------------------------
 
 
-HEADER_NAMES = {"sentence", "sentence1", "sentence2", "sentence_a", "sentence_b", "text", "text_a", "text_b", "premise", "hypothesis", "question", "label", "score"}
+HEADER_NAMES = {
+    "sentence",
+    "sentence1",
+    "sentence2",
+    "sentence_a",
+    "sentence_b",
+    "text",
+    "text_a",
+    "text_b",
+    "premise",
+    "hypothesis",
+    "question",
+    "label",
+    "score",
+}
 
 
 def _numeric(s: str) -> bool:
@@ -359,7 +382,12 @@ def header_reason(first: list[str], others: list[str | None], text_columns: int,
 
 
 def tsv_records(
-    path: str | Path, text_columns: int, label_column: int | None, limit: int = 0, prefix: str = "", header: bool | str = "auto"
+    path: str | Path,
+    text_columns: int,
+    label_column: int | None,
+    limit: int = 0,
+    prefix: str = "",
+    header: bool | str = "auto",
 ) -> list[Record]:
     """Whitespace-tokenised sentences (one text column) or pairs (two) from a TSV file.
 
@@ -419,13 +447,21 @@ def build_corpus(spec: dict, name: str = "", skipped: list[str] | None = None) -
         if kind == "conllu":
             records += sentence_records(read_conllu(p, invalid, skipped))
         elif kind == "conllu_documents":
-            records += document_records(read_conllu(p, invalid, skipped), path=str(p), max_words=spec.get("max_words", 0))
+            records += document_records(
+                read_conllu(p, invalid, skipped), path=str(p), max_words=spec.get("max_words", 0)
+            )
         elif kind == "wikitext":
             records += wiki_segments(p, spec["n_segments"], spec["max_words"], spec["seed"])
         elif kind == "records":
             records += load_records(p)
         elif kind == "tsv":
-            records += tsv_records(p, spec["text_columns"], spec.get("label_column"), prefix=f"{name}-{Path(p).stem}", header=spec.get("header", "auto"))
+            records += tsv_records(
+                p,
+                spec["text_columns"],
+                spec.get("label_column"),
+                prefix=f"{name}-{Path(p).stem}",
+                header=spec.get("header", "auto"),
+            )
         else:
             raise CorpusError(f"corpus {name!r}: unknown kind {kind!r}")
     limit = spec.get("limit", 0)

@@ -79,10 +79,14 @@ def check_attentions(attentions, n_layers: int, n_heads: int, model_name: str) -
     for layer, a in enumerate(attentions):
         if a is None or a.dim() != 4 or a.shape[1] != n_heads:
             shape = None if a is None else tuple(a.shape)
-            raise ModelError(f"model {model_name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]")
+            raise ModelError(
+                f"model {model_name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]"
+            )
 
 
-def model_inputs(batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id: int, device, extra_token: int | None = None) -> dict:
+def model_inputs(
+    batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id: int, device, extra_token: int | None = None
+) -> dict:
     """Right-padded tensors. ``extra_token`` appends one real token after each sequence
     (decoders only: it changes no earlier position under the causal mask)."""
     import torch
@@ -161,6 +165,7 @@ def forward_batches(
     captured: list = []
     hooks = []
     if reps:
+
         def hook(module, args):
             captured.append(args[0])
 
@@ -181,7 +186,9 @@ def forward_batches(
                 vectors = None
                 if reps:
                     if len(captured) != n_layers:
-                        raise ModelError(f"model {name!r}: the attention output projection ran {len(captured)} times, expected {n_layers}")
+                        raise ModelError(
+                            f"model {name!r}: the attention output projection ran {len(captured)} times, expected {n_layers}"
+                        )
                     at = torch.as_tensor(rep_positions(batch, kind, rep_position), device=device)
                     rows = torch.arange(len(batch), device=device)
                     heads = [c[rows, at].reshape(len(batch), n_heads, -1).float().cpu().numpy() for c in captured]
@@ -236,10 +243,17 @@ def extract(
     tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, overflow, bos, first_index)
     log.info(
         "model %s: %d records, %d sequences, %d skipped (longer than %d tokens), %d truncated",
-        spec.name, counts["records"], counts["sequences"], counts["skipped_too_long"], spec.max_length, counts["truncated"],
+        spec.name,
+        counts["records"],
+        counts["sequences"],
+        counts["skipped_too_long"],
+        spec.max_length,
+        counts["truncated"],
     )
     if records and not tokenized:
-        raise ModelError(f"model {spec.name!r}: every record is longer than max_length {spec.max_length}; nothing to extract")
+        raise ModelError(
+            f"model {spec.name!r}: every record is longer than max_length {spec.max_length}; nothing to extract"
+        )
     if not records:  # a shard of a corpus split in more shards than it has records: a valid empty store
         log.warning("model %s: no record in this shard; writing an empty store", spec.name)
     n_layers, n_heads = model_shape(config)
@@ -272,7 +286,9 @@ def extract(
             if maps:
                 # the readers' value check, at the source: a model whose maps are not distributions fails here
                 for head, k, q, what in map_faults(buf[layer], lengths[start:stop], tol):
-                    raise ModelError(f"model {spec.name!r}: layer {layer}, head {head}, record {ids[start + k]}, query row {q}: attention {what}")
+                    raise ModelError(
+                        f"model {spec.name!r}: layer {layer}, head {head}, record {ids[start + k]}, query row {q}: attention {what}"
+                    )
                 writer.write_cells(start, stop, layer, buf[layer])
             if reps:
                 writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
@@ -280,7 +296,12 @@ def extract(
     head_buf = hidden_buf = None
     # A window is written by a background thread while the next one is computed (at most one
     # write in flight, so two windows in memory); the writer's exit still sees every write.
-    with AttentionWriter(out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta, maps=maps, rep_shapes=shapes) as writer, ThreadPoolExecutor(1) as io:
+    with (
+        AttentionWriter(
+            out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta, maps=maps, rep_shapes=shapes
+        ) as writer,
+        ThreadPoolExecutor(1) as io,
+    ):
         pending = None
         for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, buffer_bytes):
             # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
@@ -290,13 +311,17 @@ def extract(
             if reps:
                 head_buf = [np.empty((stop - start, n_heads, shapes[0]), dtype=np.float32) for _ in range(n_layers)]
                 hidden_buf = [np.empty((stop - start, shapes[1]), dtype=np.float32) for _ in range(n_layers)]
-            batches = forward_batches(model, window, spec.batch_size, n_layers, n_heads, spec.name, pad_id, maps, reps, kind, rep_position)
+            batches = forward_batches(
+                model, window, spec.batch_size, n_layers, n_heads, spec.name, pad_id, maps, reps, kind, rep_position
+            )
             for pos, layers, vectors in batches:
                 for layer in range(n_layers):
                     if maps:
                         for b, p in enumerate(pos):
                             n = int(lengths[start + p])
-                            buf[layer][:, cell_off[p] : cell_off[p + 1]] = layers[layer][b, :, :n, :n].reshape(n_heads, n * n)
+                            buf[layer][:, cell_off[p] : cell_off[p + 1]] = layers[layer][b, :, :n, :n].reshape(
+                                n_heads, n * n
+                            )
                     if reps:
                         head_buf[layer][pos] = vectors[0][layer]
                         hidden_buf[layer][pos] = vectors[1][layer]
@@ -307,6 +332,14 @@ def extract(
             pending.result()
     n_tok = sum(len(t) for t in tokenized)
     dt = time.perf_counter() - t0
-    log.info("model %s: stored %d layers x %d heads for %d tokens in %.1f s (%.0f tokens/s)", spec.name, n_layers, n_heads, n_tok, dt, n_tok / max(dt, 1e-9))
+    log.info(
+        "model %s: stored %d layers x %d heads for %d tokens in %.1f s (%.0f tokens/s)",
+        spec.name,
+        n_layers,
+        n_heads,
+        n_tok,
+        dt,
+        n_tok / max(dt, 1e-9),
+    )
     counts.add("tokens", n_tok)
     return counts

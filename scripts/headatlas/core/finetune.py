@@ -45,14 +45,18 @@ def label_index(train: list[Record], dev: list[Record], task: dict) -> list[str]
     """Sorted label strings of the training file; dev labels must be among them."""
     labels = sorted({r.label for r in train})
     if len(labels) < 2:
-        raise CorpusError(f"{task['train']}: label column {task['label_column']} has {len(labels)} distinct value(s); need at least 2")
+        raise CorpusError(
+            f"{task['train']}: label column {task['label_column']} has {len(labels)} distinct value(s); need at least 2"
+        )
     unknown = sorted({r.label for r in dev} - set(labels))
     if unknown:
         raise CorpusError(f"{task['dev']}: labels {unknown[:5]} do not occur in {task['train']}")
     return labels
 
 
-def evaluate(model, tokenizer, records: list[Record], label_ids: np.ndarray, max_length: int, batch_size: int = 64) -> float:
+def evaluate(
+    model, tokenizer, records: list[Record], label_ids: np.ndarray, max_length: int, batch_size: int = 64
+) -> float:
     import torch
 
     model.eval()
@@ -65,7 +69,9 @@ def evaluate(model, tokenizer, records: list[Record], label_ids: np.ndarray, max
     return correct / len(records)
 
 
-def length_bucketed_batches(lengths: np.ndarray, batch_size: int, steps: int, rng: np.random.Generator, pool: int = 50) -> list[np.ndarray]:
+def length_bucketed_batches(
+    lengths: np.ndarray, batch_size: int, steps: int, rng: np.random.Generator, pool: int = 50
+) -> list[np.ndarray]:
     """``steps`` batches of example indices: each epoch is a random permutation cut into pools
     of ``pool`` batches; a pool is sorted by length, cut into batches and the batches are
     shuffled (little padding, still random)."""
@@ -120,13 +126,17 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
     config.label2id = to_id
     config.pad_token_id = tokenizer.pad_token_id
     torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_pretrained(loc, config=config, attn_implementation="eager", dtype=torch.float32, **kwargs)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        loc, config=config, attn_implementation="eager", dtype=torch.float32, **kwargs
+    )
     model.train()
 
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
+    )
     lengths = np.array([len(r.words) for r in train])
     batches = length_bucketed_batches(lengths, batch_size, steps, rng)
     losses = []
@@ -140,7 +150,9 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
         opt.zero_grad()
         losses.append(out.loss.item())
         if (step + 1) % 50 == 0 or step == 0:
-            log.info("%s on %s: step %d/%d, loss %.4f", base_spec.name, name, step + 1, steps, float(np.mean(losses[-50:])))
+            log.info(
+                "%s on %s: step %d/%d, loss %.4f", base_spec.name, name, step + 1, steps, float(np.mean(losses[-50:]))
+            )
 
     accuracy = evaluate(model, tokenizer, dev, y_dev, max_length)
     counts = np.bincount(y_train, minlength=len(labels))

@@ -42,7 +42,9 @@ class _StrictLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: SafeLoader reports it
                 continue
             if first != key_node.start_mark.line + 1:
-                raise ConfigError(f"{self.name}:{key_node.start_mark.line + 1}: key {key!r} given twice in one mapping (first on line {first})")
+                raise ConfigError(
+                    f"{self.name}:{key_node.start_mark.line + 1}: key {key!r} given twice in one mapping (first on line {first})"
+                )
         return super().construct_mapping(node, deep)
 
 
@@ -61,7 +63,9 @@ def check_yaml(path: str | Path) -> dict:
         pass
     else:
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}:1: a config file is a mapping of keys (models:, corpora:, ...), not a {type(data).__name__}")
+            raise ConfigError(
+                f"{path}:1: a config file is a mapping of keys (models:, corpora:, ...), not a {type(data).__name__}"
+            )
         return data
     try:
         data = yaml.safe_load(text)
@@ -80,7 +84,9 @@ def check_yaml(path: str | Path) -> dict:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: YAML error: {e}") from None
     if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"{path}:1: a config file is a mapping of keys (models:, corpora:, ...), not a {type(data).__name__}")
+        raise ConfigError(
+            f"{path}:1: a config file is a mapping of keys (models:, corpora:, ...), not a {type(data).__name__}"
+        )
     return data or {}
 
 

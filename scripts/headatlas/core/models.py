@@ -35,7 +35,6 @@ from pathlib import Path
 from .align import bos_id
 
 
-
 class ModelError(RuntimeError):
     """A model that cannot be found, loaded or used; the message names the model."""
 
@@ -48,7 +47,9 @@ class Architecture:
     kind: str  # 'encoder' (bidirectional; [CLS] A [SEP] B [SEP]) or 'decoder' (causal; BOS A B)
     head_output: str  # the per-head output projection: its INPUT is the head-major concat of sum_j A_ij v_j; {layer} = layer index
     embeddings: tuple[str, ...]  # word embeddings, then learned absolute position embeddings (when the config has them)
-    lm_head: tuple[str, ...] | None  # modules of the LM head in AutoModelForMaskedLM (encoders) / ForCausalLM (decoders); None: no such class
+    lm_head: (
+        tuple[str, ...] | None
+    )  # modules of the LM head in AutoModelForMaskedLM (encoders) / ForCausalLM (decoders); None: no such class
     conv1d: bool = False  # projection weight stored [in, out] (GPT-2's Conv1D), not nn.Linear's [out, in]
     bos: bool = False  # decoders: bos_token 'auto' prepends a BOS (the tokenizer's, else config.<bos_field>)
     bos_field: str = "bos_token_id"
@@ -82,14 +83,35 @@ ARCHITECTURES: dict[str, Architecture] = {
     "deberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
     "deberta-v2": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
     "mpnet": Architecture("encoder", "encoder.layer.{layer}.attention.attn.o", _BERT_EMB, ("lm_head",)),
-    "distilbert": Architecture("encoder", "transformer.layer.{layer}.attention.out_lin", _BERT_EMB, ("vocab_transform", "vocab_layer_norm", "vocab_projector")),
-    "albert": Architecture("encoder", "encoder.albert_layer_groups.{layer}.albert_layers.0.attention.dense", _BERT_EMB, ("predictions",), shared_layers=True),
+    "distilbert": Architecture(
+        "encoder",
+        "transformer.layer.{layer}.attention.out_lin",
+        _BERT_EMB,
+        ("vocab_transform", "vocab_layer_norm", "vocab_projector"),
+    ),
+    "albert": Architecture(
+        "encoder",
+        "encoder.albert_layer_groups.{layer}.albert_layers.0.attention.dense",
+        _BERT_EMB,
+        ("predictions",),
+        shared_layers=True,
+    ),
     "gpt2": Architecture("decoder", "h.{layer}.attn.c_proj", ("wte", "wpe"), ("lm_head",), conv1d=True, bos=True),
-    "openai-gpt": Architecture("decoder", "h.{layer}.attn.c_proj", ("tokens_embed", "positions_embed"), ("lm_head",), conv1d=True),
+    "openai-gpt": Architecture(
+        "decoder", "h.{layer}.attn.c_proj", ("tokens_embed", "positions_embed"), ("lm_head",), conv1d=True
+    ),
     "gptj": Architecture("decoder", "h.{layer}.attn.out_proj", ("wte",), ("lm_head",), bos=True),
     "gpt_neox": Architecture("decoder", "layers.{layer}.attention.dense", ("embed_in",), ("lm_head",), bos=True),
-    "opt": Architecture("decoder", "decoder.layers.{layer}.self_attn.out_proj", ("decoder.embed_tokens", "decoder.embed_positions"), ("lm_head",), bos=True),
-    "phi": Architecture("decoder", "layers.{layer}.self_attn.dense", ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
+    "opt": Architecture(
+        "decoder",
+        "decoder.layers.{layer}.self_attn.out_proj",
+        ("decoder.embed_tokens", "decoder.embed_positions"),
+        ("lm_head",),
+        bos=True,
+    ),
+    "phi": Architecture(
+        "decoder", "layers.{layer}.self_attn.dense", ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA
+    ),
     "llama": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
     "mistral": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
     "phi3": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
@@ -158,7 +180,9 @@ class ModelSpec:
         for kind in ("finetuned", "random_init", "gguf", "hub", "package", "path"):
             if kind in self.source:
                 return kind
-        raise ModelError(f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf, finetuned, random_init")
+        raise ModelError(
+            f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf, finetuned, random_init"
+        )
 
 
 def package_dir(package: str, model: str = "") -> Path:
@@ -177,7 +201,9 @@ def gguf_file(spec: ModelSpec) -> Path:
     if "package" in src:
         path = package_dir(src["package"], spec.name) / path
     if not path.is_file():
-        raise ModelError(f"model {spec.name!r}: GGUF file {path} does not exist (config key models[{spec.name}].source.gguf)")
+        raise ModelError(
+            f"model {spec.name!r}: GGUF file {path} does not exist (config key models[{spec.name}].source.gguf)"
+        )
     return path
 
 
@@ -188,7 +214,9 @@ def resolve(spec: ModelSpec, cache_dir: str | Path | None = None) -> tuple[str, 
         return spec.source["hub"], {"revision": spec.source.get("revision", "main")}
     if kind in ("gguf", "finetuned", "random_init"):
         if cache_dir is None:
-            raise ModelError(f"model {spec.name!r}: a {kind} model is read from the directory its own rule writes; none was given")
+            raise ModelError(
+                f"model {spec.name!r}: a {kind} model is read from the directory its own rule writes; none was given"
+            )
         return str(cache_dir), {}
     if kind == "package":
         loc = package_dir(spec.source["package"], spec.name) / spec.source.get("path", "")
@@ -267,7 +295,9 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
             raise _hub_error(spec, e) from e
         raise ModelError(f"model {spec.name!r}: cannot load from {loc}: {e}") from e
     if not getattr(tokenizer, "is_fast", False):
-        raise ModelError(f"model {spec.name!r}: tokenizer {type(tokenizer).__name__} is not a fast tokenizer; offsets are needed")
+        raise ModelError(
+            f"model {spec.name!r}: tokenizer {type(tokenizer).__name__} is not a fast tokenizer; offsets are needed"
+        )
     model.eval()
     model.to(device or pick_device(spec))
     return model, tokenizer, config
@@ -293,7 +323,9 @@ def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
     missing, unexpected = plain.load_state_dict(quant.state_dict(), strict=False)
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:
-        raise ModelError(f"model {spec.name!r}: GGUF weights do not match the architecture: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ModelError(
+            f"model {spec.name!r}: GGUF weights do not match the architecture: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     if getattr(config, "tie_word_embeddings", False):
         plain.tie_weights()
     plain.save_pretrained(tmp)

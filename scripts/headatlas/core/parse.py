@@ -39,7 +39,11 @@ def load_parser(name: str = DEFAULT_PARSER):
 def parser_info(nlp) -> dict:
     import spacy
 
-    return {"spacy": spacy.__version__, "model": f"{nlp.meta.get('lang')}_{nlp.meta.get('name')}", "model_version": nlp.meta.get("version")}
+    return {
+        "spacy": spacy.__version__,
+        "model": f"{nlp.meta.get('lang')}_{nlp.meta.get('name')}",
+        "model_version": nlp.meta.get("version"),
+    }
 
 
 def parse_records(records: list[Record], nlp, batch_size: int = 256) -> list[Record]:

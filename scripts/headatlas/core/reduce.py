@@ -95,11 +95,18 @@ class ReduceBatch:
         return int(self.lengths.max()) if len(self.lengths) else 0
 
     @classmethod
-    def from_rows(cls, seq, rows: Sequence[dict], record_index, n_words, records: Sequence[Record] | None = None) -> "ReduceBatch":
+    def from_rows(
+        cls, seq, rows: Sequence[dict], record_index, n_words, records: Sequence[Record] | None = None
+    ) -> "ReduceBatch":
         """Pad per-sequence token rows (dicts of word, special, segment, piece arrays)."""
         lengths = np.array([len(r["word"]) for r in rows], dtype=np.int64)
         n = int(lengths.max()) if len(rows) else 0
-        arrays = {"word": (-1, np.int64), "special": (PAD_SPECIAL, np.int64), "segment": (0, np.int64), "piece": ("", object)}
+        arrays = {
+            "word": (-1, np.int64),
+            "special": (PAD_SPECIAL, np.int64),
+            "segment": (0, np.int64),
+            "piece": ("", object),
+        }
         out = {}
         for name, (fill, dtype) in arrays.items():
             a = np.full((len(rows), n), fill, dtype=dtype)
@@ -108,20 +115,34 @@ class ReduceBatch:
             out[name] = a
         record_index = np.asarray(record_index, dtype=np.int64)
         recs = None if records is None else tuple(records[int(i)] for i in record_index)
-        return cls(np.asarray(seq, dtype=np.int64), lengths, record_index=record_index, n_words=np.asarray(n_words, dtype=np.int64), records=recs, **out)
+        return cls(
+            np.asarray(seq, dtype=np.int64),
+            lengths,
+            record_index=record_index,
+            n_words=np.asarray(n_words, dtype=np.int64),
+            records=recs,
+            **out,
+        )
 
     @classmethod
     def from_store(cls, store, seq, records: Sequence[Record] | None = None) -> "ReduceBatch":
         """Sequences ``seq`` (global indices) of an :class:`~headatlas.core.store.AttentionStore`;
         ``records`` (the corpus) is indexed by the store's record_index."""
         seq = np.asarray(seq, dtype=np.int64)
-        return cls.from_rows(seq, [store.tokens(int(k)) for k in seq], store.record_index[seq], store.n_words[seq], records)
+        return cls.from_rows(
+            seq, [store.tokens(int(k)) for k in seq], store.record_index[seq], store.n_words[seq], records
+        )
 
     @classmethod
-    def from_tokenized(cls, tokenized: Sequence[TokenizedRecord], seq, records: Sequence[Record] | None = None) -> "ReduceBatch":
+    def from_tokenized(
+        cls, tokenized: Sequence[TokenizedRecord], seq, records: Sequence[Record] | None = None
+    ) -> "ReduceBatch":
         """Sequences ``seq`` (positions in ``tokenized``); ``records`` is indexed by record_index."""
         seq = np.asarray(seq, dtype=np.int64)
-        rows = [{"word": t.word, "special": t.special, "segment": t.segment, "piece": t.pieces} for t in (tokenized[int(k)] for k in seq)]
+        rows = [
+            {"word": t.word, "special": t.special, "segment": t.segment, "piece": t.pieces}
+            for t in (tokenized[int(k)] for k in seq)
+        ]
         ts = [tokenized[int(k)] for k in seq]
         return cls.from_rows(seq, rows, [t.record_index for t in ts], [t.n_words for t in ts], records)
 
@@ -147,7 +168,12 @@ class ReduceBatch:
             valid = idx[None, :] < self.tensor("lengths", device)[:, None]
             cell = valid[:, :, None] & valid[:, None, :]
             allowed = cell & (idx[None, :] <= idx[:, None])[None] if causal else cell
-            self._cache[key] = {"valid": valid, "cell": cell, "allowed": allowed, "content": self.tensor("special", device) == SPECIAL_NONE}
+            self._cache[key] = {
+                "valid": valid,
+                "cell": cell,
+                "allowed": allowed,
+                "content": self.tensor("special", device) == SPECIAL_NONE,
+            }
         return self._cache[key]
 
 
@@ -190,7 +216,10 @@ def key_columns(batch: ReduceBatch, groups, device) -> tuple:
         pos[b, rank[b, j]] = j
         for g, group in enumerate(groups):
             w[b, rank[b, j], g] = np.isin(batch.special[b, j], list(group))
-        batch._cache[key] = (torch.as_tensor(pos, device=device)[:, None, None, :], torch.as_tensor(w, device=device)[:, None])
+        batch._cache[key] = (
+            torch.as_tensor(pos, device=device)[:, None, None, :],
+            torch.as_tensor(w, device=device)[:, None],
+        )
     return batch._cache[key]
 
 
@@ -228,7 +257,9 @@ def _fail(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exce
     ids = batch.seq[:5].tolist() if info.record_id is None else [str(info.record_id[k]) for k in batch.seq[:5]]
     more = "" if len(batch) <= 5 else f" and {len(batch) - 5} more"
     where = "all layers" if layer is None else f"layer {layer}"
-    return ReduceError(f"reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}")
+    return ReduceError(
+        f"reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}"
+    )
 
 
 def feed_layer(reducers: Sequence[Reducer], info: FeedInfo, layer: int, attn, batch: ReduceBatch) -> None:
@@ -267,7 +298,15 @@ def padded(blocks: Sequence[np.ndarray], n: int | None = None):
     return out
 
 
-def replay(store, reducers: Sequence[Reducer], batch_size: int = 32, records: Sequence[Record] | None = None, device: str = "cpu", budget_bytes: int = 256 << 20, corpus: str = "") -> list:
+def replay(
+    store,
+    reducers: Sequence[Reducer],
+    batch_size: int = 32,
+    records: Sequence[Record] | None = None,
+    device: str = "cpu",
+    budget_bytes: int = 256 << 20,
+    corpus: str = "",
+) -> list:
     """Run ``reducers`` over every sequence of an :class:`~headatlas.core.store.AttentionStore`.
 
     Windows of consecutive sequences whose maps (all layers if a reducer needs them, else one layer) fit
@@ -277,7 +316,15 @@ def replay(store, reducers: Sequence[Reducer], batch_size: int = 32, records: Se
     import torch
 
     all_layers = any(r.needs_all_layers for r in reducers)
-    info = FeedInfo(len(store), store.n_layers, store.n_heads, store.meta.get("model", ""), store.meta.get("model_kind", "encoder"), corpus or store.meta.get("corpus", ""), store.record_id)
+    info = FeedInfo(
+        len(store),
+        store.n_layers,
+        store.n_heads,
+        store.meta.get("model", ""),
+        store.meta.get("model_kind", "encoder"),
+        corpus or store.meta.get("corpus", ""),
+        store.record_id,
+    )
     for r in reducers:
         r.start(info)
     per_cell = 4 * store.n_heads * (store.n_layers if all_layers else 1)
@@ -313,13 +360,24 @@ def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object
     specs = getattr(model, "_can_record_outputs", None) or {}
     spec = specs.get("attentions")
     if spec is None:
-        raise ModelError(f"model {name!r} ({type(model).__name__}) declares no attention modules (_can_record_outputs); it cannot be reduced fused")
+        raise ModelError(
+            f"model {name!r} ({type(model).__name__}) declares no attention modules (_can_record_outputs); it cannot be reduced fused"
+        )
     specs = spec if isinstance(spec, list) else [spec]
-    specs = [s if isinstance(s, OutputRecorder) else OutputRecorder(target_class=None if isinstance(s, str) else s, index=1, class_name=s if isinstance(s, str) else None) for s in specs]
+    specs = [
+        s
+        if isinstance(s, OutputRecorder)
+        else OutputRecorder(
+            target_class=None if isinstance(s, str) else s, index=1, class_name=s if isinstance(s, str) else None
+        )
+        for s in specs
+    ]
     found = []
     for mod_name, module in model.named_modules():
         for s in specs:
-            hit = (s.target_class is not None and isinstance(module, s.target_class)) or (s.class_name is not None and mod_name.endswith(s.class_name))
+            hit = (s.target_class is not None and isinstance(module, s.target_class)) or (
+                s.class_name is not None and mod_name.endswith(s.class_name)
+            )
             if hit and (s.layer_name is None or "." + s.layer_name.strip(".") + "." in "." + mod_name + "."):
                 found.append((module, s.index))
                 break
@@ -365,7 +423,9 @@ def fused_reduce(
             attn = output[index] if isinstance(output, tuple) else output
             if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
                 shape = None if attn is None else tuple(attn.shape)
-                raise ModelError(f"model {name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'")
+                raise ModelError(
+                    f"model {name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'"
+                )
             batch = state["batch"]
             n = batch.n
             a = attn if attn.shape[-1] == n else attn[:, :, :n, :n]  # an extra position is not part of the sequences
@@ -375,7 +435,10 @@ def fused_reduce(
 
         return hook
 
-    hooks = [m.register_forward_hook(make_hook(i, idx)) for i, (m, idx) in enumerate(attention_modules(model, n_layers, name))]
+    hooks = [
+        m.register_forward_hook(make_hook(i, idx))
+        for i, (m, idx) in enumerate(attention_modules(model, n_layers, name))
+    ]
     try:
         with torch.inference_mode():
             for pos in length_batches([len(t) for t in tokenized], batch_size):

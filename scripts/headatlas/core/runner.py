@@ -14,7 +14,9 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     if log_path:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         handlers.append(logging.FileHandler(log_path, mode="w"))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", handlers=handlers, force=True)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", handlers=handlers, force=True
+    )
     log = logging.getLogger("headatlas")
 
     def hook(exc_type, exc, tb):

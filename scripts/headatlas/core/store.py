@@ -115,7 +115,9 @@ def row_starts(lengths: np.ndarray) -> np.ndarray:
     return cell_off[seq] + (np.arange(int(lengths.sum())) - tok_off[seq]) * lengths[seq]
 
 
-def map_faults(cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int | None = 1, starts: np.ndarray | None = None) -> list[tuple[int, int, int, str]]:
+def map_faults(
+    cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int | None = 1, starts: np.ndarray | None = None
+) -> list[tuple[int, int, int, str]]:
     """Check flat maps [h, sum n^2] of sequences with ``lengths`` stored back to back: every cell
     finite and within [0, 1 + tol], every row summing to 1 within ``tol``. Returns up to
     ``stop_at`` faults (row of ``cells``, sequence, query row, what); [] when all is well.
@@ -138,11 +140,20 @@ def map_faults(cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int 
     faults = []
     for h, c in zip(*np.nonzero(bad_cell)):
         t = row_of_cell[c]
-        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"value {float(cells[h, c]):.6g} outside [0, 1]"))
+        faults.append(
+            (int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"value {float(cells[h, c]):.6g} outside [0, 1]")
+        )
         if stop_at and len(faults) >= stop_at:
             return faults
     for h, t in zip(*np.nonzero(bad_row)):
-        faults.append((int(h), int(tok_seq[t]), int(t - tok_off[tok_seq[t]]), f"row sums to {float(sums[h, t]):.6g}, not 1 (tolerance {tol:g})"))
+        faults.append(
+            (
+                int(h),
+                int(tok_seq[t]),
+                int(t - tok_off[tok_seq[t]]),
+                f"row sums to {float(sums[h, t]):.6g}, not 1 (tolerance {tol:g})",
+            )
+        )
         if stop_at and len(faults) >= stop_at:
             break
     return faults
@@ -191,7 +202,9 @@ def read_manifest(directory: str | Path) -> dict:
     except (ValueError, KeyError, TypeError) as e:
         raise StoreError(f"{path}: unreadable manifest ({e}); {REBUILD}") from None
     if version != LAYOUT_VERSION:
-        raise StoreError(f"{path}: store layout version {version}, this headatlas reads version {LAYOUT_VERSION}; {REBUILD}")
+        raise StoreError(
+            f"{path}: store layout version {version}, this headatlas reads version {LAYOUT_VERSION}; {REBUILD}"
+        )
     for name, entry in files.items():
         f = directory / name
         if not f.is_file():
@@ -291,7 +304,9 @@ class AttentionWriter:
         """Store the concatenated maps of sequences start..stop-1: [heads, sum n^2] in storage order."""
         a, b = self.cell_offsets[start], self.cell_offsets[stop]
         if cells.shape != (self.n_heads, b - a):
-            raise ValueError(f"sequences {start}..{stop}, layer {layer}: block shape {cells.shape} != {(self.n_heads, b - a)}")
+            raise ValueError(
+                f"sequences {start}..{stop}, layer {layer}: block shape {cells.shape} != {(self.n_heads, b - a)}"
+            )
         self.files[layer]["attn"][:, a:b] = cells.astype(self.dtype, copy=False)
         self.written[layer, start:stop] = True
 
@@ -307,12 +322,20 @@ class AttentionWriter:
         for f in self.files:
             f.close()
         self.files = []
-        for what, done, wanted in (("maps", self.written, self.store_maps), ("representations", self.reps_written, self.rep_shapes is not None)):
+        for what, done, wanted in (
+            ("maps", self.written, self.store_maps),
+            ("representations", self.reps_written, self.rep_shapes is not None),
+        ):
             if wanted and not done.all():
                 missing = np.argwhere(~done)[:3].tolist()
                 raise RuntimeError(f"{self.out_dir}: {what} missing for (layer, sequence) {missing}")
         meta = dict(
-            self.meta, n_layers=self.n_layers, n_heads=self.n_heads, n_sequences=len(self.lengths), storage_dtype=str(self.dtype), layout_version=LAYOUT_VERSION
+            self.meta,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_sequences=len(self.lengths),
+            storage_dtype=str(self.dtype),
+            layout_version=LAYOUT_VERSION,
         )
         with h5py.File(self.tmp / "tokens.h5", "a") as f:
             f.attrs["meta"] = json.dumps(meta)
@@ -327,13 +350,19 @@ class AttentionWriter:
         layers = {}
         for layer in range(self.n_layers):
             path = layer_file(self.tmp, layer)
-            entry = {"n_sequences": len(self.lengths), "n_cells": n_cells if self.store_maps else 0, "n_heads": self.n_heads}
+            entry = {
+                "n_sequences": len(self.lengths),
+                "n_cells": n_cells if self.store_maps else 0,
+                "n_heads": self.n_heads,
+            }
             if self.rep_shapes is not None:  # small, read whole, and not checkable by value: checksum their contents
                 with h5py.File(path, "r") as f:
                     entry["data_" + CHECKSUM] = {key: data_checksum(f[key][()]) for key in ("head_vectors", "hidden")}
             layers[path.name] = entry
         names = ["tokens.h5", "meta.json"] + list(layers)
-        files = {name: {"size": (self.tmp / name).stat().st_size, CHECKSUM: file_checksum(self.tmp / name)} for name in names}
+        files = {
+            name: {"size": (self.tmp / name).stat().st_size, CHECKSUM: file_checksum(self.tmp / name)} for name in names
+        }
         manifest = {
             "layout_version": LAYOUT_VERSION,
             "checksum": CHECKSUM,
@@ -390,11 +419,26 @@ def _read_tokens(d: Path, manifest: dict) -> dict:
     path = d / "tokens.h5"
     want = manifest["files"].get("tokens.h5", {}).get(manifest.get("checksum", CHECKSUM))
     if want is not None and file_checksum(path) != want:
-        raise StoreError(f"{path}: {manifest.get('checksum', CHECKSUM)} checksum differs from the manifest (contents changed); {REBUILD}")
+        raise StoreError(
+            f"{path}: {manifest.get('checksum', CHECKSUM)} checksum differs from the manifest (contents changed); {REBUILD}"
+        )
     try:
         with h5py.File(path, "r") as f:
-            t = {k: (f[k].asstr()[()] if k in ("piece", "record_id") else f[k][()]) for k in (
-                "input_ids", "piece", "word", "special", "segment", "token_offsets", "lengths", "record_index", "record_id", "n_words")}
+            t = {
+                k: (f[k].asstr()[()] if k in ("piece", "record_id") else f[k][()])
+                for k in (
+                    "input_ids",
+                    "piece",
+                    "word",
+                    "special",
+                    "segment",
+                    "token_offsets",
+                    "lengths",
+                    "record_index",
+                    "record_id",
+                    "n_words",
+                )
+            }
             t["meta"] = json.loads(f.attrs["meta"])
     except Exception as e:  # h5py raises OSError, KeyError, ValueError, UnicodeDecodeError ... on damage
         raise StoreError(f"{path}: cannot read the token table ({type(e).__name__}: {e}); {REBUILD}") from None
@@ -402,7 +446,9 @@ def _read_tokens(d: Path, manifest: dict) -> dict:
     n, n_tok = len(lengths), int(lengths.sum())
     problems = []
     if n != manifest["n_sequences"] or n_tok != manifest["n_tokens"]:
-        problems.append(f"{n} sequences and {n_tok} tokens, the manifest says {manifest['n_sequences']} and {manifest['n_tokens']}")
+        problems.append(
+            f"{n} sequences and {n_tok} tokens, the manifest says {manifest['n_sequences']} and {manifest['n_tokens']}"
+        )
     if n and lengths.min() < 1:
         problems.append("a sequence of length < 1")
     if not np.array_equal(t["token_offsets"], np.concatenate([[0], np.cumsum(lengths)])):
@@ -459,7 +505,9 @@ class AttentionStore:
         self.token_offsets = np.concatenate([[0], np.cumsum(self.lengths)])
         self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)])
         counts = [len(t["lengths"]) for t in tables]
-        self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # shard s holds k in [starts[s], starts[s+1])
+        self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(
+            np.int64
+        )  # shard s holds k in [starts[s], starts[s+1])
         self.shard_of = np.repeat(np.arange(len(counts)), counts)
         self.tolerance = row_sum_tolerance(self.meta)
         self._row_starts = row_starts(self.lengths)
@@ -469,9 +517,21 @@ class AttentionStore:
         """Shards of one extraction (model, corpus, settings), each once, in order."""
         first = self.dirs[0]
         for d, m in zip(self.dirs[1:], self.metas[1:]):
-            for key in ("model", "corpus", "n_layers", "n_heads", "storage_dtype", "config_hash", "maps", "reps", "n_shards"):
+            for key in (
+                "model",
+                "corpus",
+                "n_layers",
+                "n_heads",
+                "storage_dtype",
+                "config_hash",
+                "maps",
+                "reps",
+                "n_shards",
+            ):
                 if m.get(key) != self.meta.get(key):
-                    raise StoreError(f"{d}: {key} {m.get(key)!r} differs from {first}'s {self.meta.get(key)!r}; shards of one store must come from one extraction")
+                    raise StoreError(
+                        f"{d}: {key} {m.get(key)!r} differs from {first}'s {self.meta.get(key)!r}; shards of one store must come from one extraction"
+                    )
         if len(self.dirs) > 1:
             seen: dict[int, Path] = {}
             for d, m in zip(self.dirs, self.metas):
@@ -486,7 +546,9 @@ class AttentionStore:
             last = -1
             for d, ri in zip(self.dirs, record_index):
                 if len(ri) and ri[0] <= last:
-                    raise StoreError(f"{d}: its records start at {ri[0]}, not after the previous shard's last record {last}")
+                    raise StoreError(
+                        f"{d}: its records start at {ri[0]}, not after the previous shard's last record {last}"
+                    )
                 last = int(ri[-1]) if len(ri) else last
 
     def __len__(self) -> int:
@@ -529,7 +591,9 @@ class AttentionStore:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"sequence index must be an integer, not {type(v).__name__} {v!r}")
         if not 0 <= k_start <= k_stop <= len(self):
-            raise IndexError(f"sequences {k_start}..{k_stop} outside 0..{len(self)} (negative indices are not accepted)")
+            raise IndexError(
+                f"sequences {k_start}..{k_stop} outside 0..{len(self)} (negative indices are not accepted)"
+            )
         return int(k_start), int(k_stop)
 
     def _heads(self, heads):
@@ -538,7 +602,9 @@ class AttentionStore:
         if isinstance(heads, slice):
             for v in (heads.start, heads.stop):
                 if v is not None and not (isinstance(v, (int, np.integer)) and 0 <= v <= self.n_heads):
-                    raise IndexError(f"head slice {heads} outside 0..{self.n_heads} (negative indices are not accepted)")
+                    raise IndexError(
+                        f"head slice {heads} outside 0..{self.n_heads} (negative indices are not accepted)"
+                    )
             return heads
         return _index(heads, self.n_heads, "head")
 
@@ -627,7 +693,10 @@ class AttentionStore:
         k_start, k_stop = self._run(k_start, k_stop)
         cells = self._read(layer, k_start, k_stop)
         off = self.cell_offsets[k_start : k_stop + 1] - self.cell_offsets[k_start]
-        return [cells[:, off[i] : off[i + 1]].reshape(self.n_heads, n, n) for i, n in enumerate(self.lengths[k_start:k_stop].tolist())]
+        return [
+            cells[:, off[i] : off[i + 1]].reshape(self.n_heads, n, n)
+            for i, n in enumerate(self.lengths[k_start:k_stop].tolist())
+        ]
 
     def _reps(self, layer: int, key: str) -> np.ndarray:
         layer = _index(layer, self.n_layers, "layer")
@@ -639,7 +708,9 @@ class AttentionStore:
             x = f[key][()]
             want = self.manifests[s]["layers"].get(Path(f.filename).name, {}).get("data_" + CHECKSUM, {}).get(key)
             if self.check_values and want is not None and data_checksum(x) != want:
-                raise StoreError(f"{f.filename}: {key} of layer {layer} differ from their {CHECKSUM} in the manifest; the file is damaged: {REBUILD}")
+                raise StoreError(
+                    f"{f.filename}: {key} of layer {layer} differ from their {CHECKSUM} in the manifest; the file is damaged: {REBUILD}"
+                )
             parts.append(x)
         return np.concatenate(parts)
 
@@ -669,8 +740,14 @@ def verify_store(directory: str | Path) -> list[str]:
     for name, entry in man["files"].items():
         want = entry.get(man.get("checksum", CHECKSUM))
         if want is not None and file_checksum(directory / name) != want:
-            faults.append(f"{directory / name}: {man.get('checksum', CHECKSUM)} checksum differs from the manifest (contents changed); {REBUILD}")
-    unlisted = sorted(p.name for p in directory.iterdir() if not p.name.startswith(".") and p.name not in man["files"] and p.name != MANIFEST)
+            faults.append(
+                f"{directory / name}: {man.get('checksum', CHECKSUM)} checksum differs from the manifest (contents changed); {REBUILD}"
+            )
+    unlisted = sorted(
+        p.name
+        for p in directory.iterdir()
+        if not p.name.startswith(".") and p.name not in man["files"] and p.name != MANIFEST
+    )
     if unlisted:
         faults.append(f"{directory}: files not in the manifest: {', '.join(unlisted)}")
     try:
@@ -686,16 +763,22 @@ def verify_store(directory: str | Path) -> list[str]:
                 continue
             if "attn" in f:
                 for k0, k1 in store.chunks(64 * 2**20):
-                    cells = np.asarray(f["attn"][:, int(store.cell_offsets[k0]) : int(store.cell_offsets[k1])], dtype=np.float32)
+                    cells = np.asarray(
+                        f["attn"][:, int(store.cell_offsets[k0]) : int(store.cell_offsets[k1])], dtype=np.float32
+                    )
                     for row, k, q, what in map_faults(cells, store.lengths[k0:k1], store.tolerance, stop_at=20):
                         k += k0
-                        faults.append(f"{f.filename}: layer {layer}, head {row}, sequence {k} (record {store.record_id[k]}), query row {q}: {what}")
+                        faults.append(
+                            f"{f.filename}: layer {layer}, head {row}, sequence {k} (record {store.record_id[k]}), query row {q}: {what}"
+                        )
             for key in ("head_vectors", "hidden"):
                 if key in f:
                     bad = ~np.isfinite(f[key][()])
                     if bad.any():
                         k = int(np.argwhere(bad)[0][0])
-                        faults.append(f"{f.filename}: layer {layer}: {int(bad.sum())} non-finite values in {key}, first at sequence {k} (record {store.record_id[k]})")
+                        faults.append(
+                            f"{f.filename}: layer {layer}: {int(bad.sum())} non-finite values in {key}, first at sequence {k} (record {store.record_id[k]})"
+                        )
     return faults
 
 

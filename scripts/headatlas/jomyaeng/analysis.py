@@ -87,7 +87,9 @@ class TaskData:
         return self.split == split
 
 
-def task_data(items: pd.DataFrame, record_ids: Sequence[str], kind: str = "classification", score_range=(1.0, 5.0)) -> TaskData:
+def task_data(
+    items: pd.DataFrame, record_ids: Sequence[str], kind: str = "classification", score_range=(1.0, 5.0)
+) -> TaskData:
     """Encode a task's items (columns split, label, and record or record_a/record_b, optional
     control) against the record ids of an attention store. Items whose records the store
     lacks (skipped as too long) are dropped and counted."""
@@ -207,13 +209,29 @@ def probe_task(
 
     lay = train_probes(_split(layers, data, 1), y, cfg, n_classes, data.values)
     for layer in range(L):
-        rows.append(dict(base, kind="layer", layer=layer, head=-1, n=0, dev=lay.dev[layer], test=lay.test[layer], l2=lay.l2[layer], epochs=lay.epochs[layer]))
+        rows.append(
+            dict(
+                base,
+                kind="layer",
+                layer=layer,
+                head=-1,
+                n=0,
+                dev=lay.dev[layer],
+                test=lay.test[layer],
+                l2=lay.l2[layer],
+                epochs=lay.epochs[layer],
+            )
+        )
 
     order = rank_heads(res.dev)
     for n in curve_sizes(n_curve, n_top, L * H):
         top = top_n_features(flat, order, n)
         r = train_probes(_split(top, data, 0), y, cfg, n_classes, data.values)
-        rows.append(dict(base, kind="topn", layer=-1, head=-1, n=n, dev=r.dev[0], test=r.test[0], l2=r.l2[0], epochs=r.epochs[0]))
+        rows.append(
+            dict(
+                base, kind="topn", layer=-1, head=-1, n=n, dev=r.dev[0], test=r.test[0], l2=r.l2[0], epochs=r.epochs[0]
+            )
+        )
     out = pd.DataFrame(rows)
     return out.reindex(columns=RESULT_COLUMNS)
 
@@ -318,11 +336,24 @@ def task_correlation(heads: pd.DataFrame) -> pd.DataFrame:
 def with_paper(summary: pd.DataFrame) -> pd.DataFrame:
     """The cross-model summary with Jo & Myaeng's BERT-base numbers (in %) beside it."""
     s = summary.copy()
-    cols = ("last_layer", "best_layer", "best_layer_by_test", "top_n", "best_head_test", "gain_vs_best_layer", "chance", "best_head_selectivity", "mean_selectivity")
+    cols = (
+        "last_layer",
+        "best_layer",
+        "best_layer_by_test",
+        "top_n",
+        "best_head_test",
+        "gain_vs_best_layer",
+        "chance",
+        "best_head_selectivity",
+        "mean_selectivity",
+    )
     for col in cols:
         s[col] = np.where(s["metric"] == "accuracy", 100 * s[col], s[col])
     paper = pd.DataFrame(
-        [{"task": t, "paper_bert_base_last": v[0], "paper_bert_base_best": v[1], "paper_bert_base_top_n": v[2]} for t, v in PAPER_BERT_BASE.items()]
+        [
+            {"task": t, "paper_bert_base_last": v[0], "paper_bert_base_best": v[1], "paper_bert_base_top_n": v[2]}
+            for t, v in PAPER_BERT_BASE.items()
+        ]
     )
     heads = pd.DataFrame(
         [{"task": t, "paper_bert_base_best_head": f"{v[0]} ({v[1]}-{v[2]})"} for t, v in PAPER_BERT_BASE_HEAD.items()]
@@ -336,6 +367,10 @@ def model_tables(results: pd.DataFrame, top_n: int | None = None) -> dict[str, p
     layers, topn and summary (``top_n``: heads in the top-n probe, None = heads per layer)."""
     heads = head_table(results)
     n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
-    layers = results[results["kind"] == "layer"].drop(columns=["kind", "head", "n", "control_dev", "control_test", "selectivity"])
-    topn = results[results["kind"] == "topn"].drop(columns=["kind", "layer", "head", "control_dev", "control_test", "selectivity"])
+    layers = results[results["kind"] == "layer"].drop(
+        columns=["kind", "head", "n", "control_dev", "control_test", "selectivity"]
+    )
+    topn = results[results["kind"] == "topn"].drop(
+        columns=["kind", "layer", "head", "control_dev", "control_test", "selectivity"]
+    )
     return {"heads": heads, "layers": layers, "topn": topn, "summary": summary_table(results, n_layers, n_heads, top_n)}

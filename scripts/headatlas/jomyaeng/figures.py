@@ -39,7 +39,9 @@ def _grid(n: int, ncols: int = 5):
     return math.ceil(n / ncols), ncols
 
 
-def heatmaps(heads: pd.DataFrame, tasks: Sequence[str], path, model: str, sort: bool = True, value: str = "test_acc") -> None:
+def heatmaps(
+    heads: pd.DataFrame, tasks: Sequence[str], path, model: str, sort: bool = True, value: str = "test_acc"
+) -> None:
     """One panel per task: layers (input at the bottom) x heads, colour = the value."""
     tasks = [t for t in tasks if t in set(heads["task"])]
     L = int(heads["layer"].max()) + 1
@@ -53,7 +55,9 @@ def heatmaps(heads: pd.DataFrame, tasks: Sequence[str], path, model: str, sort: 
         metric = heads.loc[heads["task"] == task, "metric"].iloc[0]
         if diverging:
             lim = max(np.nanmax(np.abs(m)), 1e-6)
-            im = ax.imshow(m, origin="lower", aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+            im = ax.imshow(
+                m, origin="lower", aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest"
+            )
         else:
             im = ax.imshow(m, origin="lower", aspect="auto", cmap="plasma", interpolation="nearest")
         ax.set_title(f"{task} ({'selectivity' if diverging else metric})", fontsize=9)
@@ -63,7 +67,10 @@ def heatmaps(heads: pd.DataFrame, tasks: Sequence[str], path, model: str, sort: 
         fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(tasks) :]:
         ax.axis("off")
-    what = {"test_acc": "test accuracy (Pearson r for relatedness)", "selectivity": "selectivity = task - control test accuracy"}[value]
+    what = {
+        "test_acc": "test accuracy (Pearson r for relatedness)",
+        "selectivity": "selectivity = task - control test accuracy",
+    }[value]
     order = "heads sorted within each layer by accuracy" if sort else "heads in model order"
     fig.suptitle(f"{model}: per-head probing {what}; {order}", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
@@ -94,7 +101,15 @@ def correlation_clustermap(heads: pd.DataFrame, path, model: str) -> None:
     ax_h.set_yticks(range(len(names)), [names[i] for i in order], fontsize=8)
     for i in range(len(names)):
         for j in range(len(names)):
-            ax_h.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if abs(m[i, j]) > 0.6 else "black")
+            ax_h.text(
+                j,
+                i,
+                f"{m[i, j]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if abs(m[i, j]) > 0.6 else "black",
+            )
     fig.colorbar(im, cax=ax_c, label="Pearson r over heads")
     ax_d.set_title(f"{model}: tasks clustered by the correlation of their per-head accuracies", fontsize=10)
     save_figure(fig, path)
@@ -103,7 +118,11 @@ def correlation_clustermap(heads: pd.DataFrame, path, model: str) -> None:
 def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
     """Per head: surface vs syntactic vs semantic score (mean test accuracy), coloured by layer."""
     cats = category_scores(heads)
-    pairs = [(a, b) for a, b in (("surface", "syntactic"), ("surface", "semantic"), ("syntactic", "semantic")) if a in cats and b in cats]
+    pairs = [
+        (a, b)
+        for a, b in (("surface", "syntactic"), ("surface", "semantic"), ("syntactic", "semantic"))
+        if a in cats and b in cats
+    ]
     if not pairs:
         fig, ax = plt.subplots(figsize=(4, 2))
         ax.text(0.5, 0.5, "no probing task of two categories", ha="center")
@@ -113,13 +132,25 @@ def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
     fig, axes = plt.subplots(1, len(pairs), figsize=(4.3 * len(pairs) + 0.8, 4), squeeze=False)
     L = int(cats["layer"].max()) + 1
     for ax, (a, b) in zip(axes.flat, pairs):
-        sc = ax.scatter(cats[a], cats[b], c=cats["layer"], cmap="viridis", vmin=0, vmax=max(L - 1, 1), s=14, alpha=0.85, edgecolors="none")
+        sc = ax.scatter(
+            cats[a],
+            cats[b],
+            c=cats["layer"],
+            cmap="viridis",
+            vmin=0,
+            vmax=max(L - 1, 1),
+            s=14,
+            alpha=0.85,
+            edgecolors="none",
+        )
         ax.set_xlabel(f"{a} score (mean test accuracy)", fontsize=8)
         ax.set_ylabel(f"{b} score (mean test accuracy)", fontsize=8)
         ax.set_title(f"{a} vs {b}", fontsize=9)
     fig.colorbar(sc, ax=axes.ravel().tolist(), label="layer (0 = first)")
     fig.suptitle(f"{model}: each head's surface / syntactic / semantic score", fontsize=11)
-    legend = "; ".join(f"{c} = {', '.join(t for t in CATEGORIES[c] if t in set(heads['task']))}" for c in CATEGORIES if c in cats)
+    legend = "; ".join(
+        f"{c} = {', '.join(t for t in CATEGORIES[c] if t in set(heads['task']))}" for c in CATEGORIES if c in cats
+    )
     fig.text(0.01, -0.04, legend, fontsize=7)
     save_figure(fig, path)
 
@@ -145,7 +176,9 @@ def focused_curve(heads: pd.DataFrame, path, model: str, groups: dict[str, Seque
     save_figure(fig, path)
 
 
-def topn_curves(topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame, path, model: str, tasks: Sequence[str]) -> None:
+def topn_curves(
+    topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame, path, model: str, tasks: Sequence[str]
+) -> None:
     """Test accuracy of the top-n heads probe against n, with the last- and best-layer probes."""
     tasks = [t for t in tasks if t in set(topn["task"])]
     nrows, ncols = _grid(len(tasks))
@@ -156,7 +189,9 @@ def topn_curves(topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame,
         ax.plot(t["n"], t["test"], "o-", ms=3, color="C0", label="top-n heads")
         ax.axhline(s["last_layer"], color="C3", ls="--", lw=1, label="last layer")
         ax.axhline(s["best_layer"], color="C2", ls=":", lw=1.3, label="best layer (chosen on dev)")
-        ax.axhline(s["best_layer_by_test"], color="C1", ls="-.", lw=0.9, label="best layer (on test: the paper's choice)")
+        ax.axhline(
+            s["best_layer_by_test"], color="C1", ls="-.", lw=0.9, label="best layer (on test: the paper's choice)"
+        )
         ax.axvline(s["n_top"], color="0.6", lw=0.8)
         ax.set_xscale("log")
         ax.set_title(task, fontsize=9)
@@ -176,9 +211,15 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, t
     0..1 within the task (left) and the layer probe's (right); a dot marks the maximum."""
     tasks = [t for t in tasks if t in set(heads["task"])]
     L = int(heads["layer"].max()) + 1
-    fig, axes = plt.subplots(1, 2, figsize=(2 * (2.5 + 0.22 * L) + 2.5, 1 + 0.36 * len(tasks)), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, 2, figsize=(2 * (2.5 + 0.22 * L) + 2.5, 1 + 0.36 * len(tasks)), squeeze=False, sharey=True
+    )
     for ax, (name, frame, col) in zip(
-        axes.flat, (("best head in the layer", heads, "test_acc"), ("layer hidden state", layers.rename(columns={"test": "v"}), "v"))
+        axes.flat,
+        (
+            ("best head in the layer", heads, "test_acc"),
+            ("layer hidden state", layers.rename(columns={"test": "v"}), "v"),
+        ),
     ):
         m = np.full((len(tasks), L), np.nan)
         for i, task in enumerate(tasks):
@@ -192,18 +233,23 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, t
         ax.set_xlabel("layer (0 = first)")
         ax.set_title(name, fontsize=10)
     fig.colorbar(im, ax=axes.ravel().tolist(), label="test accuracy, min-max scaled per task")
-    fig.suptitle(f"{model}: layer profile of each task (paper: surface low, word order middle, semantics high)", fontsize=10)
+    fig.suptitle(
+        f"{model}: layer profile of each task (paper: surface low, word order middle, semantics high)", fontsize=10
+    )
     save_figure(fig, path)
 
 
-def all_figures(heads, layers, topn, summary, out: dict, model: str, probing: Sequence[str], downstream: Sequence[str]) -> None:
+def all_figures(
+    heads, layers, topn, summary, out: dict, model: str, probing: Sequence[str], downstream: Sequence[str]
+) -> None:
     tasks = list(probing) + list(downstream)
     heatmaps(heads, tasks, out["heatmap_sorted"], model, sort=True)
     heatmaps(heads, tasks, out["heatmap_unsorted"], model, sort=False)
-    heatmaps(heads[heads["task"].isin(probing)], probing, out["heatmap_selectivity"], model, sort=False, value="selectivity")
+    heatmaps(
+        heads[heads["task"].isin(probing)], probing, out["heatmap_selectivity"], model, sort=False, value="selectivity"
+    )
     correlation_clustermap(heads, out["task_correlation"], model)
     category_scatter(heads, out["categories"], model)
     focused_curve(heads, out["focused"], model, {"probing": probing, "downstream": downstream})
     topn_curves(topn, layers, summary, out["topn_curve"], model, tasks)
     layer_profile(heads, layers, out["layer_profile"], model, tasks)
-

@@ -201,7 +201,10 @@ def train_probes(
                 step += 1
                 _update(cfg, lr, step, (W, b), (gW, gb), state)
         nepoch += cfg.epoch_size
-        m = {s: _metric(torch.baddbmm(b[:, :, None], W, Xa[s].transpose(1, 2)).view(Pa, G, C, -1), Y[s], vals) for s in ("dev", "test")}
+        m = {
+            s: _metric(torch.baddbmm(b[:, :, None], W, Xa[s].transpose(1, 2)).view(Pa, G, C, -1), Y[s], vals)
+            for s in ("dev", "test")
+        }
         st = stopped[active]
         improved = (m["dev"] > best[active]) & ~st
         worse = ~improved & ~st
@@ -247,14 +250,25 @@ def _update(cfg: ProbeConfig, lr: float, step: int, params, grads, state) -> Non
         p.addcdiv_(m, (v.sqrt() / math.sqrt(bc2)).add_(eps), value=-lr / bc1)
 
 
-def train_probes_loop(X: dict, y: dict, cfg: ProbeConfig = ProbeConfig(), n_classes: int | None = None, values=None) -> ProbeResult:
+def train_probes_loop(
+    X: dict, y: dict, cfg: ProbeConfig = ProbeConfig(), n_classes: int | None = None, values=None
+) -> ProbeResult:
     """The same probes trained one at a time (reference for tests and the benchmark)."""
     P = np.asarray(X["train"]).shape[0]
-    parts = [train_probes({s: np.asarray(X[s])[p : p + 1] for s in SPLITS}, y, cfg, n_classes, values) for p in range(P)]
-    return ProbeResult(*(np.concatenate([getattr(r, f) for r in parts]) for f in ("dev", "test", "l2", "epochs", "dev_grid", "test_grid")))
+    parts = [
+        train_probes({s: np.asarray(X[s])[p : p + 1] for s in SPLITS}, y, cfg, n_classes, values) for p in range(P)
+    ]
+    return ProbeResult(
+        *(
+            np.concatenate([getattr(r, f) for r in parts])
+            for f in ("dev", "test", "l2", "epochs", "dev_grid", "test_grid")
+        )
+    )
 
 
-def senteval_probe(X: dict, y: dict, l2: float, cfg: ProbeConfig = ProbeConfig(), n_classes: int | None = None) -> tuple[float, float, int]:
+def senteval_probe(
+    X: dict, y: dict, l2: float, cfg: ProbeConfig = ProbeConfig(), n_classes: int | None = None
+) -> tuple[float, float, int]:
     """Reference: one probe and one L2 value trained as SentEval's ``MLP(nhid=0).fit`` does it
     (``nn.Linear``, autograd, ``torch.optim``, a deep copy of the best-dev model); returns
     (best dev accuracy, its test accuracy, its epoch). ``X[split]`` is [N, d]."""
@@ -306,7 +320,9 @@ def senteval_loop(X: dict, y: dict, cfg: ProbeConfig = ProbeConfig(), n_classes:
     dev, test, ep = np.zeros((P, G)), np.zeros((P, G)), np.zeros((P, G), dtype=np.int64)
     for p in range(P):
         for g, l2 in enumerate(cfg.l2):
-            dev[p, g], test[p, g], ep[p, g] = senteval_probe({s: np.asarray(X[s])[p] for s in SPLITS}, y, l2, cfg, n_classes)
+            dev[p, g], test[p, g], ep[p, g] = senteval_probe(
+                {s: np.asarray(X[s])[p] for s in SPLITS}, y, l2, cfg, n_classes
+            )
     choice = np.argmax(np.round(100 * dev, 2), axis=1)
     rows = np.arange(P)
     return ProbeResult(dev[rows, choice], test[rows, choice], np.asarray(cfg.l2)[choice], ep[rows, choice], dev, test)

@@ -96,7 +96,9 @@ class Source:
     @property
     def root(self) -> int:
         if self.head.count(-1) != 1:  # read_conllu rejects such sentences; this guards other sources
-            raise GeneratorError(f"source sentence {self.sent_id!r} ({self.id}) has {self.head.count(-1)} roots; a tree has exactly one")
+            raise GeneratorError(
+                f"source sentence {self.sent_id!r} ({self.id}) has {self.head.count(-1)} roots; a tree has exactly one"
+            )
         return self.head.index(-1)
 
     def children(self, i: int) -> list[int]:
@@ -191,7 +193,9 @@ def main_tense(s: Source) -> str | None:
     r = s.root
     if s.upos[r] in ("VERB", "AUX") and s.xpos[r] in TENSES:
         return TENSES[s.xpos[r]]
-    finite = [j for j in s.children(r) if s.deprel[j] in ("aux", "aux:pass", "cop") and s.xpos[j] in TENSES | {"MD": ""}]
+    finite = [
+        j for j in s.children(r) if s.deprel[j] in ("aux", "aux:pass", "cop") and s.xpos[j] in TENSES | {"MD": ""}
+    ]
     if len(finite) != 1 or s.xpos[finite[0]] == "MD":
         return None
     return TENSES[s.xpos[finite[0]]]
@@ -516,7 +520,9 @@ def _candidates(task: str, s: Source, cfg: GeneratorConfig, ctx: dict) -> list[t
             return None
         i, cands = targets[int(rng.integers(len(targets)))]
         r = str(cands[int(rng.integers(len(cands)))])
-        mod = Item(task, s.split, s.id + ".somo", odd_man_out(s.words, i, r), "C", s.id, r, f"replace {i} {s.words[i]} -> {r}")
+        mod = Item(
+            task, s.split, s.id + ".somo", odd_man_out(s.words, i, r), "C", s.id, r, f"replace {i} {s.words[i]} -> {r}"
+        )
         return [("O", "", _original(task, s, "O")), ("C", "", mod)]
     if task == "CoordinationInversion":
         inv = coordination_inversion(s)
@@ -544,7 +550,9 @@ GENERATION_ORDER = (
 DISJOINT = {"Tense", "SubjNumber", "ObjNumber"}
 
 
-def generate_task(task: str, sources: Sequence[Source], cfg: GeneratorConfig, ctx: dict, prefer: set[str] = frozenset()) -> list[Item]:
+def generate_task(
+    task: str, sources: Sequence[Source], cfg: GeneratorConfig, ctx: dict, prefer: set[str] = frozenset()
+) -> list[Item]:
     """The items of one task over the three splits (train last, for lemma disjointness).
     Sentences are taken in seeded priority order, those in ``prefer`` (already used by
     another task) first, so the tasks share sentences and the union corpus stays small."""
@@ -646,7 +654,9 @@ def generate(sources: Sequence[Source], cfg: GeneratorConfig) -> tuple[list[Reco
             if records[it.record].words != it.words:
                 raise GeneratorError(f"record {it.record}: two different word sequences")
             continue
-        records[it.record] = Record(id=it.record, words=it.words, segment=(0,) * len(it.words), split=split_of[it.source])
+        records[it.record] = Record(
+            id=it.record, words=it.words, segment=(0,) * len(it.words), split=split_of[it.source]
+        )
     table = pd.DataFrame(
         {
             "task": [i.task for i in items],
@@ -747,7 +757,9 @@ def generate_downstream(specs: Sequence[DownstreamSpec], seed: int) -> tuple[lis
                     try:
                         score = float(r.label)
                     except ValueError:
-                        raise GeneratorError(f"{path}: item {r.id}: relatedness score {r.label!r} is not a number") from None
+                        raise GeneratorError(
+                            f"{path}: item {r.id}: relatedness score {r.label!r} is not a number"
+                        ) from None
                     lo, hi = spec.score_range
                     if not lo <= score <= hi:
                         raise GeneratorError(f"{path}: item {r.id}: score {score} outside {spec.score_range}")
@@ -773,7 +785,11 @@ def downstream_stats(table: pd.DataFrame) -> pd.DataFrame:
             desc, classes, maj = f"mean {v.mean():.2f}, sd {v.std():.2f}", 0, float("nan")
         else:
             counts = g["label"].value_counts()
-            desc, classes, maj = ";".join(f"{k}:{v}" for k, v in sorted(counts.items())), len(counts), counts.iloc[0] / len(g)
+            desc, classes, maj = (
+                ";".join(f"{k}:{v}" for k, v in sorted(counts.items())),
+                len(counts),
+                counts.iloc[0] / len(g),
+            )
         rows.append({"task": task, "split": split, "n": len(g), "classes": classes, "majority": maj, "counts": desc})
     return pd.DataFrame(rows)
 
@@ -781,4 +797,3 @@ def downstream_stats(table: pd.DataFrame) -> pd.DataFrame:
 def read_table(path: str | Path) -> pd.DataFrame:
     """A task table written by the generator (keeps labels as strings)."""
     return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-

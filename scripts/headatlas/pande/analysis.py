@@ -71,7 +71,9 @@ def pooled_scores(paths: list[str | Path]) -> tuple[np.ndarray, list[str], list[
     return scores, roles, [p["notes"] for p in parts], [p["meta"] for p in parts], [len(p["scores"]) for p in parts]
 
 
-def model_table(paths: list[str | Path], model: str, settings: HypothesisSettings, threads: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+def model_table(
+    paths: list[str | Path], model: str, settings: HypothesisSettings, threads: int = 1
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The per head x role tables of one model from its per-corpus score files (BLAS on
     ``threads`` threads): the pooled test (the paper's, with the stability columns appended)
     and the same test on each corpus alone."""
@@ -79,7 +81,9 @@ def model_table(paths: list[str | Path], model: str, settings: HypothesisSetting
         return _model_table(paths, model, settings)
 
 
-def _model_table(paths: list[str | Path], model: str, settings: HypothesisSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _model_table(
+    paths: list[str | Path], model: str, settings: HypothesisSettings
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     scores, roles, notes, metas, sizes = pooled_scores(paths)
     valid = ~np.isnan(scores[:, 0, 0, :])
     for meta, path in zip(metas, paths):
@@ -103,11 +107,20 @@ def _model_table(paths: list[str | Path], model: str, settings: HypothesisSettin
         ours = table["p"].to_numpy()
         both = np.isfinite(check) & np.isfinite(ours)
         diff = float(np.abs(check[both] - ours[both]).max()) if both.any() else 0.0
-        log.info("faithful p-values against scipy.stats.ttest_1samp (ddof-adjusted): max |diff| = %.3g over %d tests", diff, int(both.sum()))
+        log.info(
+            "faithful p-values against scipy.stats.ttest_1samp (ddof-adjusted): max |diff| = %.3g over %d tests",
+            diff,
+            int(both.sum()),
+        )
         if diff > 1e-10:
             raise AssertionError(f"faithful p-values differ from scipy by {diff:.3g} (> 1e-10)")
     counts = pf.role_counts(table)
-    log.info("significant heads per role (of %d), pooled over %s:\n%s", len(table) // len(roles), names, counts.to_string(index=False))
+    log.info(
+        "significant heads per role (of %d), pooled over %s:\n%s",
+        len(table) // len(roles),
+        names,
+        counts.to_string(index=False),
+    )
     # the same test on each corpus alone (the paper tests each task separately); FDR family = one corpus
     parts, start = [], 0
     for name, n, note in zip(names, sizes, notes):
@@ -116,7 +129,9 @@ def _model_table(paths: list[str | Path], model: str, settings: HypothesisSettin
         parts.append(part)
         start += n
     by_corpus = pd.concat(parts, ignore_index=True)
-    wide = by_corpus.pivot_table(index="role", columns="corpus", values="significant_faithful", aggfunc="sum", sort=False)
+    wide = by_corpus.pivot_table(
+        index="role", columns="corpus", values="significant_faithful", aggfunc="sum", sort=False
+    )
     log.info("faithful-significant heads per role and corpus (pooled: %s):\n%s", dict(zip(counts["role"], counts["faithful"])),
              wide.reindex(columns=names).to_string())  # fmt: skip
     table = with_stability(table, scores.reshape(len(scores), -1), sizes, names, by_corpus, settings)
@@ -156,7 +171,10 @@ def figures(table_path: str | Path, out: dict, near: float = 0.05) -> dict:
     share = pf.pvalue_figure(table, out["pvalues"], near)
     pf.heatmap_figure(table, out["heatmap"])
     counts = pf.role_counts(table)
-    ls = coloc[((coloc["role_a"] == "local") & (coloc["role_b"] == "syntactic")) | ((coloc["role_a"] == "syntactic") & (coloc["role_b"] == "local"))]
+    ls = coloc[
+        ((coloc["role_a"] == "local") & (coloc["role_b"] == "syntactic"))
+        | ((coloc["role_a"] == "syntactic") & (coloc["role_b"] == "local"))
+    ]
     summary = {
         "model": model,
         "heads": int(len(table) // table["role"].nunique()),
@@ -174,7 +192,9 @@ def finetune_comparison(base_path: str | Path, tuned_path: str | Path, model_dir
     before, after = read_table(base_path), read_table(tuned_path)
     base, tuned = str(before["model"].iloc[0]), str(after["model"].iloc[0])
     if pf._shape(before) != pf._shape(after):
-        raise ValueError(f"{base_path} and {tuned_path}: models of different shapes {pf._shape(before)} / {pf._shape(after)}")
+        raise ValueError(
+            f"{base_path} and {tuned_path}: models of different shapes {pf._shape(before)} / {pf._shape(after)}"
+        )
     metrics = read_metrics(model_dir)
     subtitle = (
         f"\n{tuned} = {base} fine-tuned on {metrics['task']} for {metrics['steps']} steps: dev accuracy "
@@ -199,7 +219,9 @@ def finetune_comparison(base_path: str | Path, tuned_path: str | Path, model_dir
     }
 
 
-def length_analysis(score_paths: list[str | Path], table_path: str | Path, out: dict, n_bins: int = 8, top: int = 3) -> pd.DataFrame:
+def length_analysis(
+    score_paths: list[str | Path], table_path: str | Path, out: dict, n_bins: int = 8, top: int = 3
+) -> pd.DataFrame:
     """Sieve score against sequence length: per role, the mean score per corpus and length bin
     of the ``top`` strongest heads and the median head (``out["table"]``, ``out["figure"]``), and
     per corpus and role the Spearman correlation of score with length over all heads
@@ -207,7 +229,9 @@ def length_analysis(score_paths: list[str | Path], table_path: str | Path, out: 
     parts = [load_scores(p) for p in score_paths]
     for p, path in zip(parts, score_paths):
         if p["lengths"] is None:
-            raise ValueError(f"{path}: no 'lengths' dataset (written by an older pande_scores); delete it and rerun pande_scores")
+            raise ValueError(
+                f"{path}: no 'lengths' dataset (written by an older pande_scores); delete it and rerun pande_scores"
+            )
     scores, roles, _, metas, sizes = pooled_scores(score_paths)
     corpora = [str(m["corpus"]) for m in metas]
     lengths = np.concatenate([p["lengths"] for p in parts]) if parts else np.zeros(0, np.int64)

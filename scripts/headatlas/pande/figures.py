@@ -16,7 +16,10 @@ import pandas as pd
 from ..core.figures import save_figure
 
 MODES = {"faithful": "significant_faithful", "fdr": "significant_fdr"}
-MODE_TITLES = {"faithful": "faithful: t-test p < alpha, no correction", "fdr": "rigorous: Benjamini-Hochberg FDR < alpha"}
+MODE_TITLES = {
+    "faithful": "faithful: t-test p < alpha, no correction",
+    "fdr": "rigorous: Benjamini-Hochberg FDR < alpha",
+}
 _MARKERS = ["o", "*", "s", "^", "v", "D", "P", "X", "h", "<", ">", "p", "d", "8", "H", "1", "2", "3"]
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#ff7f0e", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
 # the paper's four role families first
@@ -130,7 +133,8 @@ def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path | None = No
     cols = 5 if len(roles) > 4 else len(roles)
     rows = int(np.ceil(len(roles) / cols))
     offsets = {
-        r: ((i % cols - (cols - 1) / 2) * 0.8 / cols, ((i // cols) - (rows - 1) / 2) * 0.7 / max(rows, 1)) for i, r in enumerate(roles)
+        r: ((i % cols - (cols - 1) / 2) * 0.8 / cols, ((i // cols) - (rows - 1) / 2) * 0.7 / max(rows, 1))
+        for i, r in enumerate(roles)
     }
     width = max(4.0, 0.55 * n_heads + 1)
     height = max(3.0, 0.42 * n_layers + 1.2)
@@ -143,7 +147,15 @@ def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path | None = No
             lh = np.array([k for k, v in hit.items() if v]).reshape(-1, 2)
             dx, dy = offsets[role]
             marker, color = styles[role]
-            ax.scatter(lh[:, 1] + dx, lh[:, 0] + dy, marker=marker, color=color, s=22, label=f"{role} ({len(lh)})", linewidths=0.6)
+            ax.scatter(
+                lh[:, 1] + dx,
+                lh[:, 0] + dy,
+                marker=marker,
+                color=color,
+                s=22,
+                label=f"{role} ({len(lh)})",
+                linewidths=0.6,
+            )
         ax.set_xticks(range(n_heads))
         ax.set_yticks(range(n_layers))
         ax.set_xticks(np.arange(-0.5, n_heads), minor=True)
@@ -154,7 +166,14 @@ def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path | None = No
         ax.set_ylim(n_layers - 0.5, -0.5)
         ax.set_xlabel("head (0-based)")
         ax.set_title(MODE_TITLES[mode], fontsize=9)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, title="role (heads)", title_fontsize=7, frameon=False)
+        ax.legend(
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+            fontsize=7,
+            title="role (heads)",
+            title_fontsize=7,
+            frameon=False,
+        )
     axes[0].set_ylabel("layer (0-based)")
     tau = table["tau"].iloc[0]
     fig.suptitle(f"{model}: roles per head (H0: mean sieve score <= tau = {tau:g})", fontsize=11)
@@ -206,7 +225,9 @@ def layer_figure(counts: pd.DataFrame, path: str | Path, model: str) -> None:
         for role in roles:
             c = counts[counts["role"] == role]
             marker, color = styles[role]
-            ax.plot(c["layer"] + jitter[role], c[mode], marker=marker, color=color, label=role, linewidth=1, markersize=4)
+            ax.plot(
+                c["layer"] + jitter[role], c[mode], marker=marker, color=color, label=role, linewidth=1, markersize=4
+            )
         ax.set_xlabel("layer (0-based)")
         ax.set_ylim(-0.3, n_heads + 0.3)
         ax.set_title(MODE_TITLES[mode], fontsize=9)
@@ -271,7 +292,11 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path) -> None:
     vmin, vmax = (max(pos.min(), 1e-2), max(pos.max(), 10.0)) if len(pos) else (0.1, 10.0)
     norm = LogNorm(vmin=vmin, vmax=vmax)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(cols * (0.3 * n_heads + 1.2), rows * (0.2 * n_layers + 1.6)), squeeze=False, layout="constrained"
+        rows,
+        cols,
+        figsize=(cols * (0.3 * n_heads + 1.2), rows * (0.2 * n_layers + 1.6)),
+        squeeze=False,
+        layout="constrained",
     )
     im = None
     for ax, role in zip(axes.ravel(), roles):
@@ -293,7 +318,10 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path) -> None:
         bar = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="mean sieve score (1 = uniform attention)")
         if np.isfinite(tau) and vmin < tau < vmax:
             bar.ax.axhline(tau, color="cyan", linewidth=1.5)
-    fig.suptitle(f"{model}: mean sieve score per head (cyan dots: faithful-significant at tau = {tau:g}, cyan line on the bar)", fontsize=10)
+    fig.suptitle(
+        f"{model}: mean sieve score per head (cyan dots: faithful-significant at tau = {tau:g}, cyan line on the bar)",
+        fontsize=10,
+    )
     save_figure(fig, path)
 
 
@@ -302,8 +330,12 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path) -> None:
 
 def compare_layers(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     """Per layer and role: role counts and mean sieve score before and after fine-tuning."""
-    a = layer_counts(before).rename(columns={"faithful": "faithful_before", "fdr": "fdr_before", "mean_score": "mean_before"})
-    b = layer_counts(after).rename(columns={"faithful": "faithful_after", "fdr": "fdr_after", "mean_score": "mean_after"})
+    a = layer_counts(before).rename(
+        columns={"faithful": "faithful_before", "fdr": "fdr_before", "mean_score": "mean_before"}
+    )
+    b = layer_counts(after).rename(
+        columns={"faithful": "faithful_after", "fdr": "fdr_after", "mean_score": "mean_after"}
+    )
     out = a.merge(b.drop(columns="heads"), on=["layer", "role"], how="outer", validate="one_to_one")
     out["faithful_change"] = out["faithful_after"] - out["faithful_before"]
     out["mean_change"] = out["mean_after"] - out["mean_before"]
@@ -320,8 +352,24 @@ def compare_roles_figure(cmp: pd.DataFrame, path: str | Path, base: str, tuned: 
     n_heads = int(cmp["heads"].max())
     for ax, role in zip(axes.ravel(), roles):
         c = cmp[cmp["role"] == role]
-        ax.plot(c["layer"], c["faithful_before"], marker="o", color="0.45", label=f"{base} (before)", linewidth=1, markersize=3)
-        ax.plot(c["layer"], c["faithful_after"], marker="s", color="#d62728", label=f"{tuned} (after)", linewidth=1, markersize=3)
+        ax.plot(
+            c["layer"],
+            c["faithful_before"],
+            marker="o",
+            color="0.45",
+            label=f"{base} (before)",
+            linewidth=1,
+            markersize=3,
+        )
+        ax.plot(
+            c["layer"],
+            c["faithful_after"],
+            marker="s",
+            color="#d62728",
+            label=f"{tuned} (after)",
+            linewidth=1,
+            markersize=3,
+        )
         ax.set_title(role, fontsize=8)
         ax.set_ylim(-0.3, n_heads + 0.3)
         ax.grid(alpha=0.3)
@@ -338,11 +386,22 @@ def compare_roles_figure(cmp: pd.DataFrame, path: str | Path, base: str, tuned: 
     save_figure(fig, path)
 
 
-def compare_sep_figure(before: pd.DataFrame, after: pd.DataFrame, path: str | Path, base: str, tuned: str, role: str = "delimiter_sep", subtitle: str = "") -> None:
+def compare_sep_figure(
+    before: pd.DataFrame,
+    after: pd.DataFrame,
+    path: str | Path,
+    base: str,
+    tuned: str,
+    role: str = "delimiter_sep",
+    subtitle: str = "",
+) -> None:
     """Mean sieve score of ``role`` per layer before and after fine-tuning (heads as dots)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for table, name, color, shift in ((before, f"{base} (before)", "0.45", -0.12), (after, f"{tuned} (after)", "#d62728", 0.12)):
+    for table, name, color, shift in (
+        (before, f"{base} (before)", "0.45", -0.12),
+        (after, f"{tuned} (after)", "#d62728", 0.12),
+    ):
         t = table[table["role"] == role]
         ax.scatter(t["layer"] + shift, t["mean"], s=8, color=color, alpha=0.5, linewidths=0)
         m = t.groupby("layer")["mean"].mean()
@@ -387,17 +446,46 @@ def picked_heads(table: pd.DataFrame, top: int = 3) -> pd.DataFrame:
             continue
         picks = [(f"strongest {k + 1}", r.iloc[k]) for k in range(min(top, len(r)))]
         picks.append(("median", r.iloc[len(r) // 2]))
-        rows += [{"role": role, "pick": name, "layer": int(h["layer"]), "head": int(h["head"]), "head_mean": float(h["mean"])} for name, h in picks]
+        rows += [
+            {
+                "role": role,
+                "pick": name,
+                "layer": int(h["layer"]),
+                "head": int(h["head"]),
+                "head_mean": float(h["mean"]),
+            }
+            for name, h in picks
+        ]
     return pd.DataFrame(rows, columns=["role", "pick", "layer", "head", "head_mean"])
 
 
-def length_table(scores: np.ndarray, lengths: np.ndarray, corpus: np.ndarray, corpora: list[str], roles: list[str], picks: pd.DataFrame, n_bins: int = 8) -> pd.DataFrame:
+def length_table(
+    scores: np.ndarray,
+    lengths: np.ndarray,
+    corpus: np.ndarray,
+    corpora: list[str],
+    roles: list[str],
+    picks: pd.DataFrame,
+    n_bins: int = 8,
+) -> pd.DataFrame:
     """Mean sentence score of each picked head per corpus and length bin.
 
     ``scores`` [N, L, H, R] (NaN = no query or pair), ``lengths`` [N] tokens, ``corpus`` [N]
     index into ``corpora``; ``picks`` from :func:`picked_heads`. All picks are gathered at once
     and summed per (corpus, bin) with ``np.add.at``."""
-    cols = ["role", "pick", "layer", "head", "head_mean", "corpus", "bin_low", "bin_high", "mean_length", "sentences", "mean_score"]
+    cols = [
+        "role",
+        "pick",
+        "layer",
+        "head",
+        "head_mean",
+        "corpus",
+        "bin_low",
+        "bin_high",
+        "mean_length",
+        "sentences",
+        "mean_score",
+    ]
     if picks.empty or not len(scores):
         return pd.DataFrame(columns=cols)
     edges = length_bin_edges(lengths, n_bins)
@@ -425,10 +513,16 @@ def length_table(scores: np.ndarray, lengths: np.ndarray, corpus: np.ndarray, co
     out["mean_score"] = sums[gi, k] / cnt[gi, k]
     order = pd.Categorical(out["pick"], categories=list(dict.fromkeys(picks["pick"])))
     out = out.assign(_r=out["role"].map({r: i for i, r in enumerate(roles)}), _p=order.codes)
-    return out.sort_values(["_r", "_p", "corpus", "bin_low"], kind="stable").drop(columns=["_r", "_p"])[cols].reset_index(drop=True)
+    return (
+        out.sort_values(["_r", "_p", "corpus", "bin_low"], kind="stable")
+        .drop(columns=["_r", "_p"])[cols]
+        .reset_index(drop=True)
+    )
 
 
-def length_trend(scores: np.ndarray, lengths: np.ndarray, corpus: np.ndarray, corpora: list[str], roles: list[str]) -> pd.DataFrame:
+def length_trend(
+    scores: np.ndarray, lengths: np.ndarray, corpus: np.ndarray, corpora: list[str], roles: list[str]
+) -> pd.DataFrame:
     """Per corpus and role, over every head: Spearman correlation between a sentence's length
     and its score (heads with at least 3 sentences and some spread); the median and the share
     of heads with a positive correlation."""
@@ -496,7 +590,18 @@ def length_figure(bins: pd.DataFrame, roles: list[str], path: str | Path, model:
         ax.set_ylabel("mean sentence score in the bin", fontsize=7)
     handles = [plt.Line2D([], [], marker=m, color="black", linestyle="none", label=c) for c, m in markers.items()]
     if handles:
-        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False, title="corpus (marker)", title_fontsize=7)
-    fig.suptitle(f"{model}: sieve score against sequence length (dotted: tau = {tau:g}; dashed grey: the median head)", fontsize=10)
+        fig.legend(
+            handles=handles,
+            loc="lower center",
+            ncol=len(handles),
+            fontsize=7,
+            frameon=False,
+            title="corpus (marker)",
+            title_fontsize=7,
+        )
+    fig.suptitle(
+        f"{model}: sieve score against sequence length (dotted: tau = {tau:g}; dashed grey: the median head)",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     save_figure(fig, path)

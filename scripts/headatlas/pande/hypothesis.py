@@ -43,7 +43,13 @@ COLUMNS = [
     "significant_faithful", "significant_fdr", "significant_nonparam_fdr", "note",
 ]  # fmt: skip
 # appended to the pooled table (after COLUMNS): bootstrap and per-corpus stability of each label
-STABILITY_COLUMNS = ["stability_faithful", "stability_fdr", "corpus_share_faithful", "corpus_share_fdr", "corpora_tested"]
+STABILITY_COLUMNS = [
+    "stability_faithful",
+    "stability_fdr",
+    "corpus_share_faithful",
+    "corpus_share_fdr",
+    "corpora_tested",
+]
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,18 @@ class HypothesisSettings:
 
     @classmethod
     def from_config(cls, section: dict) -> "HypothesisSettings":
-        keys = ("tau", "alpha", "ddof", "fdr_method", "bootstrap", "ci", "nonparametric", "permutations", "seed", "stability_resamples")
+        keys = (
+            "tau",
+            "alpha",
+            "ddof",
+            "fdr_method",
+            "bootstrap",
+            "ci",
+            "nonparametric",
+            "permutations",
+            "seed",
+            "stability_resamples",
+        )
         return cls(**{k: section[k] for k in keys if k in section})
 
 
@@ -118,7 +135,9 @@ def nan_patterns(x: np.ndarray):
         yield valid[:, 0], np.arange(x.shape[1])
         return
     packed = np.packbits(valid, axis=0).T.copy()  # one byte string per column
-    _, first, inverse = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel(), return_index=True, return_inverse=True)
+    _, first, inverse = np.unique(
+        packed.view(np.dtype((np.void, packed.shape[1]))).ravel(), return_index=True, return_inverse=True
+    )
     for g, c in enumerate(first):
         yield valid[:, c], np.flatnonzero(inverse.ravel() == g)
 
@@ -168,7 +187,9 @@ def random_signs(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
     return bits.reshape(b, n).astype(np.float64) * 2 - 1
 
 
-def sign_flip_p(x: np.ndarray, tau: float, b: int, rng: np.random.Generator, signs: np.ndarray | None = None) -> np.ndarray:
+def sign_flip_p(
+    x: np.ndarray, tau: float, b: int, rng: np.random.Generator, signs: np.ndarray | None = None
+) -> np.ndarray:
     """One-sided sign-flip permutation p-value of mean(x - tau) > 0 per column (x complete;
     ``signs``: precomputed :func:`random_signs`)."""
     d = x - tau
@@ -191,7 +212,9 @@ def wilcoxon_p(x: np.ndarray, tau: float) -> np.ndarray:
     return out
 
 
-def head_table(scores: np.ndarray, roles: list[str], model: str, settings: HypothesisSettings, notes: dict | None = None) -> pd.DataFrame:
+def head_table(
+    scores: np.ndarray, roles: list[str], model: str, settings: HypothesisSettings, notes: dict | None = None
+) -> pd.DataFrame:
     """The tidy per head x role table of one model.
 
     ``scores`` [N, L, H, R]: sentence scores pooled over the analysed corpora (NaN where a
@@ -234,7 +257,9 @@ def head_table(scores: np.ndarray, roles: list[str], model: str, settings: Hypot
                     "signs": random_signs(rng, len(v), s.permutations) if s.nonparametric == "sign_flip" else None,
                 }
             if s.bootstrap > 0:
-                res["lo"][cols, r], res["hi"][cols, r] = bootstrap_ci(v, n_boot=s.bootstrap, level=s.ci, counts=draws["counts"])
+                res["lo"][cols, r], res["hi"][cols, r] = bootstrap_ci(
+                    v, n_boot=s.bootstrap, level=s.ci, counts=draws["counts"]
+                )
             if s.nonparametric == "sign_flip":
                 res["pnp"][cols, r] = sign_flip_p(v, s.tau, s.permutations, None, draws["signs"])
             elif s.nonparametric == "wilcoxon":
@@ -295,7 +320,10 @@ def stratified_counts(seed: int, sizes: list[int], names: list[str], b: int) -> 
     """[b, sum(sizes)] bootstrap counts that resample each corpus's sentences within that corpus
     (corpus k: rows sum(sizes[:k]).. of the pooled sentences). A corpus's draws depend only on
     ``seed``, its name and its size, so adding a corpus leaves the others' draws alone."""
-    parts = [resample_counts(np.random.default_rng([seed, zlib.crc32(name.encode()), n]), n, b) for n, name in zip(sizes, names)]
+    parts = [
+        resample_counts(np.random.default_rng([seed, zlib.crc32(name.encode()), n]), n, b)
+        for n, name in zip(sizes, names)
+    ]
     return np.concatenate(parts, axis=1) if parts else np.zeros((b, 0))
 
 
@@ -320,7 +348,9 @@ def resampled_t(counts: np.ndarray, x: np.ndarray, tau: float, ddof: int = 0) ->
     return {"n": n, "mean": np.where(n > 0, mean, np.nan), "t": t, "p": p}
 
 
-def stability_shares(x: np.ndarray, sizes: list[int], names: list[str], settings: HypothesisSettings, chunk: int = 50) -> tuple[np.ndarray, np.ndarray]:
+def stability_shares(
+    x: np.ndarray, sizes: list[int], names: list[str], settings: HypothesisSettings, chunk: int = 50
+) -> tuple[np.ndarray, np.ndarray]:
     """Share of ``settings.stability_resamples`` stratified bootstrap resamples of the pooled
     sentences (x [N, C], NaN = absent; corpora of ``sizes``) in which each column is
     significant: faithful (p < alpha) and after the FDR adjustment over all C columns of that
@@ -357,7 +387,14 @@ def corpus_shares(by_corpus: pd.DataFrame) -> pd.DataFrame:
     return g[["layer", "head", "role", "corpus_share_faithful", "corpus_share_fdr", "corpora_tested"]]
 
 
-def with_stability(pooled: pd.DataFrame, x: np.ndarray, sizes: list[int], names: list[str], by_corpus: pd.DataFrame, settings: HypothesisSettings) -> pd.DataFrame:
+def with_stability(
+    pooled: pd.DataFrame,
+    x: np.ndarray,
+    sizes: list[int],
+    names: list[str],
+    by_corpus: pd.DataFrame,
+    settings: HypothesisSettings,
+) -> pd.DataFrame:
     """The pooled table (rows in :func:`head_table` order, x [N, rows]) with STABILITY_COLUMNS appended."""
     if x.shape[1] != len(pooled):
         raise ValueError(f"{x.shape[1]} score columns for {len(pooled)} table rows")

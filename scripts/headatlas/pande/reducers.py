@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import Reducer, ReduceBatch, clean_maps, key_masses
+from ..core.reduce import ReduceBatch, Reducer, clean_maps, key_masses
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -94,7 +94,9 @@ class _BatchSieves:
                 pd.append(dep)
                 ph.append(head)
                 pr.append(rel)
-        cat = lambda xs: torch.as_tensor(np.concatenate(xs) if xs else np.zeros(0, np.int64), dtype=torch.int64, device=device)  # noqa: E731
+        cat = lambda xs: torch.as_tensor(
+            np.concatenate(xs) if xs else np.zeros(0, np.int64), dtype=torch.int64, device=device
+        )  # noqa: E731
         self.pb, self.pr = cat(pb), cat(pr)
         ends = (cat(pd), cat(ph))
         self.n_pairs = len(self.pb)
@@ -121,7 +123,9 @@ class _BatchSieves:
         n_rel = len(settings.relations)
         out = torch.full((bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=a.device)
         rowsum = a.sum(-1).double()  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
-        scale = self.k[:, None, :] / (rowsum + self.pad_rows)  # a real row summing to 0 gives inf -> NaN, as the reference
+        scale = self.k[:, None, :] / (
+            rowsum + self.pad_rows
+        )  # a real row summing to 0 gives inf -> NaN, as the reference
         # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
         local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
         cls, sep = key_masses(a, self.batch, [(SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,)]).unbind(-1)
@@ -138,9 +142,15 @@ class _BatchSieves:
         per_dir = []
         for g in self.groups:
             rows = a[g["b"], :, g["row"], :]  # [G, H, n]: the query piece's row
-            m = (rows * g["sieve"][:, None, :]).sum(-1).double() / g["cnt"][:, None] * scale[g["b"], :, g["row"]]  # [G, H]
-            s = torch.zeros((self.n_pairs, h), dtype=torch.float64, device=a.device).index_add_(0, g["pair"], torch.where(g["use"][:, None], m, 0.0))
-            c = torch.zeros(self.n_pairs, dtype=torch.float64, device=a.device).index_add_(0, g["pair"], g["use"].double())
+            m = (
+                (rows * g["sieve"][:, None, :]).sum(-1).double() / g["cnt"][:, None] * scale[g["b"], :, g["row"]]
+            )  # [G, H]
+            s = torch.zeros((self.n_pairs, h), dtype=torch.float64, device=a.device).index_add_(
+                0, g["pair"], torch.where(g["use"][:, None], m, 0.0)
+            )
+            c = torch.zeros(self.n_pairs, dtype=torch.float64, device=a.device).index_add_(
+                0, g["pair"], g["use"].double()
+            )
             per_dir.append((s / c.clamp(min=1)[:, None], c > 0))
         if len(per_dir) == 1:
             ps, live = per_dir[0]
@@ -153,7 +163,9 @@ class _BatchSieves:
         w = live.double()
         key = self.pb * (n_rel + 1)
         for col, keys in ((None, key + n_rel), ("rel", key + self.pr)):  # union, then per relation
-            s = torch.zeros((bsz * (n_rel + 1), h), dtype=torch.float64, device=a.device).index_add_(0, keys, torch.where(live[:, None], ps, 0.0))
+            s = torch.zeros((bsz * (n_rel + 1), h), dtype=torch.float64, device=a.device).index_add_(
+                0, keys, torch.where(live[:, None], ps, 0.0)
+            )
             c = torch.zeros(bsz * (n_rel + 1), dtype=torch.float64, device=a.device).index_add_(0, keys, w)
             mean = torch.where(c[:, None] > 0, s / c.clamp(min=1)[:, None], math.nan).reshape(bsz, n_rel + 1, h)
             if col is None:
@@ -187,7 +199,9 @@ class SieveReducer(Reducer):
         super().start(info)
         n_rel = len(self.settings.relations)
         self.roles = role_names(self.settings.relations)
-        self.scores = np.full((info.n_sequences, info.n_layers, info.n_heads, len(self.roles)), np.nan, dtype=np.float32)
+        self.scores = np.full(
+            (info.n_sequences, info.n_layers, info.n_heads, len(self.roles)), np.nan, dtype=np.float32
+        )
         self.pair_counts = np.zeros((info.n_sequences, n_rel + 1), dtype=np.int64)
         self.pairs_present = np.zeros(n_rel + 1, dtype=np.int64)
         self.is_pair = np.zeros(info.n_sequences, dtype=bool)
@@ -223,9 +237,17 @@ class SieveReducer(Reducer):
             "pairs_present": self.pairs_present,
             "roles": self.roles,
             "relations": list(self.settings.relations),
-            "record_id": np.asarray(info.record_id).astype(str) if info.record_id is not None else np.arange(info.n_sequences).astype(str),
+            "record_id": np.asarray(info.record_id).astype(str)
+            if info.record_id is not None
+            else np.arange(info.n_sequences).astype(str),
             "is_pair": self.is_pair,
-            "notes": role_notes(self.scores, self.roles, self.has_trees, self.pairs_present, self.settings, info.corpus or "?", info.model_kind),
+            "notes": role_notes(
+                self.scores,
+                self.roles,
+                self.has_trees,
+                self.pairs_present,
+                self.settings,
+                info.corpus or "?",
+                info.model_kind,
+            ),
         }
-
-

@@ -37,7 +37,6 @@ import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 
-
 TOKEN_ROLES = ("local", "delimiter", "delimiter_cls", "delimiter_sep", "block")
 DIRECTIONS = ("dep_to_head", "head_to_dep", "both")
 
@@ -84,7 +83,9 @@ def role_names(relations) -> list[str]:
     return list(TOKEN_ROLES) + ["syntactic"] + [f"syntactic_{r}" for r in relations]
 
 
-def dependency_pairs(head, deprel, settings: SieveSettings, n_words: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def dependency_pairs(
+    head, deprel, settings: SieveSettings, n_words: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dependent word, head word, relation index) of every pair of a configured relation
     whose two words are both kept (``n_words``: words present in the model input)."""
     if not len(head):
@@ -192,7 +193,9 @@ class SievePlan:
 
         self.cnt = np.stack([ok.sum(1), cls_cnt + sep_cnt, cls_cnt, sep_cnt, block_cnt]).astype(np.float64)  # [5, T]
         self.use = self.cnt > 0
-        self.use_count = np.add.reduceat(self.use.astype(np.float64), self.tok_off[:-1], axis=1) if t_all else np.zeros((5, 0))
+        self.use_count = (
+            np.add.reduceat(self.use.astype(np.float64), self.tok_off[:-1], axis=1) if t_all else np.zeros((5, 0))
+        )
 
         # syntactic: one group per (pair, query piece that sees a key piece)
         n_rel = len(settings.relations)
@@ -210,7 +213,9 @@ class SievePlan:
             for d, (qi, ki) in enumerate(directions):
                 q = ws[None, :] == ends[qi][:, None]  # [P, n] query pieces
                 kmask = ws[None, :] == ends[ki][:, None]  # [P, n] key pieces
-                kcount = np.cumsum(kmask, axis=1) if causal else np.broadcast_to(kmask.sum(1, keepdims=True), kmask.shape)
+                kcount = (
+                    np.cumsum(kmask, axis=1) if causal else np.broadcast_to(kmask.sum(1, keepdims=True), kmask.shape)
+                )
                 p_idx, rows = np.nonzero(q & (kcount > 0))
                 kp_pair, kp_col = np.nonzero(kmask)  # key pieces, sorted by pair
                 per = np.bincount(kp_pair, minlength=len(kmask))
@@ -256,7 +261,9 @@ class SievePlan:
         self.order = np.argsort(np.where(live, key, -1), kind="stable")[np.count_nonzero(~live) :]
         k_sorted = key[self.order]
         self.rel_keys, self.rel_start, self.rel_size = np.unique(k_sorted, return_index=True, return_counts=True)
-        self.seq_keys, self.seq_start, self.seq_size = np.unique(self.pair_seq[self.order], return_index=True, return_counts=True)
+        self.seq_keys, self.seq_start, self.seq_size = np.unique(
+            self.pair_seq[self.order], return_index=True, return_counts=True
+        )
         counts = np.zeros((self.n_seq, n_rel + 1), dtype=np.int64)
         np.add.at(counts, (self.pair_seq[live], self.pair_rel[live]), 1)
         counts[:, n_rel] = counts[:, :n_rel].sum(1)
@@ -290,7 +297,9 @@ class SievePlan:
             b[:, 4] *= entropy
         total = np.add.reduceat(np.where(self.use, b, 0.0), self.tok_off[:-1], axis=2)  # [H, 5, N]
         with np.errstate(invalid="ignore", divide="ignore"):
-            out[:, :, : len(TOKEN_ROLES)] = np.where(self.use_count > 0, total / self.use_count, np.nan).transpose(0, 2, 1)
+            out[:, :, : len(TOKEN_ROLES)] = np.where(self.use_count > 0, total / self.use_count, np.nan).transpose(
+                0, 2, 1
+            )
         if not self.groups or not self.live.any():
             return out
         pair_scores = []
@@ -349,7 +358,9 @@ def sequence_scores(
     return plan.scores(maps.reshape(m, n * n))[:, 0], plan.pair_counts[0]
 
 
-def score_store(store, records: list[Record], settings: SieveSettings, max_bytes: int = 256 << 20, threads: int = 1) -> dict:
+def score_store(
+    store, records: list[Record], settings: SieveSettings, max_bytes: int = 256 << 20, threads: int = 1
+) -> dict:
     """Sentence scores of every stored sequence for every layer, head and role.
 
     ``records`` are the corpus records (with ``head``/``deprel`` from gold trees or a parse),
@@ -395,12 +406,16 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
             pairs.append(dependency_pairs(r.head, r.deprel, settings, int(store.n_words[k])))
             pairs_present += np.bincount(pairs[-1][2], minlength=len(settings.relations) + 1)
             pairs_present[-1] += len(pairs[-1][2])
-        plan = SievePlan(store.lengths[k0:k1], store.special[a:b], store.segment[a:b], store.word[a:b], pairs, settings, causal)
+        plan = SievePlan(
+            store.lengths[k0:k1], store.special[a:b], store.segment[a:b], store.word[a:b], pairs, settings, causal
+        )
         for layer in range(n_layers):
             scores[k0:k1, layer] = plan.scores(store.layer_cells(layer, k0, k1)).transpose(1, 0, 2)
         pair_counts[k0:k1] = plan.pair_counts
         is_pair[k0:k1] = plan.is_pair
-    notes = role_notes(scores, roles, has_trees, pairs_present, settings, store.meta.get("corpus", "?"), store.meta.get("model_kind"))
+    notes = role_notes(
+        scores, roles, has_trees, pairs_present, settings, store.meta.get("corpus", "?"), store.meta.get("model_kind")
+    )
     return {
         "scores": scores,
         "pair_counts": pair_counts,
@@ -411,6 +426,7 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
         "is_pair": is_pair,
         "notes": notes,
     }
+
 
 def role_notes(scores, roles, has_trees, pairs_present, settings: SieveSettings, corpus: str, model_kind: str) -> dict:
     """role -> why it has no sentence in this corpus, for the roles without any."""
@@ -430,7 +446,9 @@ def role_notes(scores, roles, has_trees, pairs_present, settings: SieveSettings,
                 why = f"corpus {corpus} has no dependency trees"
             else:
                 rel = role[len("syntactic_") :] or "any configured relation"
-                present = int(pairs_present[settings.relations.index(rel)] if rel in settings.relations else pairs_present[-1])
+                present = int(
+                    pairs_present[settings.relations.index(rel)] if rel in settings.relations else pairs_present[-1]
+                )
                 labels = settings.labels.get(rel, (rel,)) if rel in settings.relations else settings.label_map().keys()
                 if present:
                     why = (f"corpus {corpus}: none of the {present} pairs of relation {rel} is visible under the causal "
