@@ -72,11 +72,10 @@ except ImportError:  # not installed: use the source tree
 
 import torch  # noqa: E402
 
-from headatlas.core.align import bos_id  # noqa: E402
 from headatlas.core.corpora import build_corpus  # noqa: E402
 from headatlas.core.data import SPECIAL_NONE  # noqa: E402
 from headatlas.core.extract import extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
-from headatlas.core.models import ModelSpec, load, model_kind, package_versions, resolve  # noqa: E402
+from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind, package_versions, resolve  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
 
 MODEL_ENTRY = {
@@ -434,7 +433,7 @@ def main(argv=None) -> int:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # tokenisation, timed on its own (extract() does it again inside its own timing)
-    bos = bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None  # as extract() does
+    bos = decoder_bos(tokenizer, config, spec)  # as extract() does
     tokenize_records(records[:50], tokenizer, kind, spec.max_length, bos=bos)  # warm-up
     t0 = time.perf_counter()
     tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, overflow="skip", bos=bos)
