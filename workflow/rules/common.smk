@@ -1,11 +1,14 @@
+# The Snakefile puts scripts/ on sys.path: the workflow imports the headatlas library.
 import json
-import sys
+import os
 from pathlib import Path
 
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 from headatlas.core.inputs import check_max_length, check_yaml, local_model_config
 from headatlas.core.models import ModelSpec
+from headatlas.core.store import store_problem
 
 # Snakemake has loaded the --configfile files already (a syntax error stops it before this
 # line; its message names no line, `--verbose` shows the parser's): catch duplicate keys.
@@ -196,8 +199,6 @@ def extraction_targets():
 # the include order of the rule files does not matter (atlas.smk reads other analyses only
 # through these helpers and the registry headatlas.atlas.analysis.ATLAS_SOURCES).
 
-sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
-
 # sections as the user wrote them (before defaults), to tell present from absent
 _GIVEN_SECTIONS = set(config["analysis"])
 # analyses on by default when their section is absent (the atlas joins whatever exists)
@@ -264,15 +265,6 @@ def all_targets():
 # A store whose manifest is missing, of an old layout, or lists a file that is missing or has another
 # size (truncated, replaced, deleted) is damaged: warn naming the file, and date it back to the epoch
 # so that Snakemake sees it older than its inputs and reruns its extraction (in a dry run too).
-import os
-import sys as _sys
-
-from snakemake.logging import logger
-
-_sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
-from headatlas.core.store import store_problem  # noqa: E402
-
-
 def _rerun_damaged_stores():
     for d in extraction_targets():
         problem = store_problem(d)
