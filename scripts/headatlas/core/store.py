@@ -475,7 +475,8 @@ class AttentionStore:
     head) is an integer in 0..size-1: negative indices, floats and out-of-range runs raise.
     Opening checks each directory's manifest (present, current layout, file sizes) and token
     table (checksum and consistency); every read of maps checks its values (finite, in [0, 1], rows summing to 1 within
-    :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record; a read of
+    :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record; maps one object
+    has already checked (per layer, head and sequence) are not checked again when read again. A read of
     representations checks their checksum (they are small and read whole).
     """
 
@@ -512,6 +513,8 @@ class AttentionStore:
         self.tolerance = row_sum_tolerance(self.meta)
         self._row_starts = row_starts(self.lengths)
         self._files: dict[tuple[int, int], h5py.File] = {}
+        # layer -> [H, N]: maps whose values this object has already checked (a second read is not checked again)
+        self._verified: dict[int, np.ndarray] = {}
 
     def _check_shards(self, record_index: list[np.ndarray]) -> None:
         """Shards of one extraction (model, corpus, settings), each once, in order."""
@@ -625,7 +628,10 @@ class AttentionStore:
             lo, hi = int(self.cell_offsets[a] - base), int(self.cell_offsets[b] - base)
             part = np.asarray(f["attn"][heads, lo:hi], dtype=np.float32)
             if self.check_values:
-                self._check(part, layer, s, a, b, heads)
+                seen = self._verified.setdefault(layer, np.zeros((self.n_heads, len(self)), dtype=bool))
+                if not seen[heads, a:b].all():
+                    self._check(part, layer, s, a, b, heads)
+                    seen[heads, a:b] = True
             parts.append(part)
         if len(parts) == 1:
             return parts[0]
