@@ -376,6 +376,26 @@ def test_checked_maps_are_not_checked_again_but_unchecked_ones_are(tmp_path, cor
             st.head(1, 2)
 
 
+def test_row_sums_are_those_of_the_read_cells_and_come_from_the_check(tmp_path, corpus):
+    from headatlas.core import store as store_mod
+
+    tokenized, maps, ids = corpus
+    out = write_store(tmp_path / "s", tokenized, maps, ids)
+    for check in (True, False):
+        with AttentionStore(out, check_values=check) as st:
+            for layer, k0, k1 in ((1, 0, 5), (0, 2, 4), (1, 3, 3)):
+                cells = st.layer_cells(layer, k0, k1)
+                sums = st.row_sums(layer, k0, k1)
+                want = np.concatenate([m.sum(-1) for m in maps[layer][k0:k1]] + [np.zeros((N_HEADS, 0))], axis=1)
+                assert sums.shape == want.shape and np.allclose(sums, want, atol=1e-6)
+                if cells.size:
+                    assert np.array_equal(sums, np.add.reduceat(cells, store_mod.row_starts(st.lengths[k0:k1]), axis=1))
+    with AttentionStore(out) as st:
+        st.layer_cells(1, 0, 5)
+        assert st.row_sums(1, 0, 5) is st._sums[3]  # no second pass over the cells: the check's own sums
+        assert st.row_sums(1, 0, 4) is not st._sums[3]  # another run: computed here
+
+
 def test_row_sum_tolerance_depends_on_the_stored_precision(tmp_path, corpus):
     from headatlas.core.store import ROW_SUM_TOL
 

@@ -116,20 +116,26 @@ def row_starts(lengths: np.ndarray) -> np.ndarray:
 
 
 def map_faults(
-    cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int | None = 1, starts: np.ndarray | None = None
+    cells: np.ndarray,
+    lengths: np.ndarray,
+    tol: float,
+    stop_at: int | None = 1,
+    starts: np.ndarray | None = None,
+    sums: np.ndarray | None = None,
 ) -> list[tuple[int, int, int, str]]:
     """Check flat maps [h, sum n^2] of sequences with ``lengths`` stored back to back: every cell
     finite and within [0, 1 + tol], every row summing to 1 within ``tol``. Returns up to
     ``stop_at`` faults (row of ``cells``, sequence, query row, what); [] when all is well.
-    ``starts`` (the :func:`row_starts` of ``lengths``) may be given to save recomputing them."""
+    ``starts`` (the :func:`row_starts` of ``lengths``) and ``sums`` (the row sums,
+    ``np.add.reduceat(cells, starts, axis=1)``) may be given to save recomputing them."""
     cells = np.atleast_2d(cells)
     if cells.size == 0:
         return []
     starts = row_starts(lengths) if starts is None else starts
-    sums = np.add.reduceat(cells, starts, axis=1)
+    sums = np.add.reduceat(cells, starts, axis=1) if sums is None else sums
     # cells >= 0 and every row summing to at most 1 + tol bound each cell by 1 + tol; NaN and inf
-    # fail one of the two comparisons: two passes over the cells
-    if cells.min() >= 0 and np.abs(sums - 1).max() <= tol:
+    # fail one of the comparisons: two passes over the cells (the row sums, then the minimum)
+    if sums.min() >= 1 - tol and sums.max() <= 1 + tol and cells.min() >= 0:
         return []
     # slow path, only on a fault: say where
     tok_seq = np.repeat(np.arange(len(lengths)), lengths)
@@ -515,6 +521,7 @@ class AttentionStore:
         self._files: dict[tuple[int, int], h5py.File] = {}
         # layer -> [H, N]: maps whose values this object has already checked (a second read is not checked again)
         self._verified: dict[int, np.ndarray] = {}
+        self._sums = None  # (layer, k0, k1, row sums) of the last all-heads check
 
     def _check_shards(self, record_index: list[np.ndarray]) -> None:
         """Shards of one extraction (model, corpus, settings), each once, in order."""
@@ -639,7 +646,8 @@ class AttentionStore:
 
     def _check(self, cells: np.ndarray, layer: int, shard: int, k0: int, k1: int, heads) -> None:
         starts = self._row_starts[self.token_offsets[k0] : self.token_offsets[k1]] - self.cell_offsets[k0]
-        faults = map_faults(cells, self.lengths[k0:k1], self.tolerance, starts=starts)
+        sums = np.add.reduceat(np.atleast_2d(cells), starts, axis=1) if cells.size else None
+        faults = map_faults(cells, self.lengths[k0:k1], self.tolerance, starts=starts, sums=sums)
         if faults:
             row, k, q, what = faults[0]
             head = heads if isinstance(heads, int) else range(self.n_heads)[heads][row]
@@ -648,6 +656,22 @@ class AttentionStore:
                 f"{layer_file(self.dirs[shard], layer)}: invalid attention map at layer {layer}, head {head}, sequence {k} "
                 f"(record {self.record_id[k]}), query row {q}: {what}; the file is damaged: {REBUILD}"
             )
+        if heads == slice(None):  # kept for row_sums: the reading analysis often needs exactly these
+            self._sums = (layer, k0, k1, sums)
+
+    def row_sums(self, layer: int, k0: int, k1: int) -> np.ndarray:
+        """Row sums [H, sum n] (float32, ``np.add.reduceat`` over each query row) of the cells
+        :meth:`layer_cells` returns for the same arguments: those its value check computed when
+        this was the last run read (no second pass over the cells), else computed here."""
+        k0, k1 = self._run(k0, k1)
+        layer = _index(layer, self.n_layers, "layer")
+        if self._sums is not None and self._sums[:3] == (layer, k0, k1):
+            return self._sums[3]
+        cells = self._read(layer, k0, k1)
+        if cells.shape[1] == 0:
+            return np.zeros((self.n_heads, 0), dtype=np.float32)
+        starts = self._row_starts[self.token_offsets[k0] : self.token_offsets[k1]] - self.cell_offsets[k0]
+        return np.add.reduceat(cells, starts, axis=1)
 
     def tokens(self, k: int) -> dict[str, np.ndarray]:
         """The token table rows of sequence k."""
