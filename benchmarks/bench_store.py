@@ -16,7 +16,10 @@ Extracts the first ``--n`` EWT dev sentences (float32 maps and representations) 
    a loaded shared machine disturbs least): medians, overhead = median(on) / median(off) - 1, the
    median of the paired differences, and ``check_s``, the time spent inside the check itself (timed
    around it in the checked runs), with ``check_share`` = check_s / median(off);
-4. ``verify_store`` (checksums plus every value) on the whole store.
+4. the check's parts on one layer's cells (CPU time, in cache): the read, the whole check, its row
+   sums (``np.add.reduceat``) and the rest of it given the row sums (what a reading analysis that takes
+   them from :meth:`AttentionStore.row_sums` instead of summing itself still pays);
+5. ``verify_store`` (checksums plus every value) on the whole store.
 
 The load average (``os.getloadavg``) before and after is written to the results.
 """
@@ -26,8 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -67,16 +70,17 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results_store.json"))
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import numpy as np
     import torch
+    from threadpoolctl import threadpool_limits
 
     from headatlas.clark.surface import surface_table
     from headatlas.core import store as store_mod
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, load
-    from headatlas.core.store import AttentionStore, verify_store
+    from headatlas.core.store import AttentionStore, map_faults, verify_store
     from headatlas.pande.sieves import SieveSettings, score_store
-    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(args.threads)
     records = sentence_records(read_conllu(EWT))[: args.n]
@@ -92,7 +96,13 @@ def main(argv=None) -> None:
         orig(self)
         manifest_time.append(time.perf_counter() - t)
 
-    res = {"machine": f"{os.cpu_count()} cores ({os.uname().machine}), shared", "n_sequences": len(records), "threads": args.threads, "repeats": args.repeats, "load_before": os.getloadavg()}
+    res = {
+        "machine": f"{os.cpu_count()} cores ({os.uname().machine}), shared",
+        "n_sequences": len(records),
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "load_before": os.getloadavg(),
+    }
     if not args.store:
         store_mod.AttentionWriter._write_manifest = timed
         t = time.perf_counter()
@@ -151,6 +161,28 @@ def main(argv=None) -> None:
                     "check_share": med(c) / med(b),
                 }
     AttentionStore._check = orig_check
+    # the check's parts on one layer's cells (all sequences), process CPU time, median of 21
+    with AttentionStore(out, check_values=False) as st, threadpool_limits(limits=args.threads):
+        cells = st.layer_cells(0, 0, len(st))
+        starts, tol = st._row_starts, st.tolerance
+        sums = np.add.reduceat(cells, starts, axis=1)
+
+        def cpu(fn):
+            times = []
+            for _ in range(21):
+                c = time.process_time()
+                fn()
+                times.append(time.process_time() - c)
+            return statistics.median(times) * 1e3
+
+        res["one_layer_cpu_ms"] = {
+            "cells": int(cells.size),
+            "rows": int(sums.size),
+            "read": cpu(lambda: st.layer_cells(0, 0, len(st))),
+            "check": cpu(lambda: map_faults(cells, st.lengths, tol, starts=starts)),
+            "row_sums": cpu(lambda: np.add.reduceat(cells, starts, axis=1)),
+            "check_given_row_sums": cpu(lambda: map_faults(cells, st.lengths, tol, starts=starts, sums=sums)),
+        }
     res["verify_s"] = best(lambda: verify_store(out), 1)
     res["load_after"] = os.getloadavg()
     print(json.dumps(res, indent=1))

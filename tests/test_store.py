@@ -356,7 +356,9 @@ def test_checked_maps_are_not_checked_again_but_unchecked_ones_are(tmp_path, cor
 
     calls = []
     orig = store_mod.map_faults
-    monkeypatch.setattr(store_mod, "map_faults", lambda cells, *a, **k: calls.append(cells.shape) or orig(cells, *a, **k))
+    monkeypatch.setattr(
+        store_mod, "map_faults", lambda cells, *a, **k: calls.append(cells.shape) or orig(cells, *a, **k)
+    )
     out = _bad_store(tmp_path, corpus, layer=1, k=2, head=2, row=1, value=np.nan)
     with AttentionStore(out) as st:
         st.layer_cells(1, 0, 2)
@@ -367,7 +369,9 @@ def test_checked_maps_are_not_checked_again_but_unchecked_ones_are(tmp_path, cor
         st.maps(1, 2, heads=1)  # head 1 of sequence 2 is fine ...
         assert len(calls) == 3
         for _ in range(2):  # ... head 2 is not, whichever read comes first, and stays so
-            with pytest.raises(StoreError, match=r"layer 1, head 2, sequence 2 \(record rec-2\), query row 1: value nan"):
+            with pytest.raises(
+                StoreError, match=r"layer 1, head 2, sequence 2 \(record rec-2\), query row 1: value nan"
+            ):
                 st.layer_cells(1, 1, 4)
             with pytest.raises(StoreError, match=r"layer 1, head 2, sequence 2"):
                 st.maps(1, 2, heads=2)
@@ -386,6 +390,7 @@ def test_row_sums_are_those_of_the_read_cells_and_come_from_the_check(tmp_path, 
             for layer, k0, k1 in ((1, 0, 5), (0, 2, 4), (1, 3, 3)):
                 cells = st.layer_cells(layer, k0, k1)
                 sums = st.row_sums(layer, k0, k1)
+                assert np.array_equal(st.row_sums(layer, k0, k1, cells), sums)
                 want = np.concatenate([m.sum(-1) for m in maps[layer][k0:k1]] + [np.zeros((N_HEADS, 0))], axis=1)
                 assert sums.shape == want.shape and np.allclose(sums, want, atol=1e-6)
                 if cells.size:

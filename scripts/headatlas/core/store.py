@@ -659,15 +659,16 @@ class AttentionStore:
         if heads == slice(None):  # kept for row_sums: the reading analysis often needs exactly these
             self._sums = (layer, k0, k1, sums)
 
-    def row_sums(self, layer: int, k0: int, k1: int) -> np.ndarray:
-        """Row sums [H, sum n] (float32, ``np.add.reduceat`` over each query row) of the cells
-        :meth:`layer_cells` returns for the same arguments: those its value check computed when
-        this was the last run read (no second pass over the cells), else computed here."""
+    def row_sums(self, layer: int, k0: int, k1: int, cells: np.ndarray | None = None) -> np.ndarray:
+        """Row sums [H, sum n] (``np.add.reduceat`` over each query row, float32) of the cells that
+        :meth:`layer_cells` returns for the same arguments: those its value check computed when this
+        run was the last one checked (no second pass over the cells), else computed here, from
+        ``cells`` when given (that call's result), else from a read."""
         k0, k1 = self._run(k0, k1)
         layer = _index(layer, self.n_layers, "layer")
         if self._sums is not None and self._sums[:3] == (layer, k0, k1):
             return self._sums[3]
-        cells = self._read(layer, k0, k1)
+        cells = self._read(layer, k0, k1) if cells is None else cells
         if cells.shape[1] == 0:
             return np.zeros((self.n_heads, 0), dtype=np.float32)
         starts = self._row_starts[self.token_offsets[k0] : self.token_offsets[k1]] - self.cell_offsets[k0]
