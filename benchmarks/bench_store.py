@@ -67,8 +67,15 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--store", help="reuse this store (written by an earlier run) instead of extracting")
     ap.add_argument("--keep", help="extract into this directory and keep it (for later --store runs)")
+    ap.add_argument("--analyses", default="surface_table,score_store,layer_cells", help="comma-separated")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results_store.json"))
     args = ap.parse_args(argv)
+    if argv is None and "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        # fixed glibc malloc thresholds: with the dynamic ones, whether big temporaries come back as fresh
+        # (page-faulting) memory depends on the allocation history, which differs with the checks on and off
+        # (here score_store ran 207 ms off / 182 ms on, 147 / 169 ms with these settings)
+        os.environ.update(MALLOC_MMAP_THRESHOLD_="2000000000", MALLOC_TRIM_THRESHOLD_="4000000000")
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
     import torch
@@ -101,6 +108,7 @@ def main(argv=None) -> None:
         "n_sequences": len(records),
         "threads": args.threads,
         "repeats": args.repeats,
+        "malloc": {k: os.environ.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")},
         "load_before": os.getloadavg(),
     }
     if not args.store:
@@ -140,7 +148,8 @@ def main(argv=None) -> None:
     }
     med = statistics.median
     with threadpool_limits(limits=args.threads):
-        for name, fn in analyses.items():
+        for name in args.analyses.split(","):
+            fn = analyses[name]
             on, off, inside = [], [], []
             run(fn, True)  # warm the page cache
             for i in range(args.repeats):
