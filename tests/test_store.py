@@ -351,6 +351,56 @@ def test_every_read_checks_values_and_names_file_layer_head_record(tmp_path, cor
         assert st.maps(1, 2).shape == (N_HEADS, 3, 3)
 
 
+def test_checked_maps_are_not_checked_again_but_unchecked_ones_are(tmp_path, corpus, monkeypatch):
+    from headatlas.core import store as store_mod
+
+    calls = []
+    orig = store_mod.map_faults
+    monkeypatch.setattr(
+        store_mod, "map_faults", lambda cells, *a, **k: calls.append(cells.shape) or orig(cells, *a, **k)
+    )
+    out = _bad_store(tmp_path, corpus, layer=1, k=2, head=2, row=1, value=np.nan)
+    with AttentionStore(out) as st:
+        st.layer_cells(1, 0, 2)
+        st.maps(1, 1), st.maps(1, 0, heads=0), st.head_maps(0, 1)  # sequences 0-1 of layer 1 already checked
+        assert calls == [(N_HEADS, sum(len(t) ** 2 for t in corpus[0][:2])), (sum(len(t) ** 2 for t in corpus[0]),)]
+        st.head_maps(0, 1), st.maps(0, 4, heads=1)
+        assert len(calls) == 2
+        st.maps(1, 2, heads=1)  # head 1 of sequence 2 is fine ...
+        assert len(calls) == 3
+        for _ in range(2):  # ... head 2 is not, whichever read comes first, and stays so
+            with pytest.raises(
+                StoreError, match=r"layer 1, head 2, sequence 2 \(record rec-2\), query row 1: value nan"
+            ):
+                st.layer_cells(1, 1, 4)
+            with pytest.raises(StoreError, match=r"layer 1, head 2, sequence 2"):
+                st.maps(1, 2, heads=2)
+    with AttentionStore(out) as st:  # a new object checks again
+        with pytest.raises(StoreError, match=r"layer 1, head 2, sequence 2"):
+            st.head(1, 2)
+
+
+def test_row_sums_are_those_of_the_read_cells_and_come_from_the_check(tmp_path, corpus):
+    from headatlas.core import store as store_mod
+
+    tokenized, maps, ids = corpus
+    out = write_store(tmp_path / "s", tokenized, maps, ids)
+    for check in (True, False):
+        with AttentionStore(out, check_values=check) as st:
+            for layer, k0, k1 in ((1, 0, 5), (0, 2, 4), (1, 3, 3)):
+                cells = st.layer_cells(layer, k0, k1)
+                sums = st.row_sums(layer, k0, k1)
+                assert np.array_equal(st.row_sums(layer, k0, k1, cells), sums)
+                want = np.concatenate([m.sum(-1) for m in maps[layer][k0:k1]] + [np.zeros((N_HEADS, 0))], axis=1)
+                assert sums.shape == want.shape and np.allclose(sums, want, atol=1e-6)
+                if cells.size:
+                    assert np.array_equal(sums, np.add.reduceat(cells, store_mod.row_starts(st.lengths[k0:k1]), axis=1))
+    with AttentionStore(out) as st:
+        st.layer_cells(1, 0, 5)
+        assert st.row_sums(1, 0, 5) is st._sums[3]  # no second pass over the cells: the check's own sums
+        assert st.row_sums(1, 0, 4) is not st._sums[3]  # another run: computed here
+
+
 def test_row_sum_tolerance_depends_on_the_stored_precision(tmp_path, corpus):
     from headatlas.core.store import ROW_SUM_TOL
 

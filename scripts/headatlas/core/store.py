@@ -116,20 +116,26 @@ def row_starts(lengths: np.ndarray) -> np.ndarray:
 
 
 def map_faults(
-    cells: np.ndarray, lengths: np.ndarray, tol: float, stop_at: int | None = 1, starts: np.ndarray | None = None
+    cells: np.ndarray,
+    lengths: np.ndarray,
+    tol: float,
+    stop_at: int | None = 1,
+    starts: np.ndarray | None = None,
+    sums: np.ndarray | None = None,
 ) -> list[tuple[int, int, int, str]]:
     """Check flat maps [h, sum n^2] of sequences with ``lengths`` stored back to back: every cell
     finite and within [0, 1 + tol], every row summing to 1 within ``tol``. Returns up to
     ``stop_at`` faults (row of ``cells``, sequence, query row, what); [] when all is well.
-    ``starts`` (the :func:`row_starts` of ``lengths``) may be given to save recomputing them."""
+    ``starts`` (the :func:`row_starts` of ``lengths``) and ``sums`` (the row sums,
+    ``np.add.reduceat(cells, starts, axis=1)``) may be given to save recomputing them."""
     cells = np.atleast_2d(cells)
     if cells.size == 0:
         return []
     starts = row_starts(lengths) if starts is None else starts
-    sums = np.add.reduceat(cells, starts, axis=1)
+    sums = np.add.reduceat(cells, starts, axis=1) if sums is None else sums
     # cells >= 0 and every row summing to at most 1 + tol bound each cell by 1 + tol; NaN and inf
-    # fail one of the two comparisons: two passes over the cells
-    if cells.min() >= 0 and np.abs(sums - 1).max() <= tol:
+    # fail one of the comparisons: two passes over the cells (the row sums, then the minimum)
+    if sums.min() >= 1 - tol and sums.max() <= 1 + tol and cells.min() >= 0:
         return []
     # slow path, only on a fault: say where
     tok_seq = np.repeat(np.arange(len(lengths)), lengths)
@@ -475,7 +481,8 @@ class AttentionStore:
     head) is an integer in 0..size-1: negative indices, floats and out-of-range runs raise.
     Opening checks each directory's manifest (present, current layout, file sizes) and token
     table (checksum and consistency); every read of maps checks its values (finite, in [0, 1], rows summing to 1 within
-    :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record; a read of
+    :func:`row_sum_tolerance`) and raises :class:`StoreError` naming file, layer, head and record; maps one object
+    has already checked (per layer, head and sequence) are not checked again when read again. A read of
     representations checks their checksum (they are small and read whole).
     """
 
@@ -512,6 +519,9 @@ class AttentionStore:
         self.tolerance = row_sum_tolerance(self.meta)
         self._row_starts = row_starts(self.lengths)
         self._files: dict[tuple[int, int], h5py.File] = {}
+        # layer -> [H, N]: maps whose values this object has already checked (a second read is not checked again)
+        self._verified: dict[int, np.ndarray] = {}
+        self._sums = None  # (layer, k0, k1, row sums) of the last all-heads check
 
     def _check_shards(self, record_index: list[np.ndarray]) -> None:
         """Shards of one extraction (model, corpus, settings), each once, in order."""
@@ -625,7 +635,10 @@ class AttentionStore:
             lo, hi = int(self.cell_offsets[a] - base), int(self.cell_offsets[b] - base)
             part = np.asarray(f["attn"][heads, lo:hi], dtype=np.float32)
             if self.check_values:
-                self._check(part, layer, s, a, b, heads)
+                seen = self._verified.setdefault(layer, np.zeros((self.n_heads, len(self)), dtype=bool))
+                if not seen[heads, a:b].all():
+                    self._check(part, layer, s, a, b, heads)
+                    seen[heads, a:b] = True
             parts.append(part)
         if len(parts) == 1:
             return parts[0]
@@ -633,7 +646,8 @@ class AttentionStore:
 
     def _check(self, cells: np.ndarray, layer: int, shard: int, k0: int, k1: int, heads) -> None:
         starts = self._row_starts[self.token_offsets[k0] : self.token_offsets[k1]] - self.cell_offsets[k0]
-        faults = map_faults(cells, self.lengths[k0:k1], self.tolerance, starts=starts)
+        sums = np.add.reduceat(np.atleast_2d(cells), starts, axis=1) if cells.size else None
+        faults = map_faults(cells, self.lengths[k0:k1], self.tolerance, starts=starts, sums=sums)
         if faults:
             row, k, q, what = faults[0]
             head = heads if isinstance(heads, int) else range(self.n_heads)[heads][row]
@@ -642,6 +656,23 @@ class AttentionStore:
                 f"{layer_file(self.dirs[shard], layer)}: invalid attention map at layer {layer}, head {head}, sequence {k} "
                 f"(record {self.record_id[k]}), query row {q}: {what}; the file is damaged: {REBUILD}"
             )
+        if heads == slice(None):  # kept for row_sums: the reading analysis often needs exactly these
+            self._sums = (layer, k0, k1, sums)
+
+    def row_sums(self, layer: int, k0: int, k1: int, cells: np.ndarray | None = None) -> np.ndarray:
+        """Row sums [H, sum n] (``np.add.reduceat`` over each query row, float32) of the cells that
+        :meth:`layer_cells` returns for the same arguments: those its value check computed when this
+        run was the last one checked (no second pass over the cells), else computed here, from
+        ``cells`` when given (that call's result), else from a read."""
+        k0, k1 = self._run(k0, k1)
+        layer = _index(layer, self.n_layers, "layer")
+        if self._sums is not None and self._sums[:3] == (layer, k0, k1):
+            return self._sums[3]
+        cells = self._read(layer, k0, k1) if cells is None else cells
+        if cells.shape[1] == 0:
+            return np.zeros((self.n_heads, 0), dtype=np.float32)
+        starts = self._row_starts[self.token_offsets[k0] : self.token_offsets[k1]] - self.cell_offsets[k0]
+        return np.add.reduceat(cells, starts, axis=1)
 
     def tokens(self, k: int) -> dict[str, np.ndarray]:
         """The token table rows of sequence k."""
