@@ -269,14 +269,14 @@ class SievePlan:
         counts[:, n_rel] = counts[:, :n_rel].sum(1)
         self.pair_counts = counts
 
-    def scores(self, flat: np.ndarray) -> np.ndarray:
+    def scores(self, flat: np.ndarray, rowsum: np.ndarray | None = None) -> np.ndarray:
         """Sentence scores [heads, sequences, roles] from one layer's flat cells [heads, cells]."""
         h = flat.shape[0]
         n_rel = len(self.settings.relations)
         out = np.full((h, self.n_seq, len(TOKEN_ROLES) + 1 + n_rel), np.nan)
         if not self.n_seq:
             return out
-        rowsum = np.add.reduceat(flat, self.row_start, axis=1).astype(np.float64)  # [H, T]
+        rowsum = (np.add.reduceat(flat, self.row_start, axis=1) if rowsum is None else rowsum).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             scale = np.where(rowsum > 0, self.k / rowsum, np.nan)  # 1 / uniform share
         cls = (flat[:, self.cls_idx] * self.cls_w).sum(-1)
@@ -410,7 +410,8 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
             store.lengths[k0:k1], store.special[a:b], store.segment[a:b], store.word[a:b], pairs, settings, causal
         )
         for layer in range(n_layers):
-            scores[k0:k1, layer] = plan.scores(store.layer_cells(layer, k0, k1)).transpose(1, 0, 2)
+            cells = store.layer_cells(layer, k0, k1)
+            scores[k0:k1, layer] = plan.scores(cells, store.row_sums(layer, k0, k1, cells)).transpose(1, 0, 2)
         pair_counts[k0:k1] = plan.pair_counts
         is_pair[k0:k1] = plan.is_pair
     notes = role_notes(
