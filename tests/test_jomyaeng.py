@@ -228,10 +228,10 @@ def test_heatmap_sorting_and_figures(tmp_path):
     res = _results_frame()
     layers = res[res["kind"] == "layer"]
     topn = res[res["kind"] == "topn"]
-    out = {f: tmp_path / f"{f}.png" for f in FIGURES}
+    out = {f: tmp_path / f"{f}.png" for f in FIGURES} | {f"{f}_svg": tmp_path / f"{f}.svg" for f in FIGURES}
     all_figures(heads, layers, topn, summary_table(res, 3, 2), out, "m", ["SentLen", "BigramShift", "Tense"], [])
     for f in FIGURES:
-        assert out[f].stat().st_size > 5000, f
+        assert out[f].stat().st_size > 5000 and b"<svg" in out[f"{f}_svg"].read_bytes(), f
 
 
 # --- the workflow on a tiny model --------------------------------------------------------------

@@ -238,7 +238,7 @@ def test_surface_figures_render(tmp_path):
     t["next"] = np.nan
     t["sep"] = np.nan
     save_figure(fig2_surface(t, "m", "wiki"), tmp_path / "f2.png", tmp_path / "f2.svg")
-    save_figure(fig4_entropy(t, "m", "wiki"), tmp_path / "f4.png")
+    save_figure(fig4_entropy(t, "m", "wiki"), tmp_path / "f4.png", tmp_path / "f4.svg")
     assert (
         (tmp_path / "f2.png").stat().st_size > 1000
         and (tmp_path / "f2.svg").is_file()

@@ -175,6 +175,7 @@ rule jomyaeng_figures:
             )
             for f in JM_FIGURES
         },
+        **{f"{f}_svg": f"results/jomyaeng/{{model}}/{f}.svg" for f in JM_FIGURES},
     log:
         "logs/jomyaeng/figures/{model}.log",
     conda:
