@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 
 from headatlas.clark.syntax import (
+    DEFAULT_OFFSETS,
+    HeadSettings,
     ALL,
     DIRECTIONS,
     RELATION_MAP,
@@ -339,7 +341,7 @@ def test_syntax_tables_of_the_rule():
     uw, us = units(n)
     wm = WordMaps(0, one_hot_maps([gold_head(HEADS)], n), uw, us)
     c = collect_correctness([(wm, record(), n)], 1, 1, poss_rule=False)
-    t = syntax_tables(c, "m", min_count=2, n_boot=10, seed=0)
+    t = syntax_tables(c, "m", HeadSettings(min_count=2, bootstrap=10, seed=0))
     assert list(t) == ["heads", "baselines", "relations", "table1"]
     assert set(t["relations"]["relation"]) == {
         "All",
@@ -349,3 +351,11 @@ def test_syntax_tables_of_the_rule():
     assert t["table1"].equals(
         table1(best_table(c, relation_masks(c, 2, also=list(RELATION_MAP["relation"])), "m", n_boot=10), min_count=2)
     )
+
+
+def test_head_settings_from_config():
+    s = HeadSettings.from_config({"word_mode": "first", "offsets": [-1, 1], "min_count": 5, "activate": True})
+    assert s == HeadSettings(word_mode="first", offsets=(-1, 1), min_count=5)
+    assert HeadSettings.from_config({}) == HeadSettings() and HeadSettings().offsets == DEFAULT_OFFSETS
+    with pytest.raises(TypeError):
+        HeadSettings("first")  # keyword-only
