@@ -49,7 +49,14 @@ rule clark_syntax_heads:
         corpus=CLARK_SYNTAX["syntax_corpus"],
         heads={
             k: CLARK_SYNTAX[k]
-            for k in ("word_mode", "min_count", "offsets", "bootstrap", "seed", "poss_rule")
+            for k in (
+                "word_mode",
+                "min_count",
+                "offsets",
+                "bootstrap",
+                "seed",
+                "poss_rule",
+            )
         },
     script:
         "../../scripts/clark_syntax_heads.py"

@@ -381,7 +381,9 @@ def run_coref(
     try:
         first = next(iter(stores.values()))
         model = first.meta["model"]
-        items = chain.from_iterable(store_items(stores[s], records, s, settings.word_mode) for s, (_, records) in splits.items())
+        items = chain.from_iterable(
+            store_items(stores[s], records, s, settings.word_mode) for s, (_, records) in splits.items()
+        )
         res = collect(items, first.n_layers, first.n_heads)
         kept = {s: int(sum(st.n_words)) for s, st in stores.items()}
     finally:

@@ -390,4 +390,9 @@ def model_tables(results: pd.DataFrame, top: TopNSettings = TopNSettings()) -> d
     topn = results[results["kind"] == "topn"].drop(
         columns=["kind", "layer", "head", "control_dev", "control_test", "selectivity"]
     )
-    return {"heads": heads, "layers": layers, "topn": topn, "summary": summary_table(results, n_layers, n_heads, top.top_n)}
+    return {
+        "heads": heads,
+        "layers": layers,
+        "topn": topn,
+        "summary": summary_table(results, n_layers, n_heads, top.top_n),
+    }
