@@ -1,6 +1,6 @@
 """Figures after Clark et al. 2019: Fig. 1 (example heads), 2 (surface patterns), 3 (gradient
 importance), 4 (entropies), 6 (MDS of head distances). Every function returns a matplotlib
-Figure; :func:`save` writes PNG and SVG atomically. Layers and heads are printed 1-based, as
+Figure; :func:`headatlas.core.figures.save_figure` writes its PNG and SVG. Layers and heads are printed 1-based, as
 in the paper."""
 
 from __future__ import annotations
