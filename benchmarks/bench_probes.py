@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from headatlas.jomyaeng.analysis import probe_task, task_data, task_features  # noqa: E402
+from headatlas.jomyaeng.analysis import TopNSettings, probe_task, task_data, task_features  # noqa: E402
 from headatlas.jomyaeng.probes import SPLITS, ProbeConfig, senteval_loop, train_probes, train_probes_loop  # noqa: E402
 from headatlas.jomyaeng.probing_tasks import PROBING_TASKS, read_table  # noqa: E402
 
@@ -137,7 +137,7 @@ def main() -> None:
             row["senteval_max_diff"] = float(np.abs(ref.test_grid - batched.test_grid).max())
             row["senteval_same_test"] = float((ref.test == batched.test).mean())
         t = time.perf_counter()
-        probe_task(heads, layers, data, cfg, n_curve=args.n_curve, task=task)
+        probe_task(heads, layers, data, cfg, TopNSettings(n_curve=tuple(args.n_curve)), task=task)
         row["task_s"] = time.perf_counter() - t
         row["best_head_test"] = float(batched.test[int(np.argmax(batched.dev))])
         rows.append(row)

@@ -16,5 +16,5 @@ profiles = {m: pd.read_csv(path, sep="\t") for m, path in zip(sm.params.models, 
 table = pd.concat(profiles.values(), ignore_index=True)
 with atomic_path(sm.output.table) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-cross_model_figures(profiles, {f: sm.output[f] for f in ("pande", "clark", "probing")})
+cross_model_figures(profiles, {k: sm.output[k] for k in sm.output.keys() if k != "table"})
 log.info("cross-model profiles of %s", ", ".join(profiles))

@@ -23,7 +23,7 @@ for key in ("atlas", "agreement", "relations", "profile"):
     with atomic_path(out[key]) as tmp:
         t[key].to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 atlas_grid(t["atlas"], n_layers, n_heads, model, out.grid, out.grid_svg)
-agreement_figure(t["scores"], t["agreement"], model, out.agreement_png)
+agreement_figure(t["scores"], t["agreement"], model, out.agreement_png, out.agreement_svg)
 log.info(
     "atlas of %s: %d heads x %d columns; agreement:\n%s",
     model,

@@ -8,6 +8,7 @@ import time
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.clark.gradients import gradient_table  # noqa: E402
+from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
@@ -15,7 +16,7 @@ from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-g = sm.params.gradients
+g = SurfaceSettings.from_config(sm.params.surface).gradients
 t0 = time.time()
 spec = ModelSpec.from_config(sm.params.model)
 table = gradient_table(
@@ -23,10 +24,10 @@ table = gradient_table(
     load_records(sm.input.corpus),
     cache_dir=sm.input.model[0] if sm.input.model else None,
     overflow=sm.params.overflow,
-    n_segments=g["n_segments"],
-    mask_prob=g["mask_prob"],
-    seed=g["seed"],
-    batch_size=g["batch_size"],
+    n_segments=g.n_segments,
+    mask_prob=g.mask_prob,
+    seed=g.seed,
+    batch_size=g.batch_size,
 )
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

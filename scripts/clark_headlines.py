@@ -6,7 +6,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
-from headatlas.clark.surface import clark_headlines  # noqa: E402
+from headatlas.clark.surface import SurfaceSettings, clark_headlines  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
@@ -15,7 +15,7 @@ log = setup(sm)
 behaviour = pd.read_csv(sm.input.behaviour, sep="\t")
 clustering = pd.read_csv(sm.input.layers, sep="\t").iloc[0].to_dict()
 gradients = pd.read_csv(sm.input.gradients, sep="\t")
-table = clark_headlines(behaviour, clustering, gradients, sm.params.broad_entropy)
+table = clark_headlines(behaviour, clustering, gradients, SurfaceSettings.from_config(sm.params.surface).broad_entropy)
 table.insert(0, "model", sm.wildcards.model)
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.4g")

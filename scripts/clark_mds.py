@@ -8,16 +8,17 @@ import pandas as pd  # noqa: E402
 
 from headatlas.clark.clustering import mds_tables  # noqa: E402
 from headatlas.clark.figures import fig6_mds  # noqa: E402
+from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-p = sm.params
+c = SurfaceSettings.from_config(sm.params.surface).clustering
 heads, layers, stats = mds_tables(
     pd.read_csv(sm.input.distances, sep="\t"), pd.read_csv(sm.input.behaviour, sep="\t"), sm.wildcards.model,
-    seed=p.seed, n_init=p.n_init, max_iter=p.max_iter, eps=p.eps, permutations=p.permutations,
+    seed=c.seed, n_init=c.mds_n_init, max_iter=c.mds_max_iter, eps=c.mds_eps, permutations=c.permutations,
 )  # fmt: skip
 with atomic_path(sm.output.heads) as tmp:
     heads.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

@@ -5,7 +5,7 @@ import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark.syntax import store_correctness, syntax_tables  # noqa: E402
+from headatlas.clark.syntax import HeadSettings, store_correctness, syntax_tables  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import as_dirs as dirs  # noqa: E402
@@ -17,11 +17,12 @@ sm = snakemake  # noqa: F821
 
 log = setup(sm)
 p = sm.params
+settings = HeadSettings.from_config(p.heads)
 t0 = time.time()
 records = load_records(sm.input.data_corpus)
 with AttentionStore(dirs(sm.input.data_maps)) as store:
     model = store.meta["model"]
-    c = store_correctness(store, records, p.word_mode, tuple(p.offsets), p.poss_rule)
+    c = store_correctness(store, records, settings)
 log.info(
     "%s on %s: %d dependents in %d sentences, %d words without pieces (%.1f s)",
     model,
@@ -31,7 +32,7 @@ log.info(
     c.n_missing,
     time.time() - t0,
 )
-outputs = syntax_tables(c, model, min_count=p.min_count, n_boot=p.bootstrap, seed=p.seed)
+outputs = syntax_tables(c, model, settings)
 for key, frame in outputs.items():
     with atomic_path(sm.output[key]) as tmp:
         frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

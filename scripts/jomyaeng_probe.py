@@ -8,7 +8,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.jomyaeng.analysis import probe_task, task_data, task_features  # noqa: E402
+from headatlas.jomyaeng.analysis import TopNSettings, probe_task, task_data, task_features  # noqa: E402
 from headatlas.jomyaeng.probes import ProbeConfig  # noqa: E402
 from headatlas.jomyaeng.probing_tasks import read_table  # noqa: E402
 
@@ -34,7 +34,7 @@ log.info(
 )
 result = probe_task(
     heads, layers, data, ProbeConfig.from_config(sm.params.probe),
-    n_top=sm.params.top_n or None, n_curve=sm.params.n_curve, model=sm.wildcards.model, task=task,
+    TopNSettings.from_config(sm.params.top), model=sm.wildcards.model, task=task,
 )  # fmt: skip
 with atomic_path(sm.output[0]) as tmp:
     result.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

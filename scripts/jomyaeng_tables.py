@@ -8,12 +8,12 @@ import pandas as pd  # noqa: E402
 
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
-from headatlas.jomyaeng.analysis import model_tables  # noqa: E402
+from headatlas.jomyaeng.analysis import TopNSettings, model_tables  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
 results = pd.concat([pd.read_csv(p, sep="\t") for p in sm.input], ignore_index=True)
-tables = model_tables(results, sm.params.top_n or None)
+tables = model_tables(results, TopNSettings.from_config(sm.params.top))
 for key, frame in tables.items():
     with atomic_path(sm.output[key]) as tmp:
         frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

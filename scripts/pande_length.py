@@ -9,7 +9,7 @@ from headatlas.pande.analysis import length_analysis  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-out = {"table": sm.output.table, "trend": sm.output.trend, "figure": sm.output.figure}
+out = {k: sm.output[k] for k in ("table", "trend", "figure", "figure_svg")}
 trend = length_analysis(list(sm.input.scores), sm.input.heads, out, n_bins=sm.params.bins, top=sm.params.heads)
 log.info(
     "Spearman correlation of sentence score with length over heads, per corpus and role:\n%s",

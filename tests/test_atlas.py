@@ -163,7 +163,7 @@ def test_atlas_grid_figure_for_large_models(tmp_path):
         a["clark_behaviour"] = np.where(a["layer"] < 2, "broad", "sep")
         a["pande_local_sig_fdr"] = a["head"] == 0
         path = tmp_path / f"g{n_layers}.png"
-        atlas_grid(a, n_layers, n_heads, "m", path)
+        atlas_grid(a, n_layers, n_heads, "m", path, path.with_suffix(".svg"))
         assert path.stat().st_size > 10_000
 
 
@@ -214,7 +214,8 @@ def test_cross_model_figures_one_per_family(tmp_path):
     profile = pd.DataFrame(
         {"relative_depth": [0.25, 0.75], "share_local": [0.5, 0.0], "share_behaviour_broad": [0.1, 0.2]}
     )
-    paths = {f: tmp_path / f"{f}.png" for f in ("pande", "clark", "probing")}
+    families = ("pande", "clark", "probing")
+    paths = {f: tmp_path / f"{f}.png" for f in families} | {f"{f}_svg": tmp_path / f"{f}.svg" for f in families}
     cross_model_figures({"a": profile, "b": profile}, paths)
     assert all(p.stat().st_size > 1000 for p in paths.values())  # probing: a panel saying no model has it
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["clark.png", "pande.png", "probing.png"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted(f"{f}.{e}" for f in families for e in ("png", "svg"))

@@ -53,3 +53,13 @@ def test_atlas_can_be_switched_off(tmp_path, tiny_models):
     cfg["analysis"]["atlas"] = {"activate": False}
     stats, _, _ = dry_run(tmp_path, cfg)
     assert "atlas" not in stats and "atlas_cross_model" not in stats and "pande_test" in stats
+
+
+def test_every_figure_is_a_png_with_an_svg_beside_it(tmp_path, tiny_models):
+    _, _, text = dry_run(tmp_path, config(tiny_models))
+    outputs = [o for line in re.findall(r"\n\s*output: (.*)", text) for o in line.split(", ")]
+    pngs = [o for o in outputs if o.endswith(".png")]
+    assert len(pngs) > 10  # Clark surface, Pande and the atlas draw figures here
+    missing = sorted(p for p in pngs if p[: -len(".png")] + ".svg" not in outputs)
+    assert not missing, missing
+    assert len([o for o in outputs if o.endswith(".svg")]) == len(pngs)

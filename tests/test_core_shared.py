@@ -25,6 +25,8 @@ def test_save_figure_writes_png_and_svg_atomically(tmp_path):
     assert b"<svg" in (tmp_path / "a.svg").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "a.svg"]  # no temporary left
     assert not plt.fignum_exists(fig.number)
+    with pytest.raises(TypeError):
+        save_figure(fig, tmp_path / "c.png")  # one policy: every figure has both
     from PIL import Image
 
     assert round(Image.open(tmp_path / "a.png").info["dpi"][0]) == DPI
@@ -39,7 +41,7 @@ def test_save_figure_leaves_nothing_when_drawing_fails(tmp_path):
     fig, ax = plt.subplots()
     ax.text(0.5, 0.5, r"$\notacommand$")  # mathtext fails only when drawn
     with pytest.raises(ValueError):
-        save_figure(fig, tmp_path / "b.png")
+        save_figure(fig, tmp_path / "b.png", tmp_path / "b.svg")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -178,3 +178,13 @@ def test_coref_tables_best_head_column_follows_table2():
     assert list(an.columns[-len(BASELINES) - 1 : -1]) == list(BASELINES)
     best = out["table2"].query("system == 'Best head' and scored_on == 'all'").iloc[0]
     assert best["label"] == "1-2" and best["all"] == 1.0
+
+
+def test_coref_settings_from_config():
+    from headatlas.clark.coref import CorefSettings
+
+    s = CorefSettings.from_config({"word_mode": "first", "bootstrap": 10, "seed": 3, "min_count": 100})
+    assert s == CorefSettings(word_mode="first", bootstrap=10, seed=3)
+    assert CorefSettings.from_config({}) == CorefSettings()
+    with pytest.raises(TypeError):
+        CorefSettings("first")  # keyword-only

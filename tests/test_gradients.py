@@ -169,8 +169,12 @@ def test_gradient_figure_renders_both_cases(tmp_path):
     ok = importance_table("m", "decoder", sums, counts, 2, 3.0)
     assert ok["key_type"].tolist() == ["sep_bos", "punct", "other"] * 2
     assert ok["mean_abs_grad"].iloc[0] == pytest.approx(0.1)
-    save_figure(fig3_gradients(ok, "m", "wiki"), tmp_path / "ok.png")
-    save_figure(fig3_gradients(skipped_table("m", "encoder", "no head"), "m", "wiki"), tmp_path / "skip.png")
+    save_figure(fig3_gradients(ok, "m", "wiki"), tmp_path / "ok.png", tmp_path / "ok.svg")
+    save_figure(
+        fig3_gradients(skipped_table("m", "encoder", "no head"), "m", "wiki"),
+        tmp_path / "skip.png",
+        tmp_path / "skip.svg",
+    )
     assert (tmp_path / "ok.png").stat().st_size > 1000 and (tmp_path / "skip.png").is_file()
     assert isinstance(ok, pd.DataFrame)
 

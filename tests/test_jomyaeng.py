@@ -18,6 +18,7 @@ from headatlas.core.extract import extract
 from headatlas.core.store import AttentionStore
 from headatlas.jomyaeng.analysis import (
     RESULT_COLUMNS,
+    TopNSettings,
     category_scores,
     head_table,
     model_tables,
@@ -137,7 +138,7 @@ def planted_task(L=3, H=4, d=6, n=(300, 120, 120), layer=1, head=2, seed=0):
 def test_probe_task_finds_the_planted_head():
     heads, layers, data = planted_task()
     cfg = ProbeConfig(max_epoch=40)
-    res = probe_task(heads, layers, data, cfg, n_curve=(1, 2, 4, 100), model="m", task="T")
+    res = probe_task(heads, layers, data, cfg, TopNSettings(n_curve=(1, 2, 4, 100)), model="m", task="T")
     assert list(res.columns) == RESULT_COLUMNS
     h = res[res["kind"] == "head"]
     assert len(h) == 12 and len(res[res["kind"] == "layer"]) == 3
@@ -204,6 +205,17 @@ def test_model_tables_split_results_by_kind():
     assert len(t["layers"]) == 3 * 3 and "selectivity" not in t["layers"] and "head" not in t["layers"]
     assert t["topn"]["n"].tolist() == [1, 2] * 3 and "layer" not in t["topn"]
     assert t["summary"].equals(summary_table(_results_frame(), 3, 2))
+    one = model_tables(_results_frame(), TopNSettings.from_config({"top_n": 1}))
+    assert one["summary"].equals(summary_table(_results_frame(), 3, 2, 1))
+
+
+def test_top_n_settings_from_config():
+    assert TopNSettings.from_config({"top_n": 0, "n_curve": [1, 4]}) == TopNSettings(top_n=None, n_curve=(1, 4))
+    assert TopNSettings.from_config({"top_n": 3}).top_n == 3 and TopNSettings.from_config({}) == TopNSettings()
+    with pytest.raises(TypeError):
+        TopNSettings(3)  # keyword-only
+    with pytest.raises(AttributeError):
+        TopNSettings().top_n = 2  # frozen
 
 
 def test_category_scores_correlation_and_paper_table():
@@ -228,10 +240,10 @@ def test_heatmap_sorting_and_figures(tmp_path):
     res = _results_frame()
     layers = res[res["kind"] == "layer"]
     topn = res[res["kind"] == "topn"]
-    out = {f: tmp_path / f"{f}.png" for f in FIGURES}
+    out = {f: tmp_path / f"{f}.png" for f in FIGURES} | {f"{f}_svg": tmp_path / f"{f}.svg" for f in FIGURES}
     all_figures(heads, layers, topn, summary_table(res, 3, 2), out, "m", ["SentLen", "BigramShift", "Tense"], [])
     for f in FIGURES:
-        assert out[f].stat().st_size > 5000, f
+        assert out[f].stat().st_size > 5000 and b"<svg" in out[f"{f}_svg"].read_bytes(), f
 
 
 # --- the workflow on a tiny model --------------------------------------------------------------

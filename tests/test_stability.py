@@ -171,9 +171,9 @@ def test_length_table_and_trend_by_hand(tmp_path):
     table, _ = model_table(paths, "toy", HypothesisSettings(bootstrap=10, permutations=10, stability_resamples=10))
     write_table(table, tmp_path / "heads.tsv")
     out = {k: tmp_path / f"length.{k}" for k in ("table", "trend")}
-    out["figure"] = tmp_path / "length.png"
+    out["figure"], out["figure_svg"] = tmp_path / "length.png", tmp_path / "length.svg"
     trend = length_analysis(paths, tmp_path / "heads.tsv", out, n_bins=4, top=1)
-    assert out["figure"].stat().st_size > 5000
+    assert out["figure"].stat().st_size > 5000 and b"<svg" in out["figure_svg"].read_bytes()
     bins = pd.read_csv(out["table"], sep="\t")
     assert set(bins["pick"]) == {"strongest 1", "median"} and set(bins["role"]) == {"local"}
     strong = bins[bins["pick"] == "strongest 1"]
@@ -242,7 +242,8 @@ def test_pande_figures_cope_with_degenerate_tables(tmp_path):
     t = degenerate_pande()
     write_table(t, tmp_path / "heads.tsv")
     out = {k: tmp_path / f"{k}.{ext}" for k, ext in (("grid", "png"), ("grid_svg", "svg"), ("colocation", "tsv"), ("colocation_png", "png"),
-                                                     ("layers", "tsv"), ("layers_png", "png"), ("pvalues", "png"), ("heatmap", "png"), ("summary", "json"))}  # fmt: skip
+                                                     ("colocation_svg", "svg"), ("layers", "tsv"), ("layers_png", "png"), ("layers_svg", "svg"), ("pvalues", "png"),
+                                                     ("pvalues_svg", "svg"), ("heatmap", "png"), ("heatmap_svg", "svg"), ("summary", "json"))}  # fmt: skip
     summary = figures(tmp_path / "heads.tsv", out)
     counts = {r["role"]: r for r in summary["roles"]}
     assert counts["local"]["faithful"] == 0 and counts["block"]["tested"] == 0 and counts["delimiter"]["faithful"] == 6
@@ -272,8 +273,9 @@ def test_pande_figures_cope_with_degenerate_tables(tmp_path):
     )
     write_table(empty.assign(model="m2"), tmp_path / "tuned.tsv")
     finetune_comparison(tmp_path / "heads.tsv", tmp_path / "tuned.tsv", tmp_path / "tuned",
-                        {"table": tmp_path / "cmp.tsv", "roles": tmp_path / "cmp.png", "sep": tmp_path / "sep.png"})  # fmt: skip
-    assert (tmp_path / "sep.png").stat().st_size > 0
+                        {"table": tmp_path / "cmp.tsv", "roles": tmp_path / "cmp.png", "roles_svg": tmp_path / "cmp.svg",
+                         "sep": tmp_path / "sep.png", "sep_svg": tmp_path / "sep.svg"})  # fmt: skip
+    assert (tmp_path / "sep.png").stat().st_size > 0 and (tmp_path / "sep.svg").stat().st_size > 0
 
 
 def test_length_figure_with_no_scores(tmp_path):
@@ -286,7 +288,7 @@ def test_length_figure_with_no_scores(tmp_path):
         pf.picked_heads(degenerate_pande()),
     )
     assert empty.empty
-    pf.length_figure(empty, ["local", "block"], tmp_path / "l.png", "m", 3.0)
+    pf.length_figure(empty, ["local", "block"], tmp_path / "l.png", tmp_path / "l.svg", "m", 3.0)
     assert pf.picked_heads(degenerate_pande().assign(mean=np.nan)).empty
     assert (tmp_path / "l.png").stat().st_size > 0
 
@@ -345,8 +347,8 @@ def test_atlas_carries_stability_and_copes_with_degenerate_inputs(tmp_path):
         ignore_index=True,
     )
     forced.loc[forced["method_a"] == "clark_amod", ["spearman", "ci_low", "ci_high"]] = np.nan
-    agreement_figure(scores, forced, "m", tmp_path / "agreement.png")
-    atlas_grid(a, 2, 3, "m", tmp_path / "atlas.png")
+    agreement_figure(scores, forced, "m", tmp_path / "agreement.png", tmp_path / "agreement.svg")
+    atlas_grid(a, 2, 3, "m", tmp_path / "atlas.png", tmp_path / "atlas.svg")
     prof = at.layer_profiles(a, 2)
     assert prof["share_local"].tolist() == [0.0, 0.0] and prof["share_delimiter"].tolist() == [1.0, 1.0]
     cross_model_figure(
@@ -355,8 +357,9 @@ def test_atlas_carries_stability_and_copes_with_degenerate_inputs(tmp_path):
         "t",
         "share",
         tmp_path / "x.png",
+        tmp_path / "x.svg",
     )
-    for p in ("agreement.png", "atlas.png", "x.png"):
+    for p in ("agreement.png", "atlas.png", "x.png", "agreement.svg", "atlas.svg", "x.svg"):
         assert (tmp_path / p).stat().st_size > 0
     assert (
         stability_alpha(1.0) == 1.0

@@ -11,6 +11,7 @@ import pytest
 from headatlas.clark.surface import (
     STATS,
     behaviour_labels,
+    behaviour_table,
     best_heads,
     clark_headlines,
     example_index,
@@ -238,7 +239,7 @@ def test_surface_figures_render(tmp_path):
     t["next"] = np.nan
     t["sep"] = np.nan
     save_figure(fig2_surface(t, "m", "wiki"), tmp_path / "f2.png", tmp_path / "f2.svg")
-    save_figure(fig4_entropy(t, "m", "wiki"), tmp_path / "f4.png")
+    save_figure(fig4_entropy(t, "m", "wiki"), tmp_path / "f4.png", tmp_path / "f4.svg")
     assert (
         (tmp_path / "f2.png").stat().st_size > 1000
         and (tmp_path / "f2.svg").is_file()
@@ -351,3 +352,53 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
     for f in CLARK_FILES:
         assert (out / f).stat().st_size > 0, f
     assert not [p for p in (work / "results").rglob("*") if ".tmp" in p.name]
+
+
+def test_surface_settings_from_config():
+    from headatlas.clark.surface import ClusteringSettings, SurfaceSettings
+
+    s = SurfaceSettings.from_config(
+        {"broad_entropy": 2.0, "clustering": {"seed": 3, "mds_eps": 1e-6}, "activate": True}
+    )
+    assert s.broad_entropy == 2.0 and s.smoothing == SurfaceSettings().smoothing
+    assert s.clustering == ClusteringSettings(seed=3, mds_eps=1e-6)
+    assert SurfaceSettings.from_config({"gradients": {"n_segments": 5, "threads": 4}}).gradients.n_segments == 5
+    assert SurfaceSettings.from_config({}) == SurfaceSettings()
+    with pytest.raises(TypeError):
+        SurfaceSettings(1e-4)  # keyword-only
+    # the behaviour rule's thresholds reach behaviour_labels
+    t = heads_table([{"entropy": 3.0}, {"entropy": 4.0}])
+    assert behaviour_table(t, SurfaceSettings.from_config({"broad_entropy": 2.5}))["label"].tolist() == ["broad"] * 2
+    assert behaviour_table(t)["label"].tolist() == ["other", "broad"]
+
+
+def test_example_heads_on_a_stored_sequence(tmp_path):
+    from headatlas.clark.figures import example_heads, examples_figure
+    from headatlas.clark.surface import ExampleSettings
+    from headatlas.core.data import TokenizedRecord
+    from headatlas.core.store import AttentionStore, AttentionWriter
+
+    rng = np.random.default_rng(0)
+    toks, blocks = [], {}
+    for i, (n, punct) in enumerate(((6, True), (8, False), (8, True), (9, True))):
+        special, piece = encoder_tokens(n)
+        if not punct:
+            piece[2] = piece[3] = "w"
+        piece[1] = "\u0120cat"  # byte-level BPE: a space mark, dropped when displayed
+        toks.append(TokenizedRecord(i, tuple(range(n)), tuple(piece), tuple(range(n)), tuple(special), (0,) * n, n))
+    with AttentionWriter(tmp_path / "s", toks, ["a", "b", "c", "d"], 1, 4, meta={"model": "m"}) as w:
+        for k, t in enumerate(toks):
+            a = rng.random((4, len(t), len(t))).astype(np.float32)
+            blocks[k] = a / a.sum(-1, keepdims=True)
+            w.write(k, 0, blocks[k])
+    behaviour = heads_table([{"prev": 0.9}, {"next": 0.8}, {"cls": 0.7}, {"entropy": 4.0}])
+    with AttentionStore(tmp_path / "s") as store:
+        table, maps, tokens = example_heads(store, behaviour, ExampleSettings(n_tokens=8))
+        fig_table, fig = examples_figure(store, behaviour, "m", "wiki", ExampleSettings(n_tokens=8))
+    # length 8 with a period or comma: the third sequence (the second has none)
+    assert set(table["sequence"]) == {2} and set(table["record_id"]) == {"c"} and set(table["n_tokens"]) == {8}
+    assert (table.set_index("behaviour").loc["prev", ["layer", "head"]] == [0, 0]).all()
+    assert np.allclose(maps[(0, 3)], blocks[2][3], atol=1e-3)
+    assert tokens[:3] == ["[CLS]", "cat", "."] and len(tokens) == 8
+    assert fig_table.equals(table)
+    fig.clf()

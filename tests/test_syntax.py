@@ -8,8 +8,10 @@ import pytest
 
 from headatlas.clark.syntax import (
     ALL,
+    DEFAULT_OFFSETS,
     DIRECTIONS,
     RELATION_MAP,
+    HeadSettings,
     WordMaps,
     best_table,
     collect_correctness,
@@ -339,7 +341,7 @@ def test_syntax_tables_of_the_rule():
     uw, us = units(n)
     wm = WordMaps(0, one_hot_maps([gold_head(HEADS)], n), uw, us)
     c = collect_correctness([(wm, record(), n)], 1, 1, poss_rule=False)
-    t = syntax_tables(c, "m", min_count=2, n_boot=10, seed=0)
+    t = syntax_tables(c, "m", HeadSettings(min_count=2, bootstrap=10, seed=0))
     assert list(t) == ["heads", "baselines", "relations", "table1"]
     assert set(t["relations"]["relation"]) == {
         "All",
@@ -349,3 +351,40 @@ def test_syntax_tables_of_the_rule():
     assert t["table1"].equals(
         table1(best_table(c, relation_masks(c, 2, also=list(RELATION_MAP["relation"])), "m", n_boot=10), min_count=2)
     )
+
+
+def test_head_settings_from_config():
+    s = HeadSettings.from_config({"word_mode": "first", "offsets": [-1, 1], "min_count": 5, "activate": True})
+    assert s == HeadSettings(word_mode="first", offsets=(-1, 1), min_count=5)
+    assert HeadSettings.from_config({}) == HeadSettings() and HeadSettings().offsets == DEFAULT_OFFSETS
+    with pytest.raises(TypeError):
+        HeadSettings("first")  # keyword-only
+
+
+def test_example_panels_of_the_rule(tmp_path):
+    from headatlas.clark.syntax_figures import example_panels
+
+    n = len(WORDS)
+    uw, us = units(n)
+    tok = TokenizedRecord(0, tuple(range(n + 2)), tuple("p" * (n + 2)), tuple(uw), tuple(us), (0,) * (n + 2), n)
+    with AttentionWriter(tmp_path / "s", [tok], ["s1"], 1, 1, meta={"model": "m"}) as w:
+        w.write(0, 0, one_hot_maps([gold_head(HEADS)], n))
+    relations = pd.DataFrame([{"relation": "det", "layer": 0, "head": 0, "direction": "dep->head"}])
+    table2 = pd.DataFrame(
+        [
+            {"system": "Best head", "scored_on": "all", "layer": 0, "head": 0},
+            {"system": "Best head", "scored_on": "pronouns", "layer": 5, "head": 5},
+        ]
+    )
+    with AttentionStore(tmp_path / "s") as store:
+        both = (store, [record()])
+        panels = example_panels(relations, table2, both, both, ["det", "amod"], max_words=18)
+    assert len(panels) == 2  # amod is not among the best heads: no panel
+    det, coref = panels
+    assert det.title == "head 1-1: det (dependent -> head)"
+    assert sorted(det.arcs) == [(1, 2), (6, 7)]  # The -> cat, a -> dog (units: [CLS] is 0)
+    assert coref is None  # no coreference annotation in the record
+    with AttentionStore(tmp_path / "s") as store:
+        assert (
+            example_panels(relations, table2, (store, [record()]), (store, [record()]), ["det"], max_words=4)[0] is None
+        )

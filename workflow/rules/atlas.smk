@@ -36,6 +36,7 @@ rule atlas:
             category="Head atlas",
             subcategory="{model}",
         ),
+        agreement_svg="results/atlas/{model}/agreement.svg",
         profile="results/atlas/{model}/profile.tsv",
     log:
         "logs/atlas/{model}.log",
@@ -62,18 +63,21 @@ rule atlas_cross_model:
             category="Head atlas",
             subcategory="all models",
         ),
+        pande_svg="results/atlas/cross_model_pande.svg",
         clark=report(
             "results/atlas/cross_model_clark.png",
             caption="../report/atlas_cross_clark.rst",
             category="Head atlas",
             subcategory="all models",
         ),
+        clark_svg="results/atlas/cross_model_clark.svg",
         probing=report(
             "results/atlas/cross_model_probing.png",
             caption="../report/atlas_cross_probing.rst",
             category="Head atlas",
             subcategory="all models",
         ),
+        probing_svg="results/atlas/cross_model_probing.svg",
     log:
         "logs/atlas/cross_model.log",
     conda:

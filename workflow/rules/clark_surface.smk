@@ -1,4 +1,5 @@
 CLARK = analysis_section("clark_surface", "../schemas/clark_surface.schema.yaml")
+# the keys each rule reads (SurfaceSettings.from_config builds the settings from them)
 CLARK_THRESHOLDS = {
     "broad_entropy": CLARK["broad_entropy"],
     "offset_threshold": CLARK["offset_threshold"],
@@ -52,7 +53,7 @@ rule clark_surface_stats:
         mem_mb=4000,
         runtime=30,
     params:
-        smoothing=CLARK["smoothing"],
+        surface={"smoothing": CLARK["smoothing"]},
     script:
         "../../scripts/surface_stats.py"
 
@@ -77,7 +78,7 @@ rule clark_behaviour:
         mem_mb=1000,
         runtime=5,
     params:
-        thresholds=CLARK_THRESHOLDS,
+        surface=CLARK_THRESHOLDS,
     script:
         "../../scripts/clark_behaviour.py"
 
@@ -111,7 +112,7 @@ rule clark_surface_figures:
         mem_mb=1000,
         runtime=5,
     params:
-        broad_entropy=CLARK["broad_entropy"],
+        surface={"broad_entropy": CLARK["broad_entropy"]},
     script:
         "../../scripts/clark_surface_figures.py"
 
@@ -143,7 +144,7 @@ rule clark_gradients:
     params:
         model=lambda wc: MODELS[wc.model],
         overflow=lambda wc: CORPORA[wc.corpus].get("overflow", EXTRACTION["overflow"]),
-        gradients=CLARK["gradients"],
+        surface={"gradients": CLARK["gradients"]},
     script:
         "../../scripts/clark_gradients.py"
 
@@ -186,9 +187,12 @@ rule clark_js_distances:
         mem_mb=4000,
         runtime=60,
     params:
-        n_segments=CLARK["clustering"]["n_segments"],
-        smoothing=CLARK["clustering"]["smoothing"],
-        max_elements=CLARK["clustering"]["max_elements"],
+        surface={
+            "clustering": {
+                k: CLARK["clustering"][k]
+                for k in ("n_segments", "smoothing", "max_elements")
+            }
+        },
     script:
         "../../scripts/clark_js_distances.py"
 
@@ -232,11 +236,18 @@ rule clark_mds:
         mem_mb=2000,
         runtime=15,
     params:
-        seed=CLARK["clustering"]["seed"],
-        n_init=CLARK["clustering"]["mds_n_init"],
-        max_iter=CLARK["clustering"]["mds_max_iter"],
-        eps=CLARK["clustering"]["mds_eps"],
-        permutations=CLARK["clustering"]["permutations"],
+        surface={
+            "clustering": {
+                k: CLARK["clustering"][k]
+                for k in (
+                    "seed",
+                    "mds_n_init",
+                    "mds_max_iter",
+                    "mds_eps",
+                    "permutations",
+                )
+            }
+        },
     script:
         "../../scripts/clark_mds.py"
 
@@ -264,8 +275,7 @@ rule clark_examples:
         mem_mb=2000,
         runtime=5,
     params:
-        n_tokens=CLARK["examples"]["n_tokens"],
-        min_weight=CLARK["examples"]["min_weight"],
+        surface={"examples": CLARK["examples"]},
     script:
         "../../scripts/clark_examples.py"
 
@@ -295,6 +305,6 @@ rule clark_headlines:
         mem_mb=1000,
         runtime=5,
     params:
-        broad_entropy=CLARK["broad_entropy"],
+        surface={"broad_entropy": CLARK["broad_entropy"]},
     script:
         "../../scripts/clark_headlines.py"

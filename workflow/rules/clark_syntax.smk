@@ -47,12 +47,17 @@ rule clark_syntax_heads:
         runtime=30,
     params:
         corpus=CLARK_SYNTAX["syntax_corpus"],
-        word_mode=CLARK_SYNTAX["word_mode"],
-        min_count=CLARK_SYNTAX["min_count"],
-        offsets=CLARK_SYNTAX["offsets"],
-        bootstrap=CLARK_SYNTAX["bootstrap"],
-        seed=CLARK_SYNTAX["seed"],
-        poss_rule=CLARK_SYNTAX["poss_rule"],
+        heads={
+            k: CLARK_SYNTAX[k]
+            for k in (
+                "word_mode",
+                "min_count",
+                "offsets",
+                "bootstrap",
+                "seed",
+                "poss_rule",
+            )
+        },
     script:
         "../../scripts/clark_syntax_heads.py"
 
@@ -80,9 +85,7 @@ rule clark_syntax_coref:
         runtime=20,
     params:
         splits=CLARK_SYNTAX["coref_corpora"],
-        word_mode=CLARK_SYNTAX["word_mode"],
-        bootstrap=CLARK_SYNTAX["bootstrap"],
-        seed=CLARK_SYNTAX["seed"],
+        coref={k: CLARK_SYNTAX[k] for k in ("word_mode", "bootstrap", "seed")},
     script:
         "../../scripts/clark_syntax_coref.py"
 

@@ -118,8 +118,7 @@ rule jomyaeng_probe:
         runtime=60,
     params:
         probe=JM["probe"],
-        top_n=JM["top_n"],
-        n_curve=JM["n_curve"],
+        top={k: JM[k] for k in ("top_n", "n_curve")},
         task=lambda wc: (
             {"kind": "probing"} if wc.task in JM_PROBING else JM["downstream"][wc.task]
         ),
@@ -154,7 +153,7 @@ rule jomyaeng_tables:
         mem_mb=1000,
         runtime=5,
     params:
-        top_n=JM["top_n"],
+        top={"top_n": JM["top_n"]},
     script:
         "../../scripts/jomyaeng_tables.py"
 
@@ -175,6 +174,7 @@ rule jomyaeng_figures:
             )
             for f in JM_FIGURES
         },
+        **{f"{f}_svg": f"results/jomyaeng/{{model}}/{f}.svg" for f in JM_FIGURES},
     log:
         "logs/jomyaeng/figures/{model}.log",
     conda:

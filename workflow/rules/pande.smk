@@ -170,6 +170,7 @@ rule pande_length:
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
+        figure_svg="results/pande/{model}/length.svg",
     log:
         "logs/pande_length/{model}.log",
     conda:
@@ -208,6 +209,7 @@ rule pande_figures:
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
+        colocation_svg="results/pande/{model}/colocation.svg",
         layers="results/pande/{model}/layers.tsv",
         layers_png=report(
             "results/pande/{model}/layers.png",
@@ -215,18 +217,21 @@ rule pande_figures:
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
+        layers_svg="results/pande/{model}/layers.svg",
         pvalues=report(
             "results/pande/{model}/pvalues.png",
             caption="../report/pande_pvalues.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
+        pvalues_svg="results/pande/{model}/pvalues.svg",
         heatmap=report(
             "results/pande/{model}/heatmap.png",
             caption="../report/pande_heatmap.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
+        heatmap_svg="results/pande/{model}/heatmap.svg",
         summary="results/pande/{model}/summary.json",
     log:
         "logs/pande_figures/{model}.log",
@@ -255,12 +260,14 @@ rule pande_finetune_compare:
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
+        roles_svg="results/pande/{model}/finetune_roles_by_layer.svg",
         sep=report(
             "results/pande/{model}/finetune_sep_by_layer.png",
             caption="../report/pande_finetune_sep.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
         ),
+        sep_svg="results/pande/{model}/finetune_sep_by_layer.svg",
     log:
         "logs/pande_finetune_compare/{model}.log",
     conda:

@@ -60,7 +60,7 @@ def _fmt(v, spec: str = ".2f") -> str:
     return format(v, spec) if np.isfinite(v) else "n/a"
 
 
-def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png, svg=None) -> None:
+def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png, svg) -> None:
     """Layers x heads grid: fill = Clark behaviour, markers = Pande roles (FDR), a black frame =
     the head's best relation beats that relation's offset baseline by 5+ points, and the cell text =
     the Jo & Myaeng category (S surface, Y syntactic, M semantic) the head probes best relative to
@@ -147,7 +147,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     save_figure(fig, png, svg)
 
 
-def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, png, svg=None) -> None:
+def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, png, svg) -> None:
     """Scatter of each pair of the three syntactic scores across heads, with Spearman rho and CI."""
     pairs = [
         (r.method_a, r.method_b, r)
@@ -198,7 +198,7 @@ def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, 
 
 
 def cross_model_figure(
-    profiles: dict[str, pd.DataFrame], columns: list[tuple[str, str]], title: str, ylabel: str, png, svg=None
+    profiles: dict[str, pd.DataFrame], columns: list[tuple[str, str]], title: str, ylabel: str, png, svg
 ) -> None:
     """One panel per column, one line per model, x = relative depth."""
     cols = [(c, t) for c, t in columns if any(c in p for p in profiles.values())]
@@ -228,7 +228,8 @@ def cross_model_figure(
 
 
 def cross_model_figures(profiles: dict[str, pd.DataFrame], paths: dict[str, str]) -> None:
-    """Rule atlas_cross_model: one figure per family (pande, clark, probing) of every model's layer profile."""
+    """Rule atlas_cross_model: one figure per family (pande, clark, probing) of every model's layer profile,
+    written to ``paths[family]`` (PNG) and ``paths[family + "_svg"]``."""
     behaviours = sorted({c for p in profiles.values() for c in p.columns if c.startswith("share_behaviour_")})
     share = "share of the layer's heads"
     figures = {
@@ -249,4 +250,4 @@ def cross_model_figures(profiles: dict[str, pd.DataFrame], paths: dict[str, str]
         ),
     }
     for family, (columns, title, ylabel) in figures.items():
-        cross_model_figure(profiles, columns, title, ylabel, paths[family])
+        cross_model_figure(profiles, columns, title, ylabel, paths[family], paths[f"{family}_svg"])

@@ -358,12 +358,21 @@ def coref_tables(res: CorefResult, model: str, *, n_boot: int = 1000, seed: int 
     }
 
 
+@dataclass(frozen=True, kw_only=True)
+class CorefSettings:
+    """The keys of analysis.clark_syntax (workflow/schemas/clark_syntax.schema.yaml) rule clark_syntax_coref reads."""
+
+    word_mode: str = "mean"
+    bootstrap: int = 1000
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, section: dict) -> "CorefSettings":
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
+
+
 def run_coref(
-    splits: dict[str, tuple[Sequence[str], Sequence[Record]]],
-    *,
-    word_mode: str = "mean",
-    n_boot: int = 1000,
-    seed: int = 0,
+    splits: dict[str, tuple[Sequence[str], Sequence[Record]]], settings: CorefSettings = CorefSettings()
 ) -> dict[str, pd.DataFrame]:
     """Rule clark_syntax_coref: score every head and baseline on the documents of each split
     (split -> shard directories, records) and return :func:`coref_tables`."""
@@ -372,7 +381,9 @@ def run_coref(
     try:
         first = next(iter(stores.values()))
         model = first.meta["model"]
-        items = chain.from_iterable(store_items(stores[s], records, s, word_mode) for s, (_, records) in splits.items())
+        items = chain.from_iterable(
+            store_items(stores[s], records, s, settings.word_mode) for s, (_, records) in splits.items()
+        )
         res = collect(items, first.n_layers, first.n_heads)
         kept = {s: int(sum(st.n_words)) for s, st in stores.items()}
     finally:
@@ -386,6 +397,6 @@ def run_coref(
         res.n_no_pieces,
         time.time() - t0,
     )
-    tables = coref_tables(res, model, n_boot=n_boot, seed=seed)
+    tables = coref_tables(res, model, n_boot=settings.bootstrap, seed=settings.seed)
     log.info("table 2:\n%s", tables["table2"].to_string(index=False))
     return tables

@@ -1,6 +1,6 @@
 """Figures after Clark et al. 2019: Fig. 1 (example heads), 2 (surface patterns), 3 (gradient
 importance), 4 (entropies), 6 (MDS of head distances). Every function returns a matplotlib
-Figure; :func:`save` writes PNG and SVG atomically. Layers and heads are printed 1-based, as
+Figure; :func:`headatlas.core.figures.save_figure` writes its PNG and SVG. Layers and heads are printed 1-based, as
 in the paper."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.figures import head_label
+from .surface import ExampleSettings, best_heads, example_index, punct_mask
 
 LABEL_COLOURS = {
     "next": "#1f77b4",
@@ -338,3 +339,22 @@ def fig1_examples(examples: pd.DataFrame, maps: dict, tokens, model: str, corpus
     )
     fig.tight_layout(rect=(0, 0, 1, 0.95 if n > 20 else 0.88))
     return fig
+
+
+def example_heads(store, behaviour: pd.DataFrame, settings: ExampleSettings = ExampleSettings()):
+    """Fig. 1's data: the strongest head of each behaviour (:func:`best_heads`) on one stored sequence,
+    the one whose length is closest to ``settings.n_tokens`` among those with a period or comma (so
+    every behaviour has something to show). Returns (table with sequence, record_id, n_tokens;
+    {(layer, head): map}; display tokens)."""
+    best = best_heads(behaviour)
+    has_punct = np.add.reduceat(punct_mask(store.piece, store.special).astype(int), store.token_offsets[:-1]) > 0
+    k = example_index(store.lengths, settings.n_tokens, has_punct)
+    maps = {(r.layer, r.head): store.maps(r.layer, k, r.head) for r in best.itertuples()}
+    tokens = [display_token(p) for p in store.tokens(k)["piece"]]
+    return best.assign(sequence=k, record_id=store.record_id[k], n_tokens=len(tokens)), maps, tokens
+
+
+def examples_figure(store, behaviour: pd.DataFrame, model: str, corpus: str, settings: ExampleSettings):
+    """Rule clark_examples: the table of :func:`example_heads` and its Fig. 1."""
+    table, maps, tokens = example_heads(store, behaviour, settings)
+    return table, fig1_examples(table, maps, tokens, model, corpus, settings.min_weight)

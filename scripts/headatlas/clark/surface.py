@@ -21,6 +21,8 @@ without [SEP], for example).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
 
@@ -43,6 +45,64 @@ STATS = [
 ]
 # Behaviour labels in Clark's override order: a later rule overrides an earlier one.
 LABEL_ORDER = ["next", "prev", "broad", "cls", "sep", "punct"]
+
+
+def _pick(cls, section: dict) -> dict:
+    return {k: section[k] for k in cls.__dataclass_fields__ if k in section}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradientSettings:
+    """analysis.clark_surface.gradients (``threads`` goes to the rule)."""
+
+    n_segments: int = 100
+    mask_prob: float = 0.15
+    seed: int = 0
+    batch_size: int = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusteringSettings:
+    """analysis.clark_surface.clustering: the JS distances and their MDS."""
+
+    n_segments: int = 200
+    smoothing: float = 1e-3
+    max_elements: int = 1_000_000
+    mds_n_init: int = 5
+    mds_max_iter: int = 1000
+    mds_eps: float = 1e-10
+    seed: int = 0
+    permutations: int = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExampleSettings:
+    """analysis.clark_surface.examples: Fig. 1's sequence length and the weights drawn."""
+
+    n_tokens: int = 24
+    min_weight: float = 0.01
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurfaceSettings:
+    """analysis.clark_surface (workflow/schemas/clark_surface.schema.yaml); a rule passes the keys it reads."""
+
+    smoothing: float = 1e-4
+    broad_entropy: float = 3.8
+    offset_threshold: float = 0.5
+    special_threshold: float = 0.6
+    gradients: GradientSettings = field(default_factory=GradientSettings)
+    clustering: ClusteringSettings = field(default_factory=ClusteringSettings)
+    examples: ExampleSettings = field(default_factory=ExampleSettings)
+
+    @classmethod
+    def from_config(cls, section: dict) -> "SurfaceSettings":
+        parts = {"gradients": GradientSettings, "clustering": ClusteringSettings, "examples": ExampleSettings}
+        kw = _pick(cls, section)
+        for key, part in parts.items():
+            if key in kw:
+                kw[key] = part(**_pick(part, kw[key]))
+        return cls(**kw)
 
 
 def normalise_piece(piece: str) -> str:
@@ -175,10 +235,11 @@ def behaviour_labels(
     return label
 
 
-def behaviour_table(table: pd.DataFrame, **thresholds) -> pd.DataFrame:
+def behaviour_table(table: pd.DataFrame, settings: SurfaceSettings = SurfaceSettings()) -> pd.DataFrame:
     """The surface table with a ``label`` column after model, model_kind, layer, head."""
     out = table.copy()
-    out.insert(4, "label", behaviour_labels(table, **thresholds))
+    s = settings
+    out.insert(4, "label", behaviour_labels(table, s.broad_entropy, s.offset_threshold, s.special_threshold))
     return out
 
 

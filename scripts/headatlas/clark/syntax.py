@@ -261,18 +261,34 @@ def collect_correctness(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class HeadSettings:
+    """The keys of analysis.clark_syntax (workflow/schemas/clark_syntax.schema.yaml) rule clark_syntax_heads reads."""
+
+    word_mode: str = "mean"
+    min_count: int = 100
+    offsets: tuple[int, ...] = DEFAULT_OFFSETS
+    bootstrap: int = 1000
+    seed: int = 0
+    poss_rule: bool = True
+
+    @classmethod
+    def from_config(cls, section: dict) -> "HeadSettings":
+        kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
+        if "offsets" in kw:
+            kw["offsets"] = tuple(int(o) for o in kw["offsets"])
+        return cls(**kw)
+
+
 def store_correctness(
-    store: AttentionStore,
-    records: Sequence[Record],
-    mode: str = "mean",
-    offsets=DEFAULT_OFFSETS,
-    poss_rule: bool = True,
-    chunk: int = 32,
+    store: AttentionStore, records: Sequence[Record], settings: HeadSettings = HeadSettings(), chunk: int = 32
 ) -> Correctness:
+    s = settings
     items = (
-        (wm, records[store.record_index[wm.k]], int(store.n_words[wm.k])) for wm in iter_word_maps(store, mode, chunk)
+        (wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]))
+        for wm in iter_word_maps(store, s.word_mode, chunk)
     )
-    return collect_correctness(items, store.n_layers, store.n_heads, offsets, poss_rule)
+    return collect_correctness(items, store.n_layers, store.n_heads, s.offsets, s.poss_rule)
 
 
 def relation_masks(c: Correctness, min_count: int, also: Sequence[str] = ()) -> dict[str, np.ndarray]:
@@ -400,14 +416,14 @@ def table1(best: pd.DataFrame, min_count: int = 0) -> pd.DataFrame:
     return t[cols]
 
 
-def syntax_tables(
-    c: Correctness, model: str, *, min_count: int = 100, n_boot: int = 1000, seed: int = 0
-) -> dict[str, pd.DataFrame]:
+def syntax_tables(c: Correctness, model: str, settings: HeadSettings = HeadSettings()) -> dict[str, pd.DataFrame]:
     """Every table of rule clark_syntax_heads: per-head accuracies and offset baselines of the
-    relations with ``min_count`` dependents, their best heads, and Table 1 (which also shows
+    relations with ``settings.min_count`` dependents, their best heads, and Table 1 (which also shows
     its rarer relations)."""
+    min_count = settings.min_count
     masks = relation_masks(c, min_count)
-    best = best_table(c, relation_masks(c, min_count, also=list(RELATION_MAP["relation"])), model, n_boot, seed)
+    also = list(RELATION_MAP["relation"])
+    best = best_table(c, relation_masks(c, min_count, also=also), model, settings.bootstrap, settings.seed)
     return {
         "heads": head_table(c, masks, model),
         "baselines": baseline_table(c, masks, model),

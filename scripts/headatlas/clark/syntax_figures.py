@@ -6,6 +6,7 @@ the paper's 1-based "layer-head" labels.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -21,6 +22,8 @@ from ..core.figures import head_label  # noqa: E402
 from ..core.store import AttentionStore  # noqa: E402
 from .coref import Anaphors, attention_correct, document_anaphors  # noqa: E402
 from .syntax import DIRECTIONS, WordMaps, head_predictions, word_block, word_level  # noqa: E402
+
+log = logging.getLogger("headatlas.clark.syntax_figures")
 
 
 def plot_table1(t: pd.DataFrame, model: str, corpus: str):
@@ -308,3 +311,36 @@ def plot_examples(panels: Sequence[Panel], model: str, min_weight: float = 0.02)
     )
     fig.tight_layout()
     return fig
+
+
+def example_panels(
+    relations: pd.DataFrame,
+    table2: pd.DataFrame,
+    syntax: tuple[AttentionStore, Sequence[Record]],
+    coref: tuple[AttentionStore, Sequence[Record]],
+    show: Sequence[str],
+    *,
+    max_words: int = 18,
+    mode: str = "mean",
+) -> list[Panel | None]:
+    """Rule clark_syntax_examples: one :func:`syntax_example` panel per relation of ``show`` that is
+    among the best heads' ``relations`` (syntax/relations.tsv; others are skipped with a log line),
+    then the :func:`coref_example` of Table 2's best head (``table2``, scored on all anaphors).
+    ``syntax`` and ``coref`` are (store, records) pairs."""
+    best = relations.set_index("relation")
+    panels: list[Panel | None] = []
+    store, records = syntax
+    for rel in show:
+        if rel not in best.index:
+            log.info("relation %s: not among the reported relations; no panel", rel)
+            continue
+        b = best.loc[rel]
+        panels.append(
+            syntax_example(store, records, rel, int(b["layer"]), int(b["head"]), b["direction"], max_words, mode)
+        )
+    t2 = table2[table2["scored_on"] == "all"].set_index("system")
+    store, records = coref
+    panels.append(
+        coref_example(store, records, int(t2.loc["Best head", "layer"]), int(t2.loc["Best head", "head"]), mode=mode)
+    )
+    return panels

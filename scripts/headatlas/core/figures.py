@@ -1,7 +1,7 @@
 """What every figure of every analysis shares: the 1-based head label and one way to save.
 
 Figures are written atomically (a temporary name, renamed when complete) at one resolution,
-PNG for the report and, when the rule declares one, an SVG beside it.
+PNG for the report and an SVG beside it (every figure has both).
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ def head_label(layer, head) -> str:
     return f"{int(layer) + 1}-{int(head) + 1}"
 
 
-def save_figure(fig, png: str | Path, svg: str | Path | None = None) -> None:
-    """Write ``fig`` atomically as PNG at :data:`DPI` (and as SVG when ``svg`` is given), then close it."""
+def save_figure(fig, png: str | Path, svg: str | Path) -> None:
+    """Write ``fig`` atomically as PNG at :data:`DPI` and as SVG, then close it."""
     import matplotlib.pyplot as plt
 
     try:
         with atomic_path(png) as tmp:
             fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
-        if svg is not None:
-            with atomic_path(svg) as tmp:
-                fig.savefig(tmp, format="svg", bbox_inches="tight")
+        with atomic_path(svg) as tmp:
+            fig.savefig(tmp, format="svg", bbox_inches="tight")
     finally:
         plt.close(fig)

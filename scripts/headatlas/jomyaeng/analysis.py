@@ -162,6 +162,24 @@ def _labels(y: np.ndarray, data: TaskData) -> dict[str, np.ndarray]:
     return {s: y[data.mask(s)] for s in SPLITS}
 
 
+@dataclass(frozen=True, kw_only=True)
+class TopNSettings:
+    """analysis.jomyaeng top_n / n_curve (workflow/schemas/jomyaeng.schema.yaml): heads in the top-n probe
+    (None: heads per layer, the paper; the config's 0) and the sizes of the top-n curve."""
+
+    top_n: int | None = None
+    n_curve: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+
+    @classmethod
+    def from_config(cls, section: dict) -> "TopNSettings":
+        kw = {}
+        if "top_n" in section:
+            kw["top_n"] = int(section["top_n"]) or None
+        if "n_curve" in section:
+            kw["n_curve"] = tuple(int(n) for n in section["n_curve"])
+        return cls(**kw)
+
+
 def curve_sizes(n_curve: Sequence[int], n_top: int, n_total: int) -> list[int]:
     return sorted({n for n in list(n_curve) + [n_top] if 1 <= n <= n_total})
 
@@ -171,18 +189,17 @@ def probe_task(
     layers: np.ndarray,
     data: TaskData,
     cfg: ProbeConfig,
-    n_top: int | None = None,
-    n_curve: Sequence[int] = (),
+    top: TopNSettings = TopNSettings(),
     model: str = "",
     task: str = "",
 ) -> pd.DataFrame:
     """All probes of one task: per head (with control), per layer, and top-n heads.
 
-    ``heads`` [L, H, N, d], ``layers`` [L, N, D]; ``n_top`` defaults to H (the paper's n).
+    ``heads`` [L, H, N, d], ``layers`` [L, N, D]; ``top.top_n`` defaults to H (the paper's n).
     Returns the tidy result table (RESULT_COLUMNS), kinds 'head', 'layer', 'topn'.
     """
     L, H, N, d = heads.shape
-    n_top = H if n_top is None else n_top
+    n_top, n_curve = (H if top.top_n is None else top.top_n), top.n_curve
     n_classes = len(data.classes)
     flat = heads.reshape(L * H, N, d)
     y = _labels(data.y, data)
@@ -362,9 +379,9 @@ def with_paper(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def model_tables(results: pd.DataFrame, top_n: int | None = None) -> dict[str, pd.DataFrame]:
+def model_tables(results: pd.DataFrame, top: TopNSettings = TopNSettings()) -> dict[str, pd.DataFrame]:
     """Every table of rule jomyaeng_tables from one model's probe results (all tasks): heads,
-    layers, topn and summary (``top_n``: heads in the top-n probe, None = heads per layer)."""
+    layers, topn and summary (``top.top_n``: heads in the top-n probe, None = heads per layer)."""
     heads = head_table(results)
     n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
     layers = results[results["kind"] == "layer"].drop(
@@ -373,4 +390,9 @@ def model_tables(results: pd.DataFrame, top_n: int | None = None) -> dict[str, p
     topn = results[results["kind"] == "topn"].drop(
         columns=["kind", "layer", "head", "control_dev", "control_test", "selectivity"]
     )
-    return {"heads": heads, "layers": layers, "topn": topn, "summary": summary_table(results, n_layers, n_heads, top_n)}
+    return {
+        "heads": heads,
+        "layers": layers,
+        "topn": topn,
+        "summary": summary_table(results, n_layers, n_heads, top.top_n),
+    }

@@ -40,7 +40,7 @@ def _grid(n: int, ncols: int = 5):
 
 
 def heatmaps(
-    heads: pd.DataFrame, tasks: Sequence[str], path, model: str, sort: bool = True, value: str = "test_acc"
+    heads: pd.DataFrame, tasks: Sequence[str], path, svg, model: str, sort: bool = True, value: str = "test_acc"
 ) -> None:
     """One panel per task: layers (input at the bottom) x heads, colour = the value."""
     tasks = [t for t in tasks if t in set(heads["task"])]
@@ -74,10 +74,10 @@ def heatmaps(
     order = "heads sorted within each layer by accuracy" if sort else "heads in model order"
     fig.suptitle(f"{model}: per-head probing {what}; {order}", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
-def correlation_clustermap(heads: pd.DataFrame, path, model: str) -> None:
+def correlation_clustermap(heads: pd.DataFrame, path, svg, model: str) -> None:
     """Task x task Pearson correlation of per-head test accuracies, clustered (average linkage)."""
     corr = task_correlation(heads).fillna(0.0)
     names = list(corr.columns)
@@ -112,10 +112,10 @@ def correlation_clustermap(heads: pd.DataFrame, path, model: str) -> None:
             )
     fig.colorbar(im, cax=ax_c, label="Pearson r over heads")
     ax_d.set_title(f"{model}: tasks clustered by the correlation of their per-head accuracies", fontsize=10)
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
-def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
+def category_scatter(heads: pd.DataFrame, path, svg, model: str) -> None:
     """Per head: surface vs syntactic vs semantic score (mean test accuracy), coloured by layer."""
     cats = category_scores(heads)
     pairs = [
@@ -127,7 +127,7 @@ def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
         fig, ax = plt.subplots(figsize=(4, 2))
         ax.text(0.5, 0.5, "no probing task of two categories", ha="center")
         ax.axis("off")
-        save_figure(fig, path)
+        save_figure(fig, path, svg)
         return
     fig, axes = plt.subplots(1, len(pairs), figsize=(4.3 * len(pairs) + 0.8, 4), squeeze=False)
     L = int(cats["layer"].max()) + 1
@@ -152,10 +152,10 @@ def category_scatter(heads: pd.DataFrame, path, model: str) -> None:
         f"{c} = {', '.join(t for t in CATEGORIES[c] if t in set(heads['task']))}" for c in CATEGORIES if c in cats
     )
     fig.text(0.01, -0.04, legend, fontsize=7)
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
-def focused_curve(heads: pd.DataFrame, path, model: str, groups: dict[str, Sequence[str]]) -> None:
+def focused_curve(heads: pd.DataFrame, path, svg, model: str, groups: dict[str, Sequence[str]]) -> None:
     """Accuracy against head percentile (heads sorted best first), one line per task: a steep
     drop means the information is focused in a few heads, a flat line that it is distributed."""
     groups = {k: [t for t in v if t in set(heads["task"])] for k, v in groups.items()}
@@ -173,11 +173,11 @@ def focused_curve(heads: pd.DataFrame, path, model: str, groups: dict[str, Seque
         ax.grid(alpha=0.3)
     fig.suptitle(f"{model}: is task information focused in a few heads or distributed?", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
 def topn_curves(
-    topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame, path, model: str, tasks: Sequence[str]
+    topn: pd.DataFrame, layers: pd.DataFrame, summary: pd.DataFrame, path, svg, model: str, tasks: Sequence[str]
 ) -> None:
     """Test accuracy of the top-n heads probe against n, with the last- and best-layer probes."""
     tasks = [t for t in tasks if t in set(topn["task"])]
@@ -203,10 +203,10 @@ def topn_curves(
         ax.axis("off")
     fig.suptitle(f"{model}: effect of the number n of top heads (grey line: n = heads per layer)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
-def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, tasks: Sequence[str]) -> None:
+def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, svg, model: str, tasks: Sequence[str]) -> None:
     """Where each task's information sits: per layer, the best head's test accuracy scaled to
     0..1 within the task (left) and the layer probe's (right); a dot marks the maximum."""
     tasks = [t for t in tasks if t in set(heads["task"])]
@@ -236,20 +236,24 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, model: str, t
     fig.suptitle(
         f"{model}: layer profile of each task (paper: surface low, word order middle, semantics high)", fontsize=10
     )
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
 def all_figures(
     heads, layers, topn, summary, out: dict, model: str, probing: Sequence[str], downstream: Sequence[str]
 ) -> None:
+    """Rule jomyaeng_figures: each figure ``f`` as ``out[f]`` (PNG) and ``out[f + "_svg"]``."""
     tasks = list(probing) + list(downstream)
-    heatmaps(heads, tasks, out["heatmap_sorted"], model, sort=True)
-    heatmaps(heads, tasks, out["heatmap_unsorted"], model, sort=False)
-    heatmaps(
-        heads[heads["task"].isin(probing)], probing, out["heatmap_selectivity"], model, sort=False, value="selectivity"
-    )
-    correlation_clustermap(heads, out["task_correlation"], model)
-    category_scatter(heads, out["categories"], model)
-    focused_curve(heads, out["focused"], model, {"probing": probing, "downstream": downstream})
-    topn_curves(topn, layers, summary, out["topn_curve"], model, tasks)
-    layer_profile(heads, layers, out["layer_profile"], model, tasks)
+
+    def both(f):
+        return out[f], out[f + "_svg"]
+
+    heatmaps(heads, tasks, *both("heatmap_sorted"), model, sort=True)
+    heatmaps(heads, tasks, *both("heatmap_unsorted"), model, sort=False)
+    selective = heads[heads["task"].isin(probing)]
+    heatmaps(selective, probing, *both("heatmap_selectivity"), model, sort=False, value="selectivity")
+    correlation_clustermap(heads, *both("task_correlation"), model)
+    category_scatter(heads, *both("categories"), model)
+    focused_curve(heads, *both("focused"), model, {"probing": probing, "downstream": downstream})
+    topn_curves(topn, layers, summary, *both("topn_curve"), model, tasks)
+    layer_profile(heads, layers, *both("layer_profile"), model, tasks)

@@ -159,17 +159,17 @@ def figures(table_path: str | Path, out: dict, near: float = 0.05) -> dict:
     """Every per-model figure and table of the analysis; returns (and writes) a summary."""
     table = read_table(table_path)
     model = str(table["model"].iloc[0])
-    pf.role_grid(table, out["grid"], out.get("grid_svg"))
+    pf.role_grid(table, out["grid"], out["grid_svg"])
     coloc = pf.colocation(table)
     with atomic_path(out["colocation"]) as tmp:
         coloc.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
-    pf.colocation_figure(coloc, out["colocation_png"], model)
+    pf.colocation_figure(coloc, out["colocation_png"], out["colocation_svg"], model)
     layers = pf.layer_counts(table)
     with atomic_path(out["layers"]) as tmp:
         layers.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
-    pf.layer_figure(layers, out["layers_png"], model)
-    share = pf.pvalue_figure(table, out["pvalues"], near)
-    pf.heatmap_figure(table, out["heatmap"])
+    pf.layer_figure(layers, out["layers_png"], out["layers_svg"], model)
+    share = pf.pvalue_figure(table, out["pvalues"], out["pvalues_svg"], near)
+    pf.heatmap_figure(table, out["heatmap"], out["heatmap_svg"])
     counts = pf.role_counts(table)
     ls = coloc[
         ((coloc["role_a"] == "local") & (coloc["role_b"] == "syntactic"))
@@ -205,8 +205,8 @@ def finetune_comparison(base_path: str | Path, tuned_path: str | Path, model_dir
     cmp.insert(0, "base", base)
     with atomic_path(out["table"]) as tmp:
         cmp.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
-    pf.compare_roles_figure(cmp, out["roles"], base, tuned, subtitle)
-    pf.compare_sep_figure(before, after, out["sep"], base, tuned, subtitle=subtitle)
+    pf.compare_roles_figure(cmp, out["roles"], out["roles_svg"], base, tuned, subtitle)
+    pf.compare_sep_figure(before, after, out["sep"], out["sep_svg"], base, tuned, subtitle=subtitle)
     sep = cmp[cmp["role"] == "delimiter_sep"][["layer", "mean_before", "mean_after"]]
     changed = cmp.groupby("layer")["faithful_change"].apply(lambda s: int(s.abs().sum()))
     return {
@@ -223,7 +223,7 @@ def length_analysis(
     score_paths: list[str | Path], table_path: str | Path, out: dict, n_bins: int = 8, top: int = 3
 ) -> pd.DataFrame:
     """Sieve score against sequence length: per role, the mean score per corpus and length bin
-    of the ``top`` strongest heads and the median head (``out["table"]``, ``out["figure"]``), and
+    of the ``top`` strongest heads and the median head (``out["table"]``, ``out["figure"]`` and ``out["figure_svg"]``), and
     per corpus and role the Spearman correlation of score with length over all heads
     (``out["trend"]``). Returns the trend table."""
     parts = [load_scores(p) for p in score_paths]
@@ -245,5 +245,5 @@ def length_analysis(
     for df, key in ((bins, "table"), (trend, "trend")):
         with atomic_path(out[key]) as tmp:
             df.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
-    pf.length_figure(bins, roles, out["figure"], model, float(table["tau"].iloc[0]))
+    pf.length_figure(bins, roles, out["figure"], out["figure_svg"], model, float(table["tau"].iloc[0]))
     return trend

@@ -124,7 +124,7 @@ def p_value_share(table: pd.DataFrame, near: float = 0.05) -> dict:
     return {"tests": int(len(p)), "near_0": n0, "near_1": n1, "share_near_0_or_1": (n0 + n1) / len(p), "near": near}
 
 
-def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path | None = None) -> None:
+def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path) -> None:
     """Layers x heads grid, one marker per role a head holds; faithful and FDR side by side."""
     plt = _plt()
     n_layers, n_heads = _shape(table)
@@ -181,7 +181,7 @@ def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path | None = No
     save_figure(fig, path, svg)
 
 
-def colocation_figure(coloc: pd.DataFrame, path: str | Path, model: str) -> None:
+def colocation_figure(coloc: pd.DataFrame, path: str | Path, svg: str | Path, model: str) -> None:
     """Heat maps of heads holding both roles (count, share of all heads), faithful and FDR."""
     plt = _plt()
     roles = ordered_roles(list(coloc["role_a"]) + list(coloc["role_b"]))
@@ -210,10 +210,10 @@ def colocation_figure(coloc: pd.DataFrame, path: str | Path, model: str) -> None
         fig.colorbar(im, ax=ax, shrink=0.7, label="heads holding both roles (diagonal: the role's heads)")
     fig.suptitle(f"{model}: co-location of roles (count; share of all heads)", fontsize=11)
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
-def layer_figure(counts: pd.DataFrame, path: str | Path, model: str) -> None:
+def layer_figure(counts: pd.DataFrame, path: str | Path, svg: str | Path, model: str) -> None:
     """Per layer, the count of heads in each role (faithful and FDR)."""
     plt = _plt()
     roles = ordered_roles(counts["role"].unique())
@@ -236,10 +236,10 @@ def layer_figure(counts: pd.DataFrame, path: str | Path, model: str) -> None:
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False, title="role")
     fig.suptitle(f"{model}: heads per role and layer", fontsize=11)
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
-def pvalue_figure(table: pd.DataFrame, path: str | Path, near: float = 0.05) -> dict:
+def pvalue_figure(table: pd.DataFrame, path: str | Path, svg: str | Path, near: float = 0.05) -> dict:
     """Faithful p-values of every head x role test with a marginal histogram."""
     plt = _plt()
     share = p_value_share(table, near)
@@ -274,11 +274,11 @@ def pvalue_figure(table: pd.DataFrame, path: str | Path, near: float = 0.05) -> 
         f"(paper: about 98%)",
         fontsize=10,
     )
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
     return share
 
 
-def heatmap_figure(table: pd.DataFrame, path: str | Path) -> None:
+def heatmap_figure(table: pd.DataFrame, path: str | Path, svg: str | Path) -> None:
     """Mean sieve score per head, one panel per role (log colour scale, tau marked)."""
     from matplotlib.colors import LogNorm
 
@@ -322,7 +322,7 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path) -> None:
         f"{model}: mean sieve score per head (cyan dots: faithful-significant at tau = {tau:g}, cyan line on the bar)",
         fontsize=10,
     )
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
 # --- fine-tuning comparison ---------------------------------------------------------------
@@ -342,7 +342,9 @@ def compare_layers(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def compare_roles_figure(cmp: pd.DataFrame, path: str | Path, base: str, tuned: str, subtitle: str = "") -> None:
+def compare_roles_figure(
+    cmp: pd.DataFrame, path: str | Path, svg: str | Path, base: str, tuned: str, subtitle: str = ""
+) -> None:
     """Heads per role and layer before and after fine-tuning, one panel per role."""
     plt = _plt()
     roles = ordered_roles(cmp["role"].unique())
@@ -383,13 +385,14 @@ def compare_roles_figure(cmp: pd.DataFrame, path: str | Path, base: str, tuned: 
     axes[0, 0].legend(fontsize=7, frameon=False)
     fig.suptitle(f"Heads per role and layer before and after fine-tuning (faithful test){subtitle}", fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
 def compare_sep_figure(
     before: pd.DataFrame,
     after: pd.DataFrame,
     path: str | Path,
+    svg: str | Path,
     base: str,
     tuned: str,
     role: str = "delimiter_sep",
@@ -418,7 +421,7 @@ def compare_sep_figure(
     ax.legend(fontsize=7, frameon=False)
     ax.set_title(f"Attention to [SEP] before and after fine-tuning (dots: heads){subtitle}", fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
 
 
 # --- score against sequence length ----------------------------------------------------------
@@ -552,7 +555,9 @@ def length_trend(
     return pd.DataFrame(rows, columns=["corpus", "role", "sentences", "heads", "median_spearman", "share_positive"])
 
 
-def length_figure(bins: pd.DataFrame, roles: list[str], path: str | Path, model: str, tau: float) -> None:
+def length_figure(
+    bins: pd.DataFrame, roles: list[str], path: str | Path, svg: str | Path, model: str, tau: float
+) -> None:
     """Per role: mean score per length bin of the strongest heads and the median head, one
     marker per corpus, one colour per head."""
     plt = _plt()
@@ -604,4 +609,4 @@ def length_figure(bins: pd.DataFrame, roles: list[str], path: str | Path, model:
         fontsize=10,
     )
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    save_figure(fig, path)
+    save_figure(fig, path, svg)
