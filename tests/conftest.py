@@ -79,6 +79,20 @@ def ewt_records(ewt_head_file):
 
 
 @pytest.fixture(scope="session")
+def records(ewt_records):
+    """Twelve EWT sentences and two sentence pairs (segments A and B): the extraction tests' inputs."""
+    from headatlas.core.data import Record
+
+    pairs = [
+        Record(
+            id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4
+        ),
+        Record(id="pair-1", words=("Bush", "nominated", "two", "jurists"), segment=(0, 0, 1, 1)),
+    ]
+    return list(ewt_records[:12]) + pairs
+
+
+@pytest.fixture(scope="session")
 def bert_vocab_file(tmp_path_factory, ewt_records) -> Path:
     """A WordPiece vocabulary from EWT words; long words only as prefix + '##' pieces."""
     vocab = list(BERT_SPECIALS)

@@ -9,23 +9,12 @@ import pytest
 from conftest import TINY_NAMES, tiny_spec
 
 from headatlas.core.align import bos_id, encode_record
-from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, Record
+from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS
 from headatlas.core.extract import check_attentions, extract, length_batches, shard_slice, storage_windows
 from headatlas.core.models import ModelError, ModelSpec, load, model_kind, resolve
 from headatlas.core.store import AttentionStore
 
 DECODERS = {"gpt2", "llama"}
-
-
-@pytest.fixture(scope="module")
-def records(ewt_records):
-    pairs = [
-        Record(
-            id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4
-        ),
-        Record(id="pair-1", words=("Bush", "nominated", "two", "jurists"), segment=(0, 0, 1, 1)),
-    ]
-    return list(ewt_records[:12]) + pairs
 
 
 @pytest.fixture(scope="module")

@@ -137,17 +137,6 @@ def test_sieves_uniform_head_scores_one():
 
 
 @pytest.fixture(scope="module")
-def records(ewt_records):
-    pairs = [
-        Record(
-            id="pair-0", words=("The", "court", "ruled", ".", "It", "was", "final", "."), segment=(0,) * 4 + (1,) * 4
-        ),
-        Record(id="pair-1", words=("Bush", "nominated", "two", "jurists"), segment=(0, 0, 1, 1)),
-    ]
-    return list(ewt_records[:12]) + pairs
-
-
-@pytest.fixture(scope="module")
 def reduced(tmp_path_factory, tiny_loaded, records):
     """name -> (today's results, replayed, fused): surface table, sieve dict, JS triple."""
     root = tmp_path_factory.mktemp("reduce")
