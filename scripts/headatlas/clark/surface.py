@@ -172,8 +172,9 @@ def sequence_stats(
     return out
 
 
-def surface_table(store, smoothing: float = 1e-4, chunk: int = 256) -> pd.DataFrame:
-    """Per-head surface statistics over every sequence of an :class:`AttentionStore`.
+def surface_table(store, smoothing: float = 1e-4, max_bytes: int = 256 << 20) -> pd.DataFrame:
+    """Per-head surface statistics over every sequence of an :class:`AttentionStore`, read in
+    runs of at most ``max_bytes`` of one layer's maps (:meth:`AttentionStore.chunks`).
 
     Columns: model, model_kind, layer, head, n_sequences, then :data:`STATS`.
     """
@@ -183,8 +184,7 @@ def surface_table(store, smoothing: float = 1e-4, chunk: int = 256) -> pd.DataFr
     for layer in range(store.n_layers):
         total = np.zeros((store.n_heads, len(STATS)))
         count = np.zeros((store.n_heads, len(STATS)))
-        for start in range(0, len(store), chunk):
-            stop = min(start + chunk, len(store))
+        for start, stop in store.chunks(max_bytes):
             for k, maps in zip(range(start, stop), store.layer_maps(layer, start, stop)):
                 t = store.tokens(k)
                 s = sequence_stats(maps.astype(np.float64), t["special"], t["piece"], causal, smoothing)

@@ -34,7 +34,7 @@ import pandas as pd
 from ..core.bootstrap import bootstrap_ci
 from ..core.data import SPECIAL_NONE, Record
 from ..core.figures import head_label
-from ..core.store import AttentionStore
+from ..core.store import AttentionStore, budget_runs
 from ..core.store import word_level as store_word_level
 
 DIRECTIONS = ("dep->head", "head->dep")
@@ -138,18 +138,25 @@ def word_level(maps: np.ndarray, word: np.ndarray, special: np.ndarray, mode: st
 
 
 def iter_word_maps(
-    store: AttentionStore, mode: str = "mean", chunk: int = 32, ks: Sequence[int] | None = None
+    store: AttentionStore,
+    mode: str = "mean",
+    chunk: int = 32,
+    ks: Sequence[int] | None = None,
+    max_bytes: int = 256 << 20,
 ) -> Iterator[WordMaps]:
     """Word-level maps of every head, sequence by sequence (store order, or the runs of ``ks``).
 
     Each sequence's [L*H, n, n] maps are aggregated at once (:func:`word_level`); sequences
-    are read ``chunk`` at a time, one read per layer.
+    are read at most ``chunk`` at a time and at most ``max_bytes`` of maps (all layers) at a
+    time, one read per layer.
     """
     ks = np.arange(len(store)) if ks is None else np.asarray(ks, dtype=np.int64)
     L, H = store.n_layers, store.n_heads
     for start in range(0, len(ks), chunk):
         part = ks[start : start + chunk]
-        runs = np.split(part, np.flatnonzero(np.diff(part) != 1) + 1)
+        contiguous = np.split(part, np.flatnonzero(np.diff(part) != 1) + 1)
+        sizes = [L * H * 4 * store.lengths[c] ** 2 for c in contiguous]
+        runs = [c[a:b] for c, size in zip(contiguous, sizes) for a, b in budget_runs(size, max_bytes)]
         for run in runs:
             per_layer = [store.layer_maps(layer, int(run[0]), int(run[-1]) + 1) for layer in range(L)]
             for i, k in enumerate(run):
