@@ -42,8 +42,9 @@ ROLE_MARKERS = {
 
 
 def stability_alpha(share) -> float:
-    """Marker opacity for a label that holds in ``share`` of the bootstrap resamples: 1 when it
-    always holds (or no stability is known), fading to 0.2 when it never does."""
+    """Marker opacity for a label that holds in ``share`` of the corpora tested (the length-robust
+    stability; the bootstrap share is near 1 for almost every label): 1 when it always holds (or no
+    stability is known), fading to 0.2 when it never does."""
     try:
         share = float(share)
     except (TypeError, ValueError):
@@ -108,7 +109,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
                     color=mc,
                     markersize=4.5,
                     linestyle="none",
-                    alpha=stability_alpha(row.get(f"pande_{role}_stability_fdr")),
+                    alpha=stability_alpha(row.get(f"pande_{role}_corpus_share_fdr")),
                 )
         if cats:
             ax.text(
@@ -135,8 +136,8 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
         Line2D([], [], marker=m, color=c, linestyle="none", label=f"Pande: {r} (FDR)")
         for r, (m, _, c) in ROLE_MARKERS.items()
     ]
-    if any(f"pande_{r}_stability_fdr" in atlas for r in ROLE_MARKERS):
-        handles += [Line2D([], [], marker="s", color="#54278f", linestyle="none", alpha=stability_alpha(v), label=f"Pande opacity: label holds in {v:.0%} of bootstrap resamples")
+    if any(f"pande_{r}_corpus_share_fdr" in atlas for r in ROLE_MARKERS):
+        handles += [Line2D([], [], marker="s", color="#54278f", linestyle="none", alpha=stability_alpha(v), label=f"Pande opacity: label holds on {v:.0%} of corpora")
                     for v in (1.0, 0.5, 0.0)]  # fmt: skip
     handles += [
         Patch(facecolor="white", edgecolor="black", linewidth=2, label="Clark: best relation > offset baseline + 5 pts")
