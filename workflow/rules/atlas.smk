@@ -47,7 +47,7 @@ rule atlas:
         mem_mb=2000,
         runtime=10,
     params:
-        atlas=ATLAS,
+        atlas={k: v for k, v in ATLAS.items() if k != "page"},
     script:
         "../../scripts/atlas_model.py"
 
@@ -90,3 +90,28 @@ rule atlas_cross_model:
         models=ATLAS_MODELS,
     script:
         "../../scripts/atlas_cross_model.py"
+
+
+rule atlas_page:
+    input:
+        atlas_page_inputs,
+    output:
+        report(
+            "results/atlas/index.html",
+            caption="../report/atlas_page.rst",
+            category="Head atlas",
+            subcategory="all models",
+        ),
+    log:
+        "logs/atlas/page.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        page=ATLAS["page"],
+        sources=atlas_page_sources(),
+    script:
+        "../../scripts/atlas_page.py"

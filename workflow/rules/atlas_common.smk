@@ -34,8 +34,40 @@ def atlas_targets():
             "results/atlas/cross_model_{family}.png",
             family=["pande", "clark", "probing"],
         )
-        + ["results/atlas/cross_model.tsv"]
+        + ["results/atlas/cross_model.tsv", "results/atlas/index.html"]
     )
 
 
 register_targets("atlas", atlas_targets)
+
+
+def atlas_page_sources():
+    """Per atlas model, what the atlas page reads: its atlas and agreement tables, the stores
+    of the page corpus (none when that corpus is not extracted for the model) and Pande's
+    sentence scores on it (None when Pande does not cover the model on that corpus)."""
+    corpus = ATLAS["page"]["corpus"]
+    out = {}
+    for m in ATLAS_MODELS:
+        pande = m in analysis_models("pande") and corpus in (
+            analysis_corpora("pande", m) or []
+        )
+        out[m] = {
+            "atlas": f"results/atlas/{m}/atlas.tsv",
+            "agreement": f"results/atlas/{m}/agreement.tsv",
+            "stores": shard_dirs(m, corpus) if corpus in model_corpora(m) else [],
+            "scores": f"results/pande/{m}/scores/{corpus}.h5" if pande else None,
+        }
+    return out
+
+
+def atlas_page_inputs(wildcards):
+    sources = atlas_page_sources()
+    files = [
+        f
+        for s in sources.values()
+        for f in [s["atlas"], s["agreement"], *s["stores"], s["scores"]]
+        if f
+    ]
+    if any(s["stores"] for s in sources.values()):
+        files.append(f"results/corpora/{ATLAS['page']['corpus']}.jsonl.gz")
+    return files

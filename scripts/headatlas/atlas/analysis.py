@@ -52,11 +52,15 @@ def mds_columns(mds: pd.DataFrame) -> pd.DataFrame:
 
 
 PANDE_STABILITY = ["stability_faithful", "stability_fdr", "corpus_share_faithful", "corpus_share_fdr"]
+# the effect's CI (pande/heads.tsv effect_ci_low/high) -> pande_{role}_effect_ci_low/high: a column's CI is
+# <column>_ci_low / <column>_ci_high beside it (the atlas page shows it with the value)
+PANDE_EFFECT_CI = ["effect_ci_low", "effect_ci_high"]
 
 
 def pande_columns(pande: pd.DataFrame) -> pd.DataFrame:
     """Per role: effect size (mean score / tau), significance in both modes and, when the table
-    has them, the stability of each label (share of bootstrap resamples, of corpora)."""
+    has them, the stability of each label (share of bootstrap resamples, of corpora) and the
+    effect's 95% CI."""
     wide = pande.pivot_table(
         index=KEY, columns="role", values=["effect", "significant_faithful", "significant_fdr"], aggfunc="first"
     )
@@ -67,7 +71,7 @@ def pande_columns(pande: pd.DataFrame) -> pd.DataFrame:
     for c in wide.columns:
         if "_sig_" in c:
             wide[c] = wide[c].map(lambda v: str(v) == "True")
-    stab = [c for c in PANDE_STABILITY if c in pande]
+    stab = [c for c in PANDE_STABILITY + PANDE_EFFECT_CI if c in pande]
     if stab:  # after the columns above, so that those keep their place; NA where a role has no test
         roles = list(dict.fromkeys(pande["role"]))
         extra = pande.pivot_table(index=KEY, columns="role", values=stab, aggfunc="first", dropna=False)

@@ -1,0 +1,431 @@
+"""The interactive atlas page: one self-contained HTML file for every model of a run.
+
+The page (``results/atlas/index.html``, rule ``atlas_page``) embeds, as one JSON object:
+
+- per model, every column of its ``atlas.tsv`` (generic: any numeric or true/false column can
+  colour the grid, so columns added by later analyses appear without a change here), with a
+  description (:func:`describe_column`) and its CI where the atlas has ``<column>_ci_low`` and
+  ``<column>_ci_high`` beside it;
+- the model's method agreement (``agreement.tsv``);
+- a handful of real example sentences with every head's word-level attention map (Clark's
+  aggregation, :func:`headatlas.core.store.word_level`), read through the public store API from
+  a small pool of sequences that have stored maps (a store without maps, or keeping a sample of
+  them, gives fewer or none: the page says so), and per head the sentence of that pool where
+  the head is *most typical of its role* (:func:`typical_sentences`).
+
+The JavaScript and CSS (``page.js``, ``page.css`` beside this file) are inlined; the file needs
+no server and no network.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..core.data import SPECIAL_NAMES, SPECIAL_NONE, read_records
+from ..core.figures import head_label
+from ..core.store import AttentionStore, StoreError, word_level
+
+HERE = Path(__file__).resolve().parent
+ID_COLUMNS = ("model", "layer", "head", "label")
+CI_SUFFIXES = ("_ci_low", "_ci_high")
+ROLE_COLUMN = re.compile(r"^(?P<role>.+)_sig_(?P<mode>faithful|fdr)$")
+KV_COLUMN = "kv_group"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageSettings:
+    """analysis.atlas.page (workflow/schemas/atlas.schema.yaml)."""
+
+    corpus: str = "ewt_dev"  # the corpus whose stored maps give the example sentences
+    examples: int = 3  # sentences shown for every head (plus its typical one)
+    pool: int = 24  # sentences with stored maps read per model; the typical one is chosen among them
+    min_words: int = 5
+    max_words: int = 18
+    probe: int = 400  # at most this many sequences tried when a store keeps maps of a sample only
+
+    @classmethod
+    def from_config(cls, section: dict) -> "PageSettings":
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
+
+
+# --- columns ---------------------------------------------------------------------------
+
+# (pattern, description); the first match wins; groups fill the description
+COLUMN_DOCS = [
+    (r"clark_behaviour", "Clark's behaviour label (broad, next, prev, cls/bos, sep, punct or other)"),
+    (r"clark_(next|prev|self)", "mean attention to the {0} token (Clark surface corpus; fraction)"),
+    (r"clark_cls", "mean attention to [CLS] (BOS for decoders; fraction)"),
+    (r"clark_sep", "mean attention to [SEP] tokens (fraction)"),
+    (r"clark_punct", 'mean attention to ". ," (fraction)'),
+    (r"clark_entropy", "mean smoothed row entropy of the attention (nats)"),
+    (r"clark_cls_entropy", "entropy of the [CLS] row (decoders: the last token's; nats)"),
+    (r"clark_mds_([xy])", "{0} coordinate of the 2-D MDS of Jensen-Shannon head distances"),
+    (r"pande_(.+)_effect_ci_(low|high)", "{1} end of the 95% CI of the {0} sieve effect"),
+    (r"pande_(.+)_effect", "Pande sieve effect of role {0}: mean sentence score / tau (tau = 3; > 1 holds the role)"),
+    (r"pande_(.+)_sig_faithful", "role {0} significant: one-sided t-test against tau, alpha 0.05, uncorrected"),
+    (r"pande_(.+)_sig_fdr", "role {0} significant after Benjamini-Hochberg FDR over all heads x roles"),
+    (r"pande_(.+)_stability_(faithful|fdr)", "share of bootstrap resamples in which role {0} holds ({1})"),
+    (r"pande_(.+)_corpus_share_(faithful|fdr)", "share of the tested corpora whose own test gives role {0} ({1})"),
+    (r"syntax_best_relation", "the UD relation the head's argmax predicts best relative to its offset baseline"),
+    (r"syntax_best_direction", "direction of that relation (dep->head or head->dep)"),
+    (r"syntax_best_accuracy", "argmax accuracy on the best relation (fraction)"),
+    (r"syntax_best_margin", "accuracy on the best relation minus its best fixed-offset baseline (fraction)"),
+    (r"syntax_all_accuracy", "argmax accuracy over all dependents, better direction (fraction)"),
+    (r"syntax_all_margin", "accuracy over all dependents minus the best fixed offset (fraction)"),
+    (r"coref_accuracy", "coreference antecedent selection accuracy, all anaphors (fraction)"),
+    (r"coref_(.+)_accuracy", "coreference antecedent accuracy for {0} anaphors (fraction)"),
+    (r"probe_(surface|syntactic|semantic)_mean_acc", "Jo & Myaeng mean probing accuracy over the {0} tasks (fraction)"),
+    (r"probe_(.+)_acc", "Jo & Myaeng per-head probe test accuracy on {0} (fraction)"),
+    (r"probe_(.+)_selectivity", "probe accuracy on {0} minus control-task accuracy (fraction)"),
+    (r"kv_group", "key/value group the head shares (grouped-query attention)"),
+    (r"(.+)_ci_(low|high)", "{1} end of the CI of {0}"),
+]
+
+
+def describe_column(name: str) -> str:
+    """What an atlas column holds, in words (the column name itself when it is not known)."""
+    for pattern, text in COLUMN_DOCS:
+        m = re.fullmatch(pattern, name)
+        if m:
+            return text.format(*m.groups())
+    return name
+
+
+def _is_bool(s: pd.Series) -> bool:
+    if s.dtype == bool:
+        return True
+    vals = set(s.dropna().map(str))
+    return bool(vals) and vals <= {"True", "False"}
+
+
+def column_kind(s: pd.Series) -> str:
+    """'bool', 'number' or 'text'."""
+    if _is_bool(s):
+        return "bool"
+    return "number" if pd.api.types.is_numeric_dtype(s) else "text"
+
+
+def _values(s: pd.Series, kind: str) -> list:
+    """JSON-ready values: None for a missing value."""
+    if kind == "bool":
+        return [None if pd.isna(v) else str(v) == "True" for v in s]
+    if kind == "number":
+        a = s.to_numpy(float)
+        return [float(v) if np.isfinite(v) else None for v in a]
+    return [None if pd.isna(v) else str(v) for v in s]
+
+
+def column_data(atlas: pd.DataFrame) -> tuple[list[dict], dict[str, list]]:
+    """Every atlas column (but the head's identity) as (columns, values): each column has its
+    name, kind, description and, when ``<name>_ci_low`` / ``<name>_ci_high`` exist, their names
+    (``ci``); a CI column names the column it belongs to (``ci_of``)."""
+    names = [c for c in atlas.columns if c not in ID_COLUMNS]
+    cis = {c: (c + CI_SUFFIXES[0], c + CI_SUFFIXES[1]) for c in names if all(c + s in atlas for s in CI_SUFFIXES)}
+    ci_of = {v: c for c, pair in cis.items() for v in pair}
+    columns, values = [], {}
+    for c in names:
+        kind = column_kind(atlas[c])
+        col = {"name": c, "kind": kind, "desc": describe_column(c)}
+        if c in cis:
+            col["ci"] = list(cis[c])
+        if c in ci_of:
+            col["ci_of"] = ci_of[c]
+        columns.append(col)
+        values[c] = _values(atlas[c], kind)
+    return columns, values
+
+
+def role_columns(columns: list[dict]) -> list[dict]:
+    """The roles the page filters on: every true/false column ``<role>_sig_<faithful|fdr>``."""
+    roles: dict[str, dict] = {}
+    for c in columns:
+        m = ROLE_COLUMN.match(c["name"])
+        if m and c["kind"] == "bool":
+            roles.setdefault(m["role"], {"role": m["role"]})[m["mode"]] = c["name"]
+    return list(roles.values())
+
+
+def rank_desc(values: np.ndarray) -> np.ndarray:
+    """Rank of every value, 1 = highest, ties share the best rank; NaN where missing (what the
+    page prints as a head's rank on the chosen column)."""
+    values = np.asarray(values, dtype=float)
+    out = np.full(len(values), np.nan)
+    ok = np.isfinite(values)
+    v = values[ok]
+    out[ok] = 1 + np.searchsorted(np.sort(-v), -v, side="left")
+    return out
+
+
+# --- example sentences -------------------------------------------------------------------
+
+
+def map_sequences(store: AttentionStore, eligible: np.ndarray, want: int, probe: int) -> tuple[list[int], str]:
+    """Up to ``want`` of the ``eligible`` sequences whose maps the store holds, and a note saying
+    why there are none. A store extracted with ``maps: false`` holds none; any other store (all
+    maps, or maps of a sample only) is probed sequence by sequence, at most ``probe`` tries: a
+    read that fails counts as no map."""
+    if store.meta.get("maps", True) is False:
+        return [], f"the store of {store.meta.get('corpus', '?')} keeps no maps (maps: false)"
+    found: list[int] = []
+    for k in eligible[:probe]:
+        try:
+            store.maps(0, int(k), heads=0)
+        except (StoreError, KeyError, IndexError):
+            continue
+        found.append(int(k))
+        if len(found) == want:
+            break
+    if found:
+        return found, ""
+    if not len(eligible):
+        return [], "no sentence of the configured length in the store"
+    return [], f"no stored maps among the {min(probe, len(eligible))} sentences tried"
+
+
+def unit_labels(words: tuple[str, ...], unit_word: np.ndarray, unit_special: np.ndarray) -> list[str]:
+    """Readable labels of word-level units: the word, or [CLS], [SEP], [BOS]... for specials."""
+    return [
+        words[w] if s == SPECIAL_NONE and 0 <= w < len(words) else f"[{SPECIAL_NAMES.get(int(s), 'tok').upper()}]"
+        for w, s in zip(unit_word.tolist(), unit_special.tolist())
+    ]
+
+
+def encode_map(m: np.ndarray) -> str:
+    """A [U, U] map as base64 of uint8 (value x 255, rounded), row-major (rows = from)."""
+    q = np.clip(np.rint(np.asarray(m, dtype=np.float64) * 255), 0, 255).astype(np.uint8)
+    return base64.b64encode(q.tobytes()).decode("ascii")
+
+
+def decode_map(s: str, n: int) -> np.ndarray:
+    """Inverse of :func:`encode_map` (values to 1/255)."""
+    return np.frombuffer(base64.b64decode(s), dtype=np.uint8).reshape(n, n) / 255.0
+
+
+def head_roles(atlas: pd.DataFrame, roles: list[str]) -> list[tuple[str | None, bool]]:
+    """Per atlas row: (role, held). The role is the Pande role the head holds under FDR with the
+    largest effect; a head that holds none gets its largest-effect role, held = False; None when
+    the atlas has no effect for any of ``roles``."""
+    eff_cols = [f"pande_{r}_effect" for r in roles]
+    have = [i for i, c in enumerate(eff_cols) if c in atlas]
+    if not have:
+        return [(None, False)] * len(atlas)
+    eff = np.stack([atlas[eff_cols[i]].to_numpy(float) for i in have], axis=1)
+    sig = np.stack(
+        [
+            atlas[f"pande_{roles[i]}_sig_fdr"].map(lambda v: str(v) == "True").to_numpy(bool)
+            if f"pande_{roles[i]}_sig_fdr" in atlas
+            else np.zeros(len(atlas), bool)
+            for i in have
+        ],
+        axis=1,
+    )
+    eff = np.where(np.isfinite(eff), eff, -np.inf)
+    held = sig.any(axis=1)
+    pick = np.argmax(np.where(sig, eff, -np.inf), axis=1)
+    pick = np.where(held, pick, np.argmax(eff, axis=1))
+    none = ~np.isfinite(eff.max(axis=1))
+    return [(None, False) if n else (roles[have[p]], bool(h)) for p, h, n in zip(pick, held, none)]
+
+
+def typical_sentences(scores: np.ndarray, roles: list[str], head_role: list[tuple[str | None, bool]]) -> list[dict]:
+    """Per head (layer-major), the pool sentence where it is most typical of its role: the one
+    with the highest Pande sentence score (attention on the role's sieve keys relative to
+    uniform, 1 = uniform) for that role. ``scores`` [P, L, H, R] are the pool's sentence scores.
+    Returns dicts (role, held, pool index ``s``, score) or None where no score exists."""
+    P, L, H, _ = scores.shape
+    out = []
+    for i, (role, held) in enumerate(head_role):
+        if role is None or role not in roles or P == 0:
+            out.append(None)
+            continue
+        col = scores[:, i // H, i % H, roles.index(role)]
+        if not np.isfinite(col).any():
+            out.append(None)
+            continue
+        s = int(np.nanargmax(col))
+        out.append({"role": role, "held": held, "s": s, "score": round(float(col[s]), 4)})
+    return out
+
+
+def read_scores(path: str | Path, record_ids: np.ndarray, pool: list[int]) -> tuple[np.ndarray, list[str]]:
+    """Pande's sentence scores [P, L, H, R] of the pool sequences and the role names, from
+    ``results/pande/{model}/scores/{corpus}.h5``; checks that the file scores the same sequences."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        ids = f["record_id"].asstr()[()]
+        roles = [r.decode() if isinstance(r, bytes) else str(r) for r in f["roles"][()]]
+        if len(ids) != len(record_ids) or not np.array_equal(ids, np.asarray(record_ids).astype(str)):
+            raise ValueError(f"{path}: scores sequences differ from the store's (rerun pande_scores)")
+        scores = f["scores"][sorted(pool)] if pool else np.zeros((0,) + f["scores"].shape[1:], np.float32)
+    order = np.argsort(np.argsort(pool)) if pool else []
+    return np.asarray(scores)[order], roles
+
+
+def examples_data(
+    store_dirs: list[str] | None,
+    corpus_path: str | None,
+    scores_path: str | None,
+    atlas: pd.DataFrame,
+    settings: PageSettings,
+) -> dict:
+    """The example sentences of one model: ``sentences`` (record id, unit labels), per head
+    (layer-major) its maps (``maps``: list of {s, m}) and its ``typical`` sentence, and a
+    ``note`` saying why there are fewer or none."""
+    out = {"corpus": settings.corpus, "sentences": [], "maps": [], "typical": [], "note": ""}
+    if not store_dirs:
+        out["note"] = f"corpus {settings.corpus} is not extracted for this model"
+        return out
+    with AttentionStore(store_dirs) as store:
+        L, H = store.n_layers, store.n_heads
+        eligible = np.flatnonzero((store.n_words >= settings.min_words) & (store.n_words <= settings.max_words))
+        pool, note = map_sequences(store, eligible, settings.pool, settings.probe)
+        out["note"] = note
+        if not pool:
+            out["maps"] = [[] for _ in range(L * H)]
+            out["typical"] = [None] * (L * H)
+            return out
+        need = sorted(store.record_index[pool].tolist())
+        words, need_set = {}, set(need)
+        if corpus_path:
+            for i, r in enumerate(read_records(corpus_path)):
+                if i in need_set:
+                    words[i] = r.words
+                if i >= need[-1]:
+                    break
+        typical: list = [None] * (L * H)
+        if scores_path:
+            scores, roles = read_scores(scores_path, store.record_id, pool)
+            typical = typical_sentences(scores, roles, head_roles(atlas.sort_values(["layer", "head"]), roles))
+        else:
+            out["note"] = (out["note"] + "; " if out["note"] else "") + "no Pande sentence scores for this corpus"
+        shown = list(range(min(settings.examples, len(pool))))
+        wanted = [sorted(set(shown) | ({t["s"]} if t else set())) for t in typical]
+        used = sorted(set(shown).union(*[set(w) for w in wanted]))
+        index = {s: i for i, s in enumerate(used)}  # pool index -> sentence index on the page
+        maps: list[list[dict]] = [[] for _ in range(L * H)]
+        for s in used:
+            k = pool[s]
+            t = store.tokens(k)
+            labels = None
+            for layer in range(L):
+                wm, unit_word, unit_special = word_level(store.maps(layer, k), t["word"], t["special"])
+                if labels is None:
+                    rec_words = words.get(int(store.record_index[k]), ())
+                    labels = unit_labels(rec_words, unit_word, unit_special)
+                for h in range(H):
+                    i = layer * H + h
+                    if s in wanted[i]:
+                        maps[i].append({"s": index[s], "m": encode_map(wm[h])})
+            out["sentences"].append({"record_id": str(store.record_id[k]), "units": labels})
+        for i, t in enumerate(typical):
+            if t is not None:
+                t["s"] = index[t["s"]]
+        out["maps"], out["typical"] = maps, typical
+        out["shown"] = [index[s] for s in shown]
+        out["causal"] = store.meta.get("model_kind") == "decoder"
+    return out
+
+
+# --- the page ----------------------------------------------------------------------------
+
+
+def model_data(
+    model: str,
+    atlas: pd.DataFrame,
+    agreement: pd.DataFrame | None,
+    examples: dict | None = None,
+) -> dict:
+    """Everything the page shows of one model (rows of ``atlas`` in layer-major order)."""
+    atlas = atlas.sort_values(["layer", "head"]).reset_index(drop=True)
+    n_layers, n_heads = int(atlas["layer"].max()) + 1, int(atlas["head"].max()) + 1
+    if len(atlas) != n_layers * n_heads:
+        raise ValueError(f"atlas of {model}: {len(atlas)} rows, not one per head of {n_layers} x {n_heads}")
+    columns, values = column_data(atlas)
+    agr = []
+    if agreement is not None and len(agreement):
+        for r in agreement.to_dict("records"):
+            agr.append({k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()})
+    return {
+        "model": model,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "labels": [head_label(a, b) for a, b in zip(atlas["layer"], atlas["head"])],
+        "columns": columns,
+        "values": values,
+        "roles": role_columns(columns),
+        "agreement": agr,
+        "examples": examples or {"sentences": [], "maps": [], "typical": [], "note": "no examples"},
+    }
+
+
+TYPICAL_DEFINITION = (
+    "A head's role is the Pande role it holds under FDR with the largest effect (a head holding none: its "
+    "largest-effect role, marked not significant). Its typical sentence is the one of the sampled sentences "
+    "with stored maps where its Pande sentence score for that role (attention on the role's keys relative to "
+    "uniform attention, 1 = uniform) is highest."
+)
+
+
+def page_data(models: list[dict], settings: PageSettings, title: str = "headatlas: head atlas") -> dict:
+    default = None
+    for cand in ("pande_syntactic_effect", "syntax_all_accuracy", "clark_entropy"):
+        if models and any(c["name"] == cand for c in models[0]["columns"]):
+            default = cand
+            break
+    return {
+        "title": title,
+        "models": models,
+        "default_column": default,
+        "corpus": settings.corpus,
+        "typical_definition": TYPICAL_DEFINITION,
+    }
+
+
+def render_page(data: dict) -> str:
+    """The self-contained HTML page: data as JSON, the page's CSS and JS inlined."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    css = (HERE / "page.css").read_text(encoding="utf-8")
+    js = (HERE / "page.js").read_text(encoding="utf-8")
+    title = str(data.get("title", "head atlas")).replace("<", "&lt;")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{title}</title>\n"
+        f"<style>\n{css}\n</style>\n</head>\n<body>\n"
+        f'<script type="application/json" id="atlas-data">{payload}</script>\n'
+        f"<script>\n{js}\n</script>\n</body>\n</html>\n"
+    )
+
+
+def read_embedded(html: str) -> dict:
+    """The data object embedded in a page (for tests and tools)."""
+    m = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', html, re.S)
+    if not m:
+        raise ValueError("no embedded atlas data in the page")
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def build_page(sources: dict[str, dict], corpus_path: str | None, settings: PageSettings, out) -> tuple[str, dict]:
+    """Read every model's tables (and example maps) named in ``sources`` (model -> atlas,
+    agreement, stores, scores paths; rule atlas_page's params), write the page to ``out``
+    atomically, and return it with the JSON size of each model's part (bytes)."""
+    from ..core.io import atomic_path
+
+    models, sizes = [], {}
+    for model, src in sources.items():
+        atlas = pd.read_csv(src["atlas"], sep="\t")
+        agreement = pd.read_csv(src["agreement"], sep="\t") if src.get("agreement") else None
+        examples = examples_data(src.get("stores") or None, corpus_path, src.get("scores"), atlas, settings)
+        models.append(model_data(model, atlas, agreement, examples))
+        sizes[model] = len(json.dumps(models[-1], separators=(",", ":")))
+    html = render_page(page_data(models, settings))
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(html, encoding="utf-8")
+    return html, sizes

@@ -1,0 +1,397 @@
+"""The interactive atlas page (headatlas.atlas.page, rule atlas_page).
+
+Data building without a browser (values equal the TSV, CIs, ranks, roles, typical sentences,
+example maps equal the store's word-level maps, stores without maps), then the page itself in
+headless Chromium (Debian's ``chromium`` driven by playwright; never a downloaded browser):
+a hand-made run (fast) and the tiny workflow run (slow). The browser tests are skipped only
+when chromium or playwright is absent; screenshots go to ``$HEADATLAS_ARTIFACTS`` (default
+``results/ci-artifacts/atlas_page/`` in the repository).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from headatlas.atlas import page as pg
+from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord, write_records
+from headatlas.core.store import AttentionStore, AttentionWriter, word_level
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+L, H = 2, 3
+WORDS = [
+    ("the", "cat", "sat", "down", "here"),
+    ("a", "dog", "ran"),  # too short for the pool (min_words 4)
+    ("we", "saw", "the", "big", "red", "bus"),
+    ("it", "was", "very", "cold", "today"),
+]
+
+
+def _tokenized(words: tuple[str, ...], index: int) -> TokenizedRecord:
+    """[CLS] words [SEP], the first word split into two pieces."""
+    pieces = ["[CLS]", words[0][:1], "##" + words[0][1:]] + list(words[1:]) + ["[SEP]"]
+    word = [-1, 0, 0] + list(range(1, len(words))) + [-1]
+    special = [SPECIAL_CLS] + [SPECIAL_NONE] * (len(pieces) - 2) + [SPECIAL_SEP]
+    n = len(pieces)
+    return TokenizedRecord(index, tuple(range(n)), tuple(pieces), tuple(word), tuple(special), (0,) * n, len(words))
+
+
+def _maps(rng, n: int) -> np.ndarray:
+    a = rng.random((H, n, n)).astype(np.float32) + 1e-3
+    return a / a.sum(-1, keepdims=True)
+
+
+def _atlas() -> pd.DataFrame:
+    layer, head = np.divmod(np.arange(L * H), H)
+    df = pd.DataFrame({"model": "m", "layer": layer, "head": head, "label": [f"{a + 1}-{b + 1}" for a, b in zip(layer, head)]})
+    df["clark_behaviour"] = ["broad", "next", "other", "prev", "broad", "sep"]
+    df["clark_entropy"] = [1.5, 2.25, np.nan, 0.125, 3.0, 2.0]
+    df["pande_local_effect"] = [2.0, 0.5, 1.5, 0.25, 3.5, 0.75]
+    df["pande_syntactic_effect"] = [1.25, 1.75, 0.5, 2.5, 0.5, 0.125]
+    df["pande_local_sig_faithful"] = [True, False, True, False, True, True]
+    df["pande_syntactic_sig_faithful"] = [True, True, False, True, False, False]
+    df["pande_local_sig_fdr"] = [True, False, False, False, True, False]
+    df["pande_syntactic_sig_fdr"] = [True, True, False, True, False, False]
+    df["pande_local_effect_ci_low"] = df["pande_local_effect"] - 0.125
+    df["pande_local_effect_ci_high"] = df["pande_local_effect"] + 0.25
+    df["kv_group"] = [0, 0, 1, 0, 0, 1]
+    df["detector_score"] = [0.1, -0.2, 0.3, np.nan, 0.05, -0.4]  # an unknown column: generic
+    return df
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A hand-made run: an atlas, agreement table, a store of 4 sentences, its corpus and
+    Pande sentence scores (roles local, syntactic)."""
+    rng = np.random.default_rng(0)
+    records = [Record(id=f"r{i}", words=w, segment=(0,) * len(w)) for i, w in enumerate(WORDS)]
+    corpus = tmp_path / "corpus.jsonl.gz"
+    write_records(records, corpus)
+    tok = [_tokenized(w, i) for i, w in enumerate(WORDS)]
+    maps = [[_maps(rng, len(t)) for t in tok] for _ in range(L)]
+    store = tmp_path / "store"
+    with AttentionWriter(store, tok, [r.id for r in records], L, H, meta={"model": "m", "corpus": "c", "model_kind": "encoder"}) as w:
+        for k in range(len(tok)):
+            for layer in range(L):
+                w.write(k, layer, maps[layer][k])
+    scores = np.zeros((len(WORDS), L, H, 2), np.float32)
+    scores[..., 0] = [[[1, 2, 3], [4, 5, 6]], [[9, 9, 9], [9, 9, 9]], [[3, 1, 1], [1, 1, 9]], [[2, 2, 2], [2, 8, 2]]]
+    scores[..., 1] = np.arange(len(WORDS))[:, None, None][::-1] + np.zeros((len(WORDS), L, H))
+    scores_path = tmp_path / "scores.h5"
+    with h5py.File(scores_path, "w") as f:
+        f["scores"] = scores
+        f["roles"] = np.array(["local", "syntactic"], dtype=object).astype("S")
+        f.create_dataset("record_id", data=np.array([r.id for r in records], dtype=object), dtype=h5py.string_dtype())
+    atlas_path = tmp_path / "atlas.tsv"
+    _atlas().to_csv(atlas_path, sep="\t", index=False, float_format="%.6g")
+    agreement = pd.DataFrame(
+        [{"model": "m", "method_a": "clark_syntax", "method_b": "pande_syntactic", "n_heads": 6, "spearman": 0.5,
+          "ci_low": 0.1, "ci_high": 0.8, "p": 0.3, "top_k": 3, "top_k_overlap": 2, "top_k_jaccard": 0.5, "top_k_chance": 1.5},
+         {"model": "m", "method_a": "clark_syntax", "method_b": "jm_syntactic", "n_heads": 6, "spearman": np.nan,
+          "ci_low": np.nan, "ci_high": np.nan, "p": np.nan, "top_k": 3, "top_k_overlap": 0, "top_k_jaccard": np.nan, "top_k_chance": np.nan}]
+    )  # fmt: skip
+    agreement_path = tmp_path / "agreement.tsv"
+    agreement.to_csv(agreement_path, sep="\t", index=False)
+    return {"atlas": atlas_path, "agreement": agreement_path, "store": store, "corpus": corpus, "scores": scores_path,
+            "maps": maps, "tmp": tmp_path}  # fmt: skip
+
+
+SETTINGS = pg.PageSettings(corpus="c", examples=1, pool=3, min_words=4, max_words=10)
+
+
+def _sources(run, stores=True, scores=True, models=("m",)):
+    return {
+        m: {"atlas": str(run["atlas"]), "agreement": str(run["agreement"]),
+            "stores": [str(run["store"])] if stores else [], "scores": str(run["scores"]) if scores else None}
+        for m in models
+    }  # fmt: skip
+
+
+# --- data building --------------------------------------------------------------------------
+
+
+def test_values_equal_the_tsv(run):
+    atlas = pd.read_csv(run["atlas"], sep="\t")
+    d = pg.model_data("m", atlas, None)
+    assert (d["n_layers"], d["n_heads"]) == (L, H)
+    assert d["labels"] == ["1-1", "1-2", "1-3", "2-1", "2-2", "2-3"]
+    kinds = {c["name"]: c["kind"] for c in d["columns"]}
+    assert kinds["clark_behaviour"] == "text" and kinds["pande_local_sig_fdr"] == "bool"
+    assert kinds["clark_entropy"] == kinds["detector_score"] == kinds["kv_group"] == "number"
+    assert set(kinds) == set(atlas.columns) - {"model", "layer", "head", "label"}
+    for c in kinds:
+        for i, v in enumerate(d["values"][c]):
+            want = atlas[c].iloc[i]
+            if pd.isna(want):
+                assert v is None
+            elif kinds[c] == "bool":
+                assert v is bool(want)
+            else:
+                assert v == want, (c, i)
+    assert d["values"]["clark_entropy"][2] is None and d["values"]["clark_entropy"][3] == 0.125
+
+
+def test_rows_come_in_layer_major_order_whatever_the_tsv_order(run):
+    atlas = pd.read_csv(run["atlas"], sep="\t")
+    d = pg.model_data("m", atlas.iloc[::-1], None)
+    assert d["values"]["pande_local_effect"] == [2.0, 0.5, 1.5, 0.25, 3.5, 0.75]
+    with pytest.raises(ValueError, match="not one per head"):
+        pg.model_data("m", atlas.iloc[1:], None)
+
+
+def test_ci_columns_roles_and_descriptions(run):
+    d = pg.model_data("m", pd.read_csv(run["atlas"], sep="\t"), None)
+    cols = {c["name"]: c for c in d["columns"]}
+    assert cols["pande_local_effect"]["ci"] == ["pande_local_effect_ci_low", "pande_local_effect_ci_high"]
+    assert cols["pande_local_effect_ci_low"]["ci_of"] == "pande_local_effect"
+    assert "ci" not in cols["pande_syntactic_effect"]
+    assert d["roles"] == [
+        {"role": "pande_local", "faithful": "pande_local_sig_faithful", "fdr": "pande_local_sig_fdr"},
+        {"role": "pande_syntactic", "faithful": "pande_syntactic_sig_faithful", "fdr": "pande_syntactic_sig_fdr"},
+    ]
+    assert pg.describe_column("pande_syntactic_nsubj_effect").startswith("Pande sieve effect of role syntactic_nsubj")
+    assert pg.describe_column("probe_syntactic_mean_acc").startswith("Jo & Myaeng mean probing accuracy over the syntactic")
+    assert pg.describe_column("detector_score") == "detector_score"  # unknown: its name
+    assert pg.describe_column("x_ci_high") == "high end of the CI of x"
+
+
+def test_rank_hand_computed():
+    r = pg.rank_desc(np.array([0.5, 2.0, np.nan, 2.0, -1.0]))
+    np.testing.assert_array_equal(r, [3, 1, np.nan, 1, 4])
+
+
+def test_agreement_rows_keep_their_numbers_and_missing_ones_are_null(run):
+    d = pg.model_data("m", pd.read_csv(run["atlas"], sep="\t"), pd.read_csv(run["agreement"], sep="\t"))
+    assert d["agreement"][0]["spearman"] == 0.5 and d["agreement"][0]["top_k_overlap"] == 2
+    assert d["agreement"][1]["spearman"] is None
+    json.dumps(d, allow_nan=False)
+
+
+def test_head_roles_pick_the_strongest_held_role_else_the_strongest():
+    roles = pg.head_roles(_atlas(), ["local", "syntactic"])
+    # 1-1 holds both (effects 2.0, 1.25) -> local; 1-2 holds syntactic; 1-3 holds none: local 1.5 > 0.5
+    assert roles == [("local", True), ("syntactic", True), ("local", False), ("syntactic", True), ("local", True),
+                     ("local", False)]  # fmt: skip
+    assert pg.head_roles(_atlas(), ["block"]) == [(None, False)] * 6
+
+
+def test_typical_sentence_is_the_pool_sentence_with_the_highest_score():
+    scores = np.zeros((3, 1, 2, 2))
+    scores[:, 0, 0, 0] = [1.0, 4.0, 2.0]  # head 1-1, local: pool sentence 1
+    scores[:, 0, 1, 1] = [np.nan, 0.5, 3.0]  # head 1-2, syntactic: sentence 2 (NaN skipped)
+    t = pg.typical_sentences(scores, ["local", "syntactic"], [("local", True), ("syntactic", False)])
+    assert t == [{"role": "local", "held": True, "s": 1, "score": 4.0}, {"role": "syntactic", "held": False, "s": 2, "score": 3.0}]
+    assert pg.typical_sentences(scores, ["local"], [(None, False), ("block", True)]) == [None, None]
+
+
+def test_map_encoding_round_trip():
+    m = np.array([[0.0, 1.0], [0.25, 0.75]])
+    np.testing.assert_allclose(pg.decode_map(pg.encode_map(m), 2), m, atol=0.5 / 255)
+
+
+def test_examples_are_the_stores_word_level_maps_and_the_typical_sentence(run):
+    atlas = pd.read_csv(run["atlas"], sep="\t")
+    ex = pg.examples_data([str(run["store"])], str(run["corpus"]), str(run["scores"]), atlas, SETTINGS)
+    assert ex["note"] == ""
+    # pool: sentences with 4..10 words, in order: records 0, 2, 3 (record 1 has 3 words)
+    assert [s["record_id"] for s in ex["sentences"]] == ["r0", "r2", "r3"]
+    assert ex["sentences"][0]["units"] == ["[CLS]", "the", "cat", "sat", "down", "here", "[SEP]"]
+    # typical, layer-major: role local for 1-1 (scores over the pool 1, 3, 2 -> r2), syntactic for 1-2
+    # (scores 3, 1, 0 -> r0), local (not held) for 1-3 (3, 1, 2 -> r0); 2-2 local (5, 1, 8 -> r3)
+    by_head = [(t["role"], ex["sentences"][t["s"]]["record_id"], t["score"]) for t in ex["typical"]]
+    assert by_head[:3] == [("local", "r2", 3.0), ("syntactic", "r0", 3.0), ("local", "r0", 3.0)]
+    assert by_head[4] == ("local", "r3", 8.0)
+    assert ex["typical"][2]["held"] is False
+    with AttentionStore(run["store"]) as st:
+        for i in range(L * H):
+            layer, h = divmod(i, H)
+            got = {e["s"] for e in ex["maps"][i]}
+            assert got == {0, ex["typical"][i]["s"]}  # one example (the first pool sentence) + typical
+            for e in ex["maps"][i]:
+                k = {"r0": 0, "r2": 2, "r3": 3}[ex["sentences"][e["s"]]["record_id"]]
+                t = st.tokens(k)
+                want = word_level(st.maps(layer, k), t["word"], t["special"])[0][h]
+                np.testing.assert_allclose(pg.decode_map(e["m"], len(want)), want, atol=0.5 / 255 + 1e-6)
+
+
+def test_no_store_no_scores_or_no_maps_give_a_note_not_an_error(run):
+    atlas = pd.read_csv(run["atlas"], sep="\t")
+    ex = pg.examples_data(None, None, None, atlas, SETTINGS)
+    assert ex["sentences"] == [] and "not extracted" in ex["note"]
+    ex = pg.examples_data([str(run["store"])], str(run["corpus"]), None, atlas, SETTINGS)
+    assert len(ex["sentences"]) == 1 and ex["typical"] == [None] * 6 and "no Pande sentence scores" in ex["note"]
+    tok = [_tokenized(w, i) for i, w in enumerate(WORDS)]
+    bare = run["tmp"] / "bare"
+    with AttentionWriter(bare, tok, [f"r{i}" for i in range(4)], L, H, meta={"model": "m", "corpus": "c"}, maps=False):
+        pass
+    ex = pg.examples_data([str(bare)], str(run["corpus"]), str(run["scores"]), atlas, SETTINGS)
+    assert ex["sentences"] == [] and ex["maps"] == [[]] * 6 and "no stored maps" in ex["note"]
+
+
+def test_scores_of_other_sequences_are_refused(run, tmp_path):
+    bad = tmp_path / "bad.h5"
+    shutil.copy(run["scores"], bad)
+    with h5py.File(bad, "a") as f:
+        del f["record_id"]
+        f.create_dataset("record_id", data=np.array(["x", "r1", "r2", "r3"], dtype=object), dtype=h5py.string_dtype())
+    with pytest.raises(ValueError, match="bad.h5: scores sequences differ"):
+        pg.examples_data([str(run["store"])], str(run["corpus"]), str(bad), _atlas(), SETTINGS)
+
+
+def test_page_is_self_contained_and_embeds_the_data(run, tmp_path):
+    out = tmp_path / "index.html"
+    html, sizes = pg.build_page(_sources(run), str(run["corpus"]), SETTINGS, out)
+    assert out.read_text(encoding="utf-8") == html and sizes["m"] > 0
+    assert "<script src" not in html and "<link" not in html and "@import" not in html
+    assert "https://" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    data = pg.read_embedded(html)
+    assert data["models"][0]["values"]["clark_behaviour"][1] == "next"
+    assert data["default_column"] == "pande_syntactic_effect"
+    # a value that closes a script tag stays inside the JSON
+    d = pg.model_data("m", _atlas().assign(clark_behaviour="</script><b>x"), None)
+    html = pg.render_page(pg.page_data([d], SETTINGS))
+    assert html.count("</script>") == 2
+    assert pg.read_embedded(html)["models"][0]["values"]["clark_behaviour"][0] == "</script><b>x"
+
+
+# --- the page in a browser ------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _artifacts() -> Path:
+    d = Path(os.environ.get("HEADATLAS_ARTIFACTS", REPO / "results" / "ci-artifacts")) / "atlas_page"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _shown_equals(text: str, value) -> bool:
+    """The card's text of a value is that value (numbers to 4 significant digits)."""
+    if value is None:
+        return text == "n/a"
+    if isinstance(value, bool):
+        return text == str(value)
+    if isinstance(value, (int, float)):
+        return math.isclose(float(text), value, rel_tol=5e-4, abs_tol=1e-12)
+    return text == str(value)
+
+
+def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> None:
+    """Open the page in headless Chromium and check it against the atlas TSVs (the first model):
+    no console errors, a click opens the card with every value of the TSV, Enter on a focused
+    cell opens it too, the role and threshold filters highlight exactly the heads the TSV says."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install -y chromium); CI installs it in .ci/run")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (dev extra)")
+    model, atlas_path = next(iter(atlas_paths.items()))
+    atlas = pd.read_csv(atlas_path, sep="\t").sort_values(["layer", "head"]).reset_index(drop=True)
+    out = _artifacts()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: errors.append(f"network request {r.url}") if not r.url.startswith(("file:", "data:")) else None)
+        page.goto(html_path.resolve().as_uri())
+        panel = page.locator(f'.panel[data-model="{model}"]')
+        cells = panel.locator(".cell")
+        assert cells.count() == len(atlas)
+        page.screenshot(path=str(out / f"{shots}_grid.png"), full_page=True)
+
+        i = len(atlas) // 2 + 1
+        cells.nth(i).click()
+        card = page.locator("#card")
+        assert card.is_visible()
+        assert f"head {atlas['label'][i]} " in page.locator("#card-title").inner_text()
+        rows = card.locator("tr[data-col]")
+        shown = {rows.nth(j).get_attribute("data-col"): rows.nth(j) for j in range(rows.count())}
+        ci_cols = {c[: -len(s)] for c in atlas.columns for s in pg.CI_SUFFIXES if c.endswith(s)}
+        value_cols = [c for c in atlas.columns if c not in pg.ID_COLUMNS and not c.endswith(pg.CI_SUFFIXES)]
+        assert sorted(shown) == sorted(value_cols)
+        for c in value_cols:
+            cell = shown[c].locator("td.value")
+            got = json.loads(cell.get_attribute("data-value"))
+            want = atlas[c][i]
+            if pd.isna(want):
+                assert got is None, c
+            elif isinstance(got, bool):
+                assert got == (str(want) == "True"), c
+            elif isinstance(want, (float, int, np.number)) and not isinstance(want, (bool, np.bool_)):
+                assert got == float(want), c
+            else:
+                assert got == str(want), c
+            assert _shown_equals(cell.inner_text(), got), (c, cell.inner_text(), got)
+            if c in ci_cols and pd.notna(atlas[c + "_ci_low"][i]):
+                lo, hi = shown[c].locator("td.ci").inner_text().strip("[]").split(", ")
+                assert _shown_equals(lo, float(atlas[c + "_ci_low"][i])) and _shown_equals(hi, float(atlas[c + "_ci_high"][i]))
+        assert card.locator("p.rank").inner_text().startswith("Rank on ")
+        page.screenshot(path=str(out / f"{shots}_card.png"))
+        page.keyboard.press("Escape")
+        assert not card.is_visible()
+
+        cells.nth(0).focus()
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("Enter")
+        assert card.is_visible() and f"head {atlas['label'][1]} " in page.locator("#card-title").inner_text()
+        page.keyboard.press("Escape")
+
+        assert panel.locator(".grid.filtered").count() == 0
+        role_col = next((c for c in atlas.columns if c.endswith("_sig_fdr")), None)
+        if role_col is not None:
+            page.select_option("#role-filter", role_col[: -len("_sig_fdr")])
+            want = int(atlas[role_col].map(lambda v: str(v) == "True").sum())
+            assert panel.locator(".cell.match").count() == want
+            page.select_option("#role-mode", "faithful")
+            faithful = role_col.replace("_sig_fdr", "_sig_faithful")
+            assert panel.locator(".cell.match").count() == int(atlas[faithful].map(lambda v: str(v) == "True").sum())
+            page.screenshot(path=str(out / f"{shots}_filter.png"), full_page=True)
+            page.click("#reset")
+        column = page.locator("#colour-by").input_value()
+        vals = atlas[column].astype(float)
+        t = float(vals.median())
+        page.fill("#threshold", repr(t))
+        assert panel.locator(".grid.filtered").count() == 1
+        assert panel.locator(".cell.match").count() == int((vals >= t).sum()) < len(atlas) or vals.nunique() == 1
+        page.click("#reset")
+        assert panel.locator(".grid.filtered").count() == 0
+        browser.close()
+    assert errors == []
+
+
+def test_page_in_chromium_hand_made_run(run):
+    out = run["tmp"] / "index.html"
+    second = run["tmp"] / "atlas2.tsv"
+    _atlas().drop(columns=["kv_group"]).to_csv(second, sep="\t", index=False)
+    sources = _sources(run)
+    sources["m2"] = dict(sources["m"], atlas=str(second), stores=[], scores=None)
+    pg.build_page(sources, str(run["corpus"]), SETTINGS, out)
+    drive_page(out, {"m": run["atlas"]}, "hand_made")
+
+
+@pytest.mark.slow
+def test_page_in_chromium_tiny_run(tmp_path):
+    """The page of the tiny workflow run (the golden configuration) in headless Chromium."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install -y chromium); CI installs it in .ci/run")
+    sys.path.insert(0, str(HERE))
+    from test_golden import run_tiny
+
+    results = run_tiny(tmp_path)
+    html = results / "atlas" / "index.html"
+    assert html.is_file()
+    data = pg.read_embedded(html.read_text(encoding="utf-8"))
+    models = [m["model"] for m in data["models"]]
+    assert models and all(m["examples"]["sentences"] for m in data["models"]), [m["examples"]["note"] for m in data["models"]]
+    (_artifacts() / "tiny_index.html").write_bytes(html.read_bytes())
+    drive_page(html, {m: results / "atlas" / m / "atlas.tsv" for m in models}, "tiny")
