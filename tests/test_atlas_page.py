@@ -53,7 +53,9 @@ def _maps(rng, n: int) -> np.ndarray:
 
 def _atlas() -> pd.DataFrame:
     layer, head = np.divmod(np.arange(L * H), H)
-    df = pd.DataFrame({"model": "m", "layer": layer, "head": head, "label": [f"{a + 1}-{b + 1}" for a, b in zip(layer, head)]})
+    df = pd.DataFrame(
+        {"model": "m", "layer": layer, "head": head, "label": [f"{a + 1}-{b + 1}" for a, b in zip(layer, head)]}
+    )
     df["clark_behaviour"] = ["broad", "next", "other", "prev", "broad", "sep"]
     df["clark_entropy"] = [1.5, 2.25, np.nan, 0.125, 3.0, 2.0]
     df["pande_local_effect"] = [2.0, 0.5, 1.5, 0.25, 3.5, 0.75]
@@ -80,7 +82,9 @@ def run(tmp_path):
     tok = [_tokenized(w, i) for i, w in enumerate(WORDS)]
     maps = [[_maps(rng, len(t)) for t in tok] for _ in range(L)]
     store = tmp_path / "store"
-    with AttentionWriter(store, tok, [r.id for r in records], L, H, meta={"model": "m", "corpus": "c", "model_kind": "encoder"}) as w:
+    with AttentionWriter(
+        store, tok, [r.id for r in records], L, H, meta={"model": "m", "corpus": "c", "model_kind": "encoder"}
+    ) as w:
         for k in range(len(tok)):
             for layer in range(L):
                 w.write(k, layer, maps[layer][k])
@@ -160,7 +164,9 @@ def test_ci_columns_roles_and_descriptions(run):
         {"role": "pande_syntactic", "faithful": "pande_syntactic_sig_faithful", "fdr": "pande_syntactic_sig_fdr"},
     ]
     assert pg.describe_column("pande_syntactic_nsubj_effect").startswith("Pande sieve effect of role syntactic_nsubj")
-    assert pg.describe_column("probe_syntactic_mean_acc").startswith("Jo & Myaeng mean probing accuracy over the syntactic")
+    assert pg.describe_column("probe_syntactic_mean_acc").startswith(
+        "Jo & Myaeng mean probing accuracy over the syntactic"
+    )
     assert pg.describe_column("detector_score") == "detector_score"  # unknown: its name
     assert pg.describe_column("x_ci_high") == "high end of the CI of x"
 
@@ -190,7 +196,10 @@ def test_typical_sentence_is_the_pool_sentence_with_the_highest_score():
     scores[:, 0, 0, 0] = [1.0, 4.0, 2.0]  # head 1-1, local: pool sentence 1
     scores[:, 0, 1, 1] = [np.nan, 0.5, 3.0]  # head 1-2, syntactic: sentence 2 (NaN skipped)
     t = pg.typical_sentences(scores, ["local", "syntactic"], [("local", True), ("syntactic", False)])
-    assert t == [{"role": "local", "held": True, "s": 1, "score": 4.0}, {"role": "syntactic", "held": False, "s": 2, "score": 3.0}]
+    assert t == [
+        {"role": "local", "held": True, "s": 1, "score": 4.0},
+        {"role": "syntactic", "held": False, "s": 2, "score": 3.0},
+    ]
     assert pg.typical_sentences(scores, ["local"], [(None, False), ("block", True)]) == [None, None]
 
 
@@ -302,7 +311,10 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
         errors = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: errors.append(f"network request {r.url}") if not r.url.startswith(("file:", "data:")) else None)
+        page.on(
+            "request",
+            lambda r: errors.append(f"network request {r.url}") if not r.url.startswith(("file:", "data:")) else None,
+        )
         page.goto(html_path.resolve().as_uri())
         panel = page.locator(f'.panel[data-model="{model}"]')
         cells = panel.locator(".cell")
@@ -334,7 +346,9 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
             assert _shown_equals(cell.inner_text(), got), (c, cell.inner_text(), got)
             if c in ci_cols and pd.notna(atlas[c + "_ci_low"][i]):
                 lo, hi = shown[c].locator("td.ci").inner_text().strip("[]").split(", ")
-                assert _shown_equals(lo, float(atlas[c + "_ci_low"][i])) and _shown_equals(hi, float(atlas[c + "_ci_high"][i]))
+                assert _shown_equals(lo, float(atlas[c + "_ci_low"][i])) and _shown_equals(
+                    hi, float(atlas[c + "_ci_high"][i])
+                )
         assert card.locator("p.rank").inner_text().startswith("Rank on ")
         page.screenshot(path=str(out / f"{shots}_card.png"))
         page.keyboard.press("Escape")
@@ -392,6 +406,8 @@ def test_page_in_chromium_tiny_run(tmp_path):
     assert html.is_file()
     data = pg.read_embedded(html.read_text(encoding="utf-8"))
     models = [m["model"] for m in data["models"]]
-    assert models and all(m["examples"]["sentences"] for m in data["models"]), [m["examples"]["note"] for m in data["models"]]
+    assert models and all(m["examples"]["sentences"] for m in data["models"]), [
+        m["examples"]["note"] for m in data["models"]
+    ]
     (_artifacts() / "tiny_index.html").write_bytes(html.read_bytes())
     drive_page(html, {m: results / "atlas" / m / "atlas.tsv" for m in models}, "tiny")

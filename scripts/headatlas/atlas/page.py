@@ -325,7 +325,7 @@ def examples_data(
                     if s in wanted[i]:
                         maps[i].append({"s": index[s], "m": encode_map(wm[h])})
             out["sentences"].append({"record_id": str(store.record_id[k]), "units": labels})
-        for i, t in enumerate(typical):
+        for t in typical:
             if t is not None:
                 t["s"] = index[t["s"]]
         out["maps"], out["typical"] = maps, typical
@@ -396,8 +396,8 @@ def render_page(data: dict) -> str:
     js = (HERE / "page.js").read_text(encoding="utf-8")
     title = str(data.get("title", "head atlas")).replace("<", "&lt;")
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{title}</title>\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{title}</title>\n'
         f"<style>\n{css}\n</style>\n</head>\n<body>\n"
         f'<script type="application/json" id="atlas-data">{payload}</script>\n'
         f"<script>\n{js}\n</script>\n</body>\n</html>\n"
