@@ -7,7 +7,7 @@
   const MODELS = DATA.models;
   const byName = {};
   MODELS.forEach((m) => { byName[m.model] = m; });
-  const GRID_H = 520, GRID_W = 280;
+  const GRID_H = 480, GRID_W = 280;
   const VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"];
   const DIVERGING = ["#2166ac", "#4393c3", "#92c5de", "#d1e5f0", "#f7f7f7", "#fddbc7", "#f4a582", "#d6604d", "#b2182b"];
   const CATS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
