@@ -183,24 +183,34 @@ def test_agreement_rows_keep_their_numbers_and_missing_ones_are_null(run):
     json.dumps(d, allow_nan=False)
 
 
-def test_head_roles_pick_the_strongest_held_role_else_the_strongest():
+def test_head_roles_put_held_roles_first_then_by_effect():
     roles = pg.head_roles(_atlas(), ["local", "syntactic"])
-    # 1-1 holds both (effects 2.0, 1.25) -> local; 1-2 holds syntactic; 1-3 holds none: local 1.5 > 0.5
-    assert roles == [("local", True), ("syntactic", True), ("local", False), ("syntactic", True), ("local", True),
-                     ("local", False)]  # fmt: skip
-    assert pg.head_roles(_atlas(), ["block"]) == [(None, False)] * 6
+    # 1-1 holds both (effects 2.0, 1.25); 1-2 holds syntactic only; 1-3 holds none (local 1.5 > 0.5)
+    assert roles == [
+        [("local", True), ("syntactic", True)],
+        [("syntactic", True), ("local", False)],
+        [("local", False), ("syntactic", False)],
+        [("syntactic", True), ("local", False)],
+        [("local", True), ("syntactic", False)],
+        [("local", False), ("syntactic", False)],
+    ]
+    assert pg.head_roles(_atlas(), ["block"]) == [[]] * 6
 
 
 def test_typical_sentence_is_the_pool_sentence_with_the_highest_score():
     scores = np.zeros((3, 1, 2, 2))
     scores[:, 0, 0, 0] = [1.0, 4.0, 2.0]  # head 1-1, local: pool sentence 1
     scores[:, 0, 1, 1] = [np.nan, 0.5, 3.0]  # head 1-2, syntactic: sentence 2 (NaN skipped)
-    t = pg.typical_sentences(scores, ["local", "syntactic"], [("local", True), ("syntactic", False)])
+    t = pg.typical_sentences(scores, ["local", "syntactic"], [[("local", True)], [("syntactic", False)]])
     assert t == [
         {"role": "local", "held": True, "s": 1, "score": 4.0},
         {"role": "syntactic", "held": False, "s": 2, "score": 3.0},
     ]
-    assert pg.typical_sentences(scores, ["local"], [(None, False), ("block", True)]) == [None, None]
+    # a held role without any score on the pool (block on single sentences) gives way to the next candidate
+    scores[:, 0, :, 1] = np.nan
+    t = pg.typical_sentences(scores, ["local", "block"], [[("block", True), ("local", False)], [("block", True)]])
+    assert t == [{"role": "local", "held": False, "s": 1, "score": 4.0}, None]
+    assert pg.typical_sentences(scores, ["local"], [[], [("other", True)]]) == [None, None]
 
 
 def test_map_encoding_round_trip():

@@ -323,7 +323,7 @@
       const sent = ex.sentences[mp.s];
       let title = "Example: record " + sent.record_id;
       if (typ && mp.s === typ.s) {
-        title = "Most typical of its role " + typ.role + (typ.held ? "" : " (not significant: its strongest role)") + ": record " + sent.record_id + ", sentence score " + fmt(typ.score);
+        title = "Most typical of its role " + typ.role + (typ.held ? "" : " (not held under FDR: its strongest role with a score)") + ": record " + sent.record_id + ", sentence score " + fmt(typ.score);
       }
       box.appendChild(heatmap(sent, decode(mp.m), title, typ && mp.s === typ.s));
     });

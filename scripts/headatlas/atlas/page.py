@@ -208,49 +208,50 @@ def decode_map(s: str, n: int) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype=np.uint8).reshape(n, n) / 255.0
 
 
-def head_roles(atlas: pd.DataFrame, roles: list[str]) -> list[tuple[str | None, bool]]:
-    """Per atlas row: (role, held). The role is the Pande role the head holds under FDR with the
-    largest effect; a head that holds none gets its largest-effect role, held = False; None when
-    the atlas has no effect for any of ``roles``."""
-    eff_cols = [f"pande_{r}_effect" for r in roles]
-    have = [i for i, c in enumerate(eff_cols) if c in atlas]
+def head_roles(atlas: pd.DataFrame, roles: list[str]) -> list[list[tuple[str, bool]]]:
+    """Per atlas row, the head's candidate roles in order, as (role, held): the Pande roles it
+    holds under FDR by decreasing effect, then the others by decreasing effect (roles without an
+    effect are left out). The first candidate that has a sentence score is the head's role for
+    :func:`typical_sentences`: the held role with the largest effect, or, for a head that holds
+    none, its largest-effect role (held = False)."""
+    have = [r for r in roles if f"pande_{r}_effect" in atlas]
     if not have:
-        return [(None, False)] * len(atlas)
-    eff = np.stack([atlas[eff_cols[i]].to_numpy(float) for i in have], axis=1)
+        return [[] for _ in range(len(atlas))]
+    eff = np.stack([atlas[f"pande_{r}_effect"].to_numpy(float) for r in have], axis=1)
     sig = np.stack(
         [
-            atlas[f"pande_{roles[i]}_sig_fdr"].map(lambda v: str(v) == "True").to_numpy(bool)
-            if f"pande_{roles[i]}_sig_fdr" in atlas
+            atlas[f"pande_{r}_sig_fdr"].map(lambda v: str(v) == "True").to_numpy(bool)
+            if f"pande_{r}_sig_fdr" in atlas
             else np.zeros(len(atlas), bool)
-            for i in have
+            for r in have
         ],
         axis=1,
     )
-    eff = np.where(np.isfinite(eff), eff, -np.inf)
-    held = sig.any(axis=1)
-    pick = np.argmax(np.where(sig, eff, -np.inf), axis=1)
-    pick = np.where(held, pick, np.argmax(eff, axis=1))
-    none = ~np.isfinite(eff.max(axis=1))
-    return [(None, False) if n else (roles[have[p]], bool(h)) for p, h, n in zip(pick, held, none)]
+    key = np.where(np.isfinite(eff), eff, -np.inf)
+    order = np.lexsort((-key, ~sig), axis=1)  # held first, then by decreasing effect
+    return [[(have[j], bool(sig[i, j])) for j in order[i] if np.isfinite(eff[i, j])] for i in range(len(atlas))]
 
 
-def typical_sentences(scores: np.ndarray, roles: list[str], head_role: list[tuple[str | None, bool]]) -> list[dict]:
+def typical_sentences(scores: np.ndarray, roles: list[str], candidates: list[list[tuple[str, bool]]]) -> list[dict]:
     """Per head (layer-major), the pool sentence where it is most typical of its role: the one
     with the highest Pande sentence score (attention on the role's sieve keys relative to
-    uniform, 1 = uniform) for that role. ``scores`` [P, L, H, R] are the pool's sentence scores.
-    Returns dicts (role, held, pool index ``s``, score) or None where no score exists."""
+    uniform, 1 = uniform) for its first candidate role (:func:`head_roles`) that has a score on
+    some pool sentence (a role can have none, e.g. block on a corpus without sentence pairs).
+    ``scores`` [P, L, H, R] are the pool's sentence scores. Returns dicts (role, held, pool
+    index ``s``, score), or None where no candidate has a score."""
     P, L, H, _ = scores.shape
     out = []
-    for i, (role, held) in enumerate(head_role):
-        if role is None or role not in roles or P == 0:
-            out.append(None)
-            continue
-        col = scores[:, i // H, i % H, roles.index(role)]
-        if not np.isfinite(col).any():
-            out.append(None)
-            continue
-        s = int(np.nanargmax(col))
-        out.append({"role": role, "held": held, "s": s, "score": round(float(col[s]), 4)})
+    for i, cands in enumerate(candidates):
+        pick = None
+        for role, held in cands:
+            if role not in roles or P == 0:
+                continue
+            col = scores[:, i // H, i % H, roles.index(role)]
+            if np.isfinite(col).any():
+                s = int(np.nanargmax(col))
+                pick = {"role": role, "held": held, "s": s, "score": round(float(col[s]), 4)}
+                break
+        out.append(pick)
     return out
 
 
@@ -367,10 +368,10 @@ def model_data(
 
 
 TYPICAL_DEFINITION = (
-    "A head's role is the Pande role it holds under FDR with the largest effect (a head holding none: its "
-    "largest-effect role, marked not significant). Its typical sentence is the one of the sampled sentences "
-    "with stored maps where its Pande sentence score for that role (attention on the role's keys relative to "
-    "uniform attention, 1 = uniform) is highest."
+    "A head's role is the Pande role it holds under FDR with the largest effect among those scored on these "
+    "sentences (block needs sentence pairs); a head holding none gets its largest-effect role, marked not held. "
+    "Its typical sentence is the one of the sampled sentences with stored maps where its Pande sentence score for "
+    "that role (attention on the role's keys relative to uniform attention, 1 = uniform) is highest."
 )
 
 
