@@ -367,7 +367,8 @@
     const ctl = document.getElementById("controls");
     const selA = el("select", { id: "model-a" }, MODELS.map((m) => option(m.model, m.model, m.model === state.a)));
     const selB = el("select", { id: "model-b" }, [option("", "(none)", state.b === "")].concat(MODELS.map((m) => option(m.model, m.model, m.model === state.b))));
-    const cols = allColumns().filter((c) => c.kind !== "text" || c.name !== "model");
+    const cols = allColumns();
+    if (!state.column && cols.length) state.column = (cols.find((c) => c.kind === "number") || cols[0]).name;
     const groups = {};
     cols.forEach((c) => { const g = group(c.name); (groups[g] = groups[g] || []).push(c); });
     const selC = el("select", { id: "colour-by" }, Object.keys(groups).map((g) => el("optgroup", { label: g }, groups[g].map((c) => option(c.name, c.name, c.name === state.column)))));
