@@ -37,6 +37,7 @@ import pandas as pd
 
 from ..core.data import Record
 from ..core.figures import head_label
+from ..core.progress import progress
 from ..core.store import AttentionStore
 from .syntax import WordMaps, iter_word_maps, sentence_ci, word_block
 
@@ -384,7 +385,8 @@ def run_coref(
         items = chain.from_iterable(
             store_items(stores[s], records, s, settings.word_mode) for s, (_, records) in splits.items()
         )
-        res = collect(items, first.n_layers, first.n_heads)
+        n_docs = sum(len(st) for st in stores.values())
+        res = collect(progress(items, f"coreference {model}", n_docs, "documents"), first.n_layers, first.n_heads)
         kept = {s: int(sum(st.n_words)) for s, st in stores.items()}
     finally:
         for st in stores.values():

@@ -34,6 +34,7 @@ import pandas as pd
 from ..core.bootstrap import bootstrap_ci
 from ..core.data import SPECIAL_NONE, Record
 from ..core.figures import head_label
+from ..core.progress import progress
 from ..core.store import AttentionStore, budget_runs
 from ..core.store import word_level as store_word_level
 
@@ -293,7 +294,12 @@ def store_correctness(
     s = settings
     items = (
         (wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]))
-        for wm in iter_word_maps(store, s.word_mode, chunk)
+        for wm in progress(
+            iter_word_maps(store, s.word_mode, chunk),
+            f"syntax heads {store.meta.get('model', '')}",
+            len(store),
+            "sentences",
+        )
     )
     return collect_correctness(items, store.n_layers, store.n_heads, s.offsets, s.poss_rule)
 

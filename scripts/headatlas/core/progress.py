@@ -92,7 +92,8 @@ class Progress:
         self.log.info("%s", self.line())
 
     def update(self, n: float = 1) -> None:
-        """Add ``n`` units done; report if ``every`` seconds passed since the last report."""
+        """Add ``n`` units done; report if ``every`` seconds passed since the last report, and
+        the final line once ``total`` is reached."""
         self.done += float(n)
         now = self.clock()
         if now - self.last_log >= self.every:
@@ -101,6 +102,8 @@ class Progress:
         if self.bar and now - self.last_bar >= BAR_EVERY:
             self.last_bar = now
             self._draw()
+        if self.total is not None and self.done >= self.total:
+            self.close()
 
     def iter(self, items: Iterable[T], weight: Callable[[T], float] | None = None) -> Iterator[T]:
         """Yield ``items``, counting each as ``weight(item)`` units (1 without ``weight``) once the

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..core.progress import Progress
 from .probes import SPLITS, ProbeConfig, pair_features, relatedness_targets, train_probes
 
 log = logging.getLogger("headatlas.jomyaeng.analysis")
@@ -210,11 +211,15 @@ def probe_task(
         chance = 0.0
     base = dict(model=model, task=task, metric=data.metric, **counts, chance=chance)
     rows = []
+    sizes = curve_sizes(n_curve, n_top, L * H)
+    done = Progress(L * H * (1 + (data.control is not None)) + L + len(sizes), f"probes {model} {task}", "probes")
 
     res = train_probes(_split(flat, data, 1), y, cfg, n_classes, data.values)
+    done.update(L * H)
     ctrl = None
     if data.control is not None:
         ctrl = train_probes(_split(flat, data, 1), _labels(data.control, data), cfg, data.n_control)
+        done.update(L * H)
     for p in range(L * H):
         c_dev = ctrl.dev[p] if ctrl is not None else np.nan
         c_test = ctrl.test[p] if ctrl is not None else np.nan
@@ -225,6 +230,7 @@ def probe_task(
         )  # fmt: skip
 
     lay = train_probes(_split(layers, data, 1), y, cfg, n_classes, data.values)
+    done.update(L)
     for layer in range(L):
         rows.append(
             dict(
@@ -241,7 +247,7 @@ def probe_task(
         )
 
     order = rank_heads(res.dev)
-    for n in curve_sizes(n_curve, n_top, L * H):
+    for n in done.iter(sizes):
         top = top_n_features(flat, order, n)
         r = train_probes(_split(top, data, 0), y, cfg, n_classes, data.values)
         rows.append(
