@@ -46,7 +46,7 @@ log = logging.getLogger("headatlas.clark.coref")
 TYPES = ("pronoun", "proper", "nominal")
 BASELINES = ("Nearest", "Head match", "Rule-based")
 
-# Clark et al. 2019 Table 2 (CoNLL-2012, documents truncated to 128 tokens).
+# Clark et al. 2019 Table 2 (CoNLL-2012, documents truncated to 128 tokens), as printed in %.
 PAPER_TABLE2 = pd.DataFrame(
     [
         ("Nearest", 27, 29, 29, 19),
@@ -57,6 +57,9 @@ PAPER_TABLE2 = pd.DataFrame(
     ],
     columns=["system", "paper_all", "paper_pronoun", "paper_proper", "paper_nominal"],
 )
+# the paper prints percentages; every accuracy column here is a fraction in [0, 1]
+_PAPER_COLS = ["paper_all", "paper_pronoun", "paper_proper", "paper_nominal"]
+PAPER_TABLE2[_PAPER_COLS] = (PAPER_TABLE2[_PAPER_COLS] / 100).round(4)
 
 # person, number, gender of pronouns whose FEATS may be empty
 PRONOUNS = {

@@ -77,7 +77,8 @@ RELATION_MAP = pd.DataFrame(
     columns=["paper_relation", "relation", "correspondence", "note"],
 )
 
-# Clark et al. 2019 Table 1 (BERT-base, PTB dev): head 1-based "layer-head", accuracy, best offset baseline.
+# Clark et al. 2019 Table 1 (BERT-base, PTB dev): head 1-based "layer-head", accuracy, best offset baseline
+# (as printed, in %; converted to fractions below).
 PAPER_TABLE1 = pd.DataFrame(
     [
         ("All", "7-6", 34.5, 26.3, "1"),
@@ -98,6 +99,8 @@ PAPER_TABLE1 = pd.DataFrame(
     ],
     columns=["paper_relation", "paper_head", "paper_accuracy", "paper_baseline", "paper_offset"],
 )
+# the paper prints percentages; every accuracy column here is a fraction in [0, 1]
+PAPER_TABLE1[["paper_accuracy", "paper_baseline"]] = (PAPER_TABLE1[["paper_accuracy", "paper_baseline"]] / 100).round(4)
 
 
 @dataclass(frozen=True)
