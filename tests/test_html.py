@@ -45,3 +45,10 @@ def test_write_table_html_keeps_the_tsv_text(tmp_path):
     assert "<td>4-2</td>" in page
     assert "2 rows, 5 columns" in page
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_an_empty_tsv_is_an_empty_page(tmp_path):
+    tsv = tmp_path / "empty.tsv"
+    tsv.write_text("")
+    write_table_html(tsv, tmp_path / "empty.html")
+    assert "0 rows, 0 columns" in (tmp_path / "empty.html").read_text()

@@ -117,7 +117,10 @@ def write_table_html(tsv: str | Path, out: str | Path, title: str | None = None)
     tsv = Path(tsv)
     raw = tsv.read_bytes()
     # cells keep the TSV's text; columns that parse as numbers sort and align as numbers
-    df = pd.read_csv(tsv, sep="\t", keep_default_na=False, na_values=[""], dtype=str)
+    try:
+        df = pd.read_csv(tsv, sep="\t", keep_default_na=False, na_values=[""], dtype=str)
+    except pd.errors.EmptyDataError:  # an empty table (no columns) is an empty page
+        df = pd.DataFrame()
     with atomic_path(out) as tmp:
         Path(tmp).write_text(table_html(df, title or tsv.stem, tsv.name, raw), encoding="utf-8")
 
