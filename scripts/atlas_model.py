@@ -8,6 +8,7 @@ import pandas as pd  # noqa: E402
 
 from headatlas.atlas import analysis as at  # noqa: E402
 from headatlas.atlas.figures import agreement_figure, atlas_grid  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
@@ -31,3 +32,4 @@ log.info(
     t["atlas"].shape[1],
     t["agreement"].to_string(index=False),
 )
+write_tables_html(sm)  # the HTML page of each reported TSV

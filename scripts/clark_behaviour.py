@@ -7,6 +7,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 import pandas as pd  # noqa: E402
 
 from headatlas.clark.surface import SurfaceSettings, behaviour_table  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
@@ -16,3 +17,4 @@ table = behaviour_table(pd.read_csv(sm.input[0], sep="\t"), SurfaceSettings.from
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 log.info("labels: %s", table["label"].value_counts().to_dict())
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -10,6 +10,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.clark.gradients import gradient_table  # noqa: E402
 from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
@@ -32,3 +33,4 @@ table = gradient_table(
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 log.info("status %s, %.1f s", table["status"].iloc[0], time.time() - t0)
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -7,6 +7,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 import pandas as pd  # noqa: E402
 
 from headatlas.clark.surface import SurfaceSettings, clark_headlines  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
@@ -20,3 +21,4 @@ table.insert(0, "model", sm.wildcards.model)
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
 log.info("%s", table[["claim", "measured", "holds"]].to_string())
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -10,6 +10,7 @@ from headatlas.clark.clustering import mds_tables  # noqa: E402
 from headatlas.clark.figures import fig6_mds  # noqa: E402
 from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
@@ -32,3 +33,4 @@ log.info(
     stats["p_value"],
     layers["mds_stress"].iloc[0],
 )
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -7,6 +7,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.clark.syntax import HeadSettings, store_correctness, syntax_tables  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import as_dirs as dirs  # noqa: E402
 from headatlas.core.runner import setup
@@ -37,3 +38,4 @@ for key, frame in outputs.items():
     with atomic_path(sm.output[key]) as tmp:
         frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 log.info("best heads:\n%s", outputs["relations"].to_string(index=False))
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -9,6 +9,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.clark.parsing_probe import table3  # noqa: E402
 from headatlas.clark.syntax_figures import plot_table3  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 
@@ -22,3 +23,4 @@ with atomic_path(sm.output.table) as tmp:
     t.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 save_figure(plot_table3(t, model), sm.output.png, sm.output.svg)
 log.info("table 3:\n%s", t.to_string(index=False))
+write_tables_html(sm)  # the HTML page of each reported TSV

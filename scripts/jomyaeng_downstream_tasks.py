@@ -5,6 +5,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import write_records  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream  # noqa: E402
@@ -20,3 +21,4 @@ with atomic_path(sm.output.table) as tmp:
 with atomic_path(sm.output.stats) as tmp:
     downstream_stats(table).to_csv(tmp, sep="\t", index=False, float_format="%.4f")
 log.info("%d items over %d tasks, %d distinct sentences", len(table), len(specs), len(records))
+write_tables_html(sm)  # the HTML page of each reported TSV

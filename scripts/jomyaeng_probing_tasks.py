@@ -5,6 +5,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import write_records  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.jomyaeng.probing_tasks import GeneratorConfig, generate, load_sources, task_stats  # noqa: E402
@@ -29,3 +30,4 @@ log.info(
     len(records),
     sum(len(r.words) for r in records),
 )
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -6,6 +6,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.jomyaeng.analysis import with_paper  # noqa: E402
@@ -16,3 +17,4 @@ summary = with_paper(pd.concat([pd.read_csv(p, sep="\t") for p in sm.input], ign
 with atomic_path(sm.output[0]) as tmp:
     summary.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
 log.info("%d rows", len(summary))
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -6,6 +6,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 import pandas as pd  # noqa: E402
 
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.jomyaeng.analysis import TopNSettings, model_tables  # noqa: E402
@@ -25,3 +26,4 @@ log.info(
     heads["head"].max() + 1,
     tables["summary"]["task"].nunique(),
 )
+write_tables_html(sm)  # the HTML page of each reported TSV

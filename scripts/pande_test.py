@@ -5,6 +5,7 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.pande.analysis import model_table, write_table  # noqa: E402
@@ -17,3 +18,4 @@ table, by_corpus = model_table(list(sm.input), sm.wildcards.model, settings, thr
 with atomic_path(sm.output.heads) as tmp, atomic_path(sm.output.by_corpus) as tmp2:
     write_table(table, tmp)
     write_table(by_corpus, tmp2)
+write_tables_html(sm)  # the HTML page of each reported TSV

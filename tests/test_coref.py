@@ -113,7 +113,7 @@ def test_gold_head_is_perfect_and_nearest_head_matches_nearest_baseline():
     t = t.set_index("system")
     assert t.loc["Best head", "all"] == 1.0 and t.loc["Best head", "label"] == "1-1"
     assert t.loc["Nearest", "all"] == pytest.approx(1 / 3)
-    assert t.loc["Best head", "paper_all"] == 65
+    assert t.loc["Best head", "paper_all"] == 0.65
     assert t.loc["Best head", "pronoun"] == 1.0 and np.isnan(t.loc["Best head", "proper"])
 
 

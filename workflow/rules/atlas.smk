@@ -5,36 +5,44 @@ rule atlas:
     input:
         unpack(atlas_inputs),
     output:
-        atlas=report(
-            "results/atlas/{model}/atlas.tsv",
+        atlas="results/atlas/{model}/atlas.tsv",
+        atlas_html=report(
+            "results/atlas/{model}/atlas.html",
             caption="../report/atlas_table.rst",
             category="Head atlas",
             subcategory="{model}",
+            labels={"item": "Atlas: one row per head, every analysis (table)"},
         ),
         grid=report(
             "results/atlas/{model}/atlas.png",
             caption="../report/atlas_grid.rst",
             category="Head atlas",
             subcategory="{model}",
+            labels={"item": "Atlas grid: every head, layers x heads"},
         ),
         grid_svg="results/atlas/{model}/atlas.svg",
-        agreement=report(
-            "results/atlas/{model}/agreement.tsv",
+        agreement="results/atlas/{model}/agreement.tsv",
+        agreement_html=report(
+            "results/atlas/{model}/agreement.html",
             caption="../report/atlas_agreement_table.rst",
             category="Head atlas",
             subcategory="{model}",
+            labels={"item": "Agreement between the methods (table)"},
         ),
-        relations=report(
-            "results/atlas/{model}/relation_heads.tsv",
+        relations="results/atlas/{model}/relation_heads.tsv",
+        relations_html=report(
+            "results/atlas/{model}/relation_heads.html",
             caption="../report/atlas_relation_heads.rst",
             category="Head atlas",
             subcategory="{model}",
+            labels={"item": "Clark's and Pande's heads per relation (table)"},
         ),
         agreement_png=report(
             "results/atlas/{model}/agreement.png",
             caption="../report/atlas_agreement.rst",
             category="Head atlas",
             subcategory="{model}",
+            labels={"item": "Agreement between the methods"},
         ),
         agreement_svg="results/atlas/{model}/agreement.svg",
         profile="results/atlas/{model}/profile.tsv",
@@ -62,6 +70,7 @@ rule atlas_cross_model:
             caption="../report/atlas_cross_pande.rst",
             category="Head atlas",
             subcategory="all models",
+            labels={"item": "Pande roles per layer, every model"},
         ),
         pande_svg="results/atlas/cross_model_pande.svg",
         clark=report(
@@ -69,6 +78,7 @@ rule atlas_cross_model:
             caption="../report/atlas_cross_clark.rst",
             category="Head atlas",
             subcategory="all models",
+            labels={"item": "Clark behaviours per layer, every model"},
         ),
         clark_svg="results/atlas/cross_model_clark.svg",
         probing=report(
@@ -76,6 +86,7 @@ rule atlas_cross_model:
             caption="../report/atlas_cross_probing.rst",
             category="Head atlas",
             subcategory="all models",
+            labels={"item": "Jo & Myaeng probing per layer, every model"},
         ),
         probing_svg="results/atlas/cross_model_probing.svg",
     log:

@@ -37,12 +37,13 @@ rule clark_surface_stats:
     input:
         lambda wc: shard_dirs(wc.model, wc.corpus),
     output:
-        report(
-            "results/clark/{model}/{corpus}/surface.tsv",
+        "results/clark/{model}/{corpus}/surface.tsv",
+        html=report(
+            "results/clark/{model}/{corpus}/surface.html",
             caption="../report/clark_surface.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "surface statistics (table)", "corpus": "{corpus}"},
+            labels={"item": "Sec. 3 surface statistics per head ({corpus}; table)"},
         ),
     log:
         "logs/clark_surface_stats/{model}/{corpus}.log",
@@ -62,12 +63,13 @@ rule clark_behaviour:
     input:
         "results/clark/{model}/{corpus}/surface.tsv",
     output:
-        report(
-            "results/clark/{model}/{corpus}/behaviour.tsv",
+        "results/clark/{model}/{corpus}/behaviour.tsv",
+        html=report(
+            "results/clark/{model}/{corpus}/behaviour.html",
             caption="../report/clark_behaviour.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "behaviour labels (table)", "corpus": "{corpus}"},
+            labels={"item": "Fig. 6 behaviour label per head ({corpus}; table)"},
         ),
     log:
         "logs/clark_behaviour/{model}/{corpus}.log",
@@ -92,7 +94,9 @@ rule clark_surface_figures:
             caption="../report/clark_fig2.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "Fig. 2 surface patterns", "corpus": "{corpus}"},
+            labels={
+                "item": "Fig. 2 attention to special tokens and offsets ({corpus})"
+            },
         ),
         fig2_svg="results/clark/{model}/{corpus}/fig2_surface.svg",
         fig4=report(
@@ -100,7 +104,7 @@ rule clark_surface_figures:
             caption="../report/clark_fig4.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "Fig. 4 entropy", "corpus": "{corpus}"},
+            labels={"item": "Fig. 4 attention entropy ({corpus})"},
         ),
         fig4_svg="results/clark/{model}/{corpus}/fig4_entropy.svg",
     log:
@@ -122,15 +126,13 @@ rule clark_gradients:
         corpus="results/corpora/{corpus}.jsonl.gz",
         model=model_cache,
     output:
-        report(
-            "results/clark/{model}/{corpus}/gradients.tsv",
+        "results/clark/{model}/{corpus}/gradients.tsv",
+        html=report(
+            "results/clark/{model}/{corpus}/gradients.html",
             caption="../report/clark_gradients.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={
-                "figure": "Fig. 3 gradient importance (table)",
-                "corpus": "{corpus}",
-            },
+            labels={"item": "Fig. 3 gradient importance ({corpus}; table)"},
         ),
     log:
         "logs/clark_gradients/{model}/{corpus}.log",
@@ -158,7 +160,7 @@ rule clark_gradient_figure:
             caption="../report/clark_gradients.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "Fig. 3 gradient importance", "corpus": "{corpus}"},
+            labels={"item": "Fig. 3 gradient importance ({corpus})"},
         ),
         svg="results/clark/{model}/{corpus}/fig3_gradients.svg",
     log:
@@ -202,21 +204,22 @@ rule clark_mds:
         distances="results/clark/{model}/{corpus}/js_distance.tsv",
         behaviour="results/clark/{model}/{corpus}/behaviour.tsv",
     output:
-        heads=report(
-            "results/clark/{model}/{corpus}/mds.tsv",
+        heads="results/clark/{model}/{corpus}/mds.tsv",
+        heads_html=report(
+            "results/clark/{model}/{corpus}/mds.html",
             caption="../report/clark_mds.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "Fig. 6 MDS coordinates (table)", "corpus": "{corpus}"},
+            labels={"item": "Fig. 6 MDS coordinates per head ({corpus}; table)"},
         ),
-        layers=report(
-            "results/clark/{model}/{corpus}/layer_clustering.tsv",
+        layers="results/clark/{model}/{corpus}/layer_clustering.tsv",
+        layers_html=report(
+            "results/clark/{model}/{corpus}/layer_clustering.html",
             caption="../report/clark_mds.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
             labels={
-                "figure": "within vs between layer distance",
-                "corpus": "{corpus}",
+                "item": "Fig. 6 within- vs between-layer distance ({corpus}; table)"
             },
         ),
         png=report(
@@ -224,7 +227,7 @@ rule clark_mds:
             caption="../report/clark_mds.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "Fig. 6 MDS of heads", "corpus": "{corpus}"},
+            labels={"item": "Fig. 6 MDS of heads ({corpus})"},
         ),
         svg="results/clark/{model}/{corpus}/fig6_mds.svg",
     log:
@@ -263,7 +266,7 @@ rule clark_examples:
             caption="../report/clark_examples.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={"figure": "Fig. 1 example heads", "corpus": "{corpus}"},
+            labels={"item": "Fig. 1 example heads ({corpus})"},
         ),
         svg="results/clark/{model}/{corpus}/fig1_examples.svg",
     log:
@@ -286,15 +289,13 @@ rule clark_headlines:
         layers="results/clark/{model}/{corpus}/layer_clustering.tsv",
         gradients="results/clark/{model}/{corpus}/gradients.tsv",
     output:
-        report(
-            "results/clark/{model}/{corpus}/headlines.tsv",
+        "results/clark/{model}/{corpus}/headlines.tsv",
+        html=report(
+            "results/clark/{model}/{corpus}/headlines.html",
             caption="../report/clark_headlines.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
-            labels={
-                "figure": "claims of the paper vs this model",
-                "corpus": "{corpus}",
-            },
+            labels={"item": "Claims of the paper vs this model ({corpus}; table)"},
         ),
     log:
         "logs/clark_headlines/{model}/{corpus}.log",

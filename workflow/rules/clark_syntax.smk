@@ -6,11 +6,13 @@ register_targets("clark_syntax", clark_targets)
 
 rule clark_syntax_relation_map:
     output:
-        report(
-            "results/clark/relation_map.tsv",
+        "results/clark/relation_map.tsv",
+        html=report(
+            "results/clark/relation_map.html",
             caption="../report/clark_syntax_relation_map.rst",
             category="Clark et al. 2019",
-            subcategory="Table 1",
+            subcategory="all models",
+            labels={"item": "Table 1 relations: Stanford Dependencies to UD (table)"},
         ),
     log:
         "logs/clark_syntax_relation_map.log",
@@ -31,11 +33,13 @@ rule clark_syntax_heads:
         heads="results/clark/{model}/syntax/heads.tsv",
         baselines="results/clark/{model}/syntax/baselines.tsv",
         relations="results/clark/{model}/syntax/relations.tsv",
-        table1=report(
-            "results/clark/{model}/syntax/table1.tsv",
+        table1="results/clark/{model}/syntax/table1.tsv",
+        table1_html=report(
+            "results/clark/{model}/syntax/table1.html",
             caption="../report/clark_syntax_table1.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={"item": "Table 1 best head per relation (EWT; table)"},
         ),
     log:
         "logs/clark_syntax_heads/{model}.log",
@@ -69,11 +73,13 @@ rule clark_syntax_coref:
         heads="results/clark/{model}/coref/heads.tsv",
         baselines="results/clark/{model}/coref/baselines.tsv",
         anaphors="results/clark/{model}/coref/anaphors.tsv",
-        table2=report(
-            "results/clark/{model}/coref/table2.tsv",
+        table2="results/clark/{model}/coref/table2.tsv",
+        table2_html=report(
+            "results/clark/{model}/coref/table2.html",
             caption="../report/clark_syntax_table2.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={"item": "Table 2 coreference (OntoGUM; table)"},
         ),
     log:
         "logs/clark_syntax_coref/{model}.log",
@@ -121,17 +127,20 @@ rule clark_syntax_table3:
     input:
         unpack(clark_table3_inputs),
     output:
-        table=report(
-            "results/clark/{model}/probes/table3.tsv",
+        table="results/clark/{model}/probes/table3.tsv",
+        table_html=report(
+            "results/clark/{model}/probes/table3.html",
             caption="../report/clark_syntax_table3.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={"item": "Table 3 attention-based parsing probes (EWT; table)"},
         ),
         png=report(
             "results/clark/{model}/probes/table3.png",
             caption="../report/clark_syntax_table3.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={"item": "Table 3 attention-based parsing probes (EWT)"},
         ),
         svg="results/clark/{model}/probes/table3.svg",
     log:
@@ -160,6 +169,7 @@ rule clark_syntax_figures:
             caption="../report/clark_syntax_table1.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={"item": "Table 1 best head per relation (EWT)"},
         ),
         table1_svg="results/clark/{model}/syntax/table1.svg",
         heads=report(
@@ -167,6 +177,9 @@ rule clark_syntax_figures:
             caption="../report/clark_syntax_heads.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={
+                "item": "Table 1 accuracy of every head per relation, layers x heads (EWT)"
+            },
         ),
         heads_svg="results/clark/{model}/syntax/heads.svg",
         table2=report(
@@ -174,6 +187,7 @@ rule clark_syntax_figures:
             caption="../report/clark_syntax_table2.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={"item": "Table 2 coreference (OntoGUM)"},
         ),
         table2_svg="results/clark/{model}/coref/table2.svg",
         coref_heads=report(
@@ -181,6 +195,9 @@ rule clark_syntax_figures:
             caption="../report/clark_syntax_coref_heads.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={
+                "item": "Table 2 coreference accuracy of every head, layers x heads (OntoGUM)"
+            },
         ),
         coref_heads_svg="results/clark/{model}/coref/heads.svg",
     log:
@@ -216,6 +233,7 @@ rule clark_syntax_examples:
             caption="../report/clark_syntax_examples.rst",
             category="Clark et al. 2019",
             subcategory="{model}",
+            labels={"item": "Fig. 5 example syntactic and coreference heads"},
         ),
         svg="results/clark/{model}/examples/fig5.svg",
     log:

@@ -6,16 +6,17 @@ JM_FILES = {JM["probing_corpus"]: "results/probing/sentences.jsonl.gz"}
 if JM_DOWNSTREAM:
     JM_FILES[JM["downstream_corpus"]] = "results/probing/downstream_sentences.jsonl.gz"
 JM_MODELS = analysis_models("jomyaeng")
-JM_FIGURES = [
-    "heatmap_sorted",
-    "heatmap_unsorted",
-    "heatmap_selectivity",
-    "task_correlation",
-    "categories",
-    "focused",
-    "topn_curve",
-    "layer_profile",
-]
+# figure -> its label in the report
+JM_FIGURES = {
+    "heatmap_sorted": "Fig. 2-4 per-head accuracy, heads sorted within each layer",
+    "heatmap_unsorted": "Per-head accuracy, layers x heads",
+    "heatmap_selectivity": "Per-head selectivity against a control task, layers x heads",
+    "task_correlation": "Fig. 5a correlation between tasks across heads",
+    "categories": "Fig. 5b surface, syntactic and semantic score per head",
+    "focused": "Focused vs distributed information per task",
+    "topn_curve": "Fig. 6 top-n heads against the best layer",
+    "layer_profile": "Where each task's information sits, per layer",
+}
 
 if analysis_active("jomyaeng"):
     for _corpus, _path in JM_FILES.items():
@@ -45,11 +46,13 @@ rule jomyaeng_probing_tasks:
     output:
         sentences="results/probing/sentences.jsonl.gz",
         table="results/probing/tasks.tsv.gz",
-        stats=report(
-            "results/probing/task_stats.tsv",
+        stats="results/probing/task_stats.tsv",
+        stats_html=report(
+            "results/probing/task_stats.html",
             caption="../report/jomyaeng_tasks.rst",
             category="Jo & Myaeng probing",
             subcategory="Task data",
+            labels={"item": "Probing tasks: sizes and labels (table)"},
         ),
     log:
         "logs/jomyaeng/probing_tasks.log",
@@ -72,11 +75,13 @@ rule jomyaeng_downstream_tasks:
     output:
         sentences="results/probing/downstream_sentences.jsonl.gz",
         table="results/probing/downstream_tasks.tsv.gz",
-        stats=report(
-            "results/probing/downstream_stats.tsv",
+        stats="results/probing/downstream_stats.tsv",
+        stats_html=report(
+            "results/probing/downstream_stats.html",
             caption="../report/jomyaeng_tasks.rst",
             category="Jo & Myaeng probing",
             subcategory="Task data",
+            labels={"item": "Downstream tasks: sizes and labels (table)"},
         ),
     log:
         "logs/jomyaeng/downstream_tasks.log",
@@ -130,19 +135,23 @@ rule jomyaeng_tables:
     input:
         expand("results/jomyaeng/{{model}}/tasks/{task}.tsv", task=JM_TASKS),
     output:
-        heads=report(
-            "results/jomyaeng/{model}/heads.tsv",
+        heads="results/jomyaeng/{model}/heads.tsv",
+        heads_html=report(
+            "results/jomyaeng/{model}/heads.html",
             caption="../report/jomyaeng_heads.rst",
             category="Jo & Myaeng probing",
             subcategory="{model}",
+            labels={"item": "Per-head probe accuracy and selectivity (table)"},
         ),
         layers="results/jomyaeng/{model}/layers.tsv",
         topn="results/jomyaeng/{model}/topn.tsv",
-        summary=report(
-            "results/jomyaeng/{model}/summary.tsv",
+        summary="results/jomyaeng/{model}/summary.tsv",
+        summary_html=report(
+            "results/jomyaeng/{model}/summary.html",
             caption="../report/jomyaeng_summary.rst",
             category="Jo & Myaeng probing",
             subcategory="{model}",
+            labels={"item": "Summary per task against the paper (table)"},
         ),
     log:
         "logs/jomyaeng/tables/{model}.log",
@@ -171,8 +180,9 @@ rule jomyaeng_figures:
                 caption=f"../report/jomyaeng_{f}.rst",
                 category="Jo & Myaeng probing",
                 subcategory="{model}",
+                labels={"item": label},
             )
-            for f in JM_FIGURES
+            for f, label in JM_FIGURES.items()
         },
         **{f"{f}_svg": f"results/jomyaeng/{{model}}/{f}.svg" for f in JM_FIGURES},
     log:
@@ -194,11 +204,13 @@ rule jomyaeng_summary:
     input:
         expand("results/jomyaeng/{model}/summary.tsv", model=JM_MODELS),
     output:
-        report(
-            "results/jomyaeng/summary.tsv",
+        "results/jomyaeng/summary.tsv",
+        html=report(
+            "results/jomyaeng/summary.html",
             caption="../report/jomyaeng_overview.rst",
             category="Jo & Myaeng probing",
-            subcategory="All models",
+            subcategory="all models",
+            labels={"item": "Summary of every model per task (table)"},
         ),
     log:
         "logs/jomyaeng/summary.log",

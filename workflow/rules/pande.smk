@@ -113,17 +113,21 @@ rule pande_test:
             corpus=PANDE_CORPORA[wc.model],
         ),
     output:
-        heads=report(
-            "results/pande/{model}/heads.tsv",
+        heads="results/pande/{model}/heads.tsv",
+        heads_html=report(
+            "results/pande/{model}/heads.html",
             caption="../report/pande_heads.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Roles per head: tests and stability (table)"},
         ),
-        by_corpus=report(
-            "results/pande/{model}/heads_by_corpus.tsv",
+        by_corpus="results/pande/{model}/heads_by_corpus.tsv",
+        by_corpus_html=report(
+            "results/pande/{model}/heads_by_corpus.html",
             caption="../report/pande_heads_by_corpus.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Roles per head, per corpus (table)"},
         ),
     log:
         "logs/pande_test/{model}.log",
@@ -169,6 +173,7 @@ rule pande_length:
             caption="../report/pande_length.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Sieve score against sequence length"},
         ),
         figure_svg="results/pande/{model}/length.svg",
     log:
@@ -195,19 +200,23 @@ rule pande_figures:
             caption="../report/pande_role_grid.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Roles per head, layers x heads"},
         ),
         grid_svg="results/pande/{model}/role_grid.svg",
-        colocation=report(
-            "results/pande/{model}/colocation.tsv",
+        colocation="results/pande/{model}/colocation.tsv",
+        colocation_html=report(
+            "results/pande/{model}/colocation.html",
             caption="../report/pande_colocation_table.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Co-location of roles (table)"},
         ),
         colocation_png=report(
             "results/pande/{model}/colocation.png",
             caption="../report/pande_colocation.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Co-location of roles"},
         ),
         colocation_svg="results/pande/{model}/colocation.svg",
         layers="results/pande/{model}/layers.tsv",
@@ -216,6 +225,7 @@ rule pande_figures:
             caption="../report/pande_layers.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Heads per role and layer"},
         ),
         layers_svg="results/pande/{model}/layers.svg",
         pvalues=report(
@@ -223,6 +233,7 @@ rule pande_figures:
             caption="../report/pande_pvalues.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "p-values near 0 or 1"},
         ),
         pvalues_svg="results/pande/{model}/pvalues.svg",
         heatmap=report(
@@ -230,6 +241,7 @@ rule pande_figures:
             caption="../report/pande_heatmap.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Mean sieve score per head, layers x heads"},
         ),
         heatmap_svg="results/pande/{model}/heatmap.svg",
         summary="results/pande/{model}/summary.json",
@@ -259,6 +271,7 @@ rule pande_finetune_compare:
             caption="../report/pande_finetune_roles.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={"item": "Fine-tuning: heads per role and layer, before vs after"},
         ),
         roles_svg="results/pande/{model}/finetune_roles_by_layer.svg",
         sep=report(
@@ -266,6 +279,9 @@ rule pande_finetune_compare:
             caption="../report/pande_finetune_sep.rst",
             category="Heads hypothesis (Pande)",
             subcategory="{model}",
+            labels={
+                "item": "Fine-tuning: attention to [SEP] per layer, before vs after"
+            },
         ),
         sep_svg="results/pande/{model}/finetune_sep_by_layer.svg",
     log:

@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from ..core.figures import save_figure  # noqa: E402
+from ..core.figures import layer_head_axes, save_figure  # noqa: E402
 from .analysis import JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
 
 BEHAVIOUR_COLOURS = {
@@ -65,7 +65,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     """Layers x heads grid: fill = Clark behaviour, markers = Pande roles (FDR), a black frame =
     the head's best relation beats that relation's offset baseline by 5+ points, and the cell text =
     the Jo & Myaeng category (S surface, Y syntactic, M semantic) the head probes best relative to
-    the model's other heads. Layer 1 is at the bottom, as in the papers."""
+    the model's other heads. Layer 1 is at the top, head 1 at the left (:func:`layer_head_axes`)."""
     cell = 0.42
     fig_w = max(6.0, cell * n_heads + 3.2)
     fig_h = max(4.0, cell * n_layers + 1.6)
@@ -121,13 +121,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
                 fontsize=6.5,
                 color="#333333",
             )
-    ax.set_xlim(-0.5, n_heads - 0.5)
-    ax.set_ylim(-0.5, n_layers - 0.5)
-    ax.set_xticks(range(n_heads), [str(h + 1) for h in range(n_heads)], fontsize=7)
-    step = 1 if n_layers <= 16 else 2
-    ax.set_yticks(range(0, n_layers, step), [str(layer + 1) for layer in range(0, n_layers, step)], fontsize=7)
-    ax.set_xlabel("head (1-based)")
-    ax.set_ylabel("layer (1-based)")
+    layer_head_axes(ax, n_layers, n_heads, fontsize=8)
     ax.set_aspect("equal")
     ax.set_title(f"Head atlas of {model} ({n_layers} x {n_heads})", fontsize=10)
     shown = legend_behaviours(atlas.get("clark_behaviour", []))

@@ -18,6 +18,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..core.progress import progress
+
 
 def smoothed_cells(maps: np.ndarray, causal: bool, smoothing: float) -> np.ndarray:
     """[H, C] smoothed attention of one sequence's [H, n, n] maps, flattened over the
@@ -77,7 +79,7 @@ def js_distance_matrix(
     total = np.zeros((n_heads, n_heads))
     k_stop = min(n_sequences, len(store)) if n_sequences else len(store)
     tokens = 0
-    for k in range(k_stop):
+    for k in progress(range(k_stop), f"JS distances {store.meta.get('model', '')}", unit="sequences"):
         maps = np.concatenate([store.maps(layer, k) for layer in range(store.n_layers)])
         total += js_sums(smoothed_cells(maps, causal, smoothing).astype(np.float32), max_elements)
         tokens += maps.shape[-1]
@@ -147,7 +149,7 @@ def layer_clustering(d: np.ndarray, layers: np.ndarray, permutations: int = 1000
     n_within = float((sizes * (sizes - 1)).sum())
     n_between = float(n * n - n - n_within)
     hits = 0
-    for _ in range(permutations):
+    for _ in progress(range(permutations), "layer-clustering permutations", unit="permutations"):
         p = rng.permutation(codes)
         w = off[p[:, None] == p[None, :]].sum()
         stat = (total - w) / n_between - w / n_within

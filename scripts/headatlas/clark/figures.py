@@ -108,7 +108,7 @@ def _layer_axis(ax, n_layers: int) -> None:
     ticks = [1] + list(range(step, n_layers + 1, step)) if step > 1 else list(range(1, n_layers + 1))
     ax.set_xticks(sorted(set(ticks)))
     ax.set_xlim(0.4, n_layers + 0.6)
-    ax.set_xlabel("layer")
+    ax.set_xlabel("layer (1-based)")
 
 
 def fig2_surface(table: pd.DataFrame, model: str, corpus: str):
@@ -263,7 +263,7 @@ def fig6_mds(heads: pd.DataFrame, model: str, corpus: str, stats: dict | None = 
     layers = heads["layer"].to_numpy() + 1
     sc = ax.scatter(x, y, c=layers, cmap="viridis", s=22, edgecolors="white", linewidths=0.3)
     cb = fig.colorbar(sc, ax=ax)
-    cb.set_label("layer")
+    cb.set_label("layer (1-based)")
     ax.set_title("coloured by layer", fontsize=10)
     for ax in axes:
         ax.set_xlabel("MDS dimension 1")

@@ -160,6 +160,7 @@ def gradient_importance(
 
     from ..core.extract import length_batches, model_inputs
     from ..core.models import word_embeddings
+    from ..core.progress import progress
 
     causal = kind == "decoder"
     n_layers = int(model.config.num_hidden_layers)
@@ -175,7 +176,9 @@ def gradient_importance(
     sums = np.zeros((n_layers, len(KEY_TYPES)))
     counts = np.zeros((n_layers, len(KEY_TYPES)))
     losses = []
-    for pos in length_batches([len(t) for t in tokenized], batch_size):
+    lengths = np.array([len(t) for t in tokenized])
+    batches = length_batches(lengths, batch_size)
+    for pos in progress(batches, "gradients", int(lengths.sum()), "tokens", weight=lambda p: lengths[p].sum()):
         batch = [tokenized[p] for p in pos]
         inputs = model_inputs(batch, use_types, pad_id, device)
         n_max = inputs["input_ids"].shape[1]

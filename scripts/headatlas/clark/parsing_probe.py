@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_NONE, Record
+from ..core.progress import progress
 from ..core.store import AttentionStore
 from .syntax import WordMaps, iter_word_maps, word_block
 
@@ -398,7 +399,8 @@ def run_probes(
 
         def sentences(epoch):
             rng = np.random.default_rng([seed, epoch])
-            return store_sentences(store, train_records, glove, word_mode, rng=rng)
+            part = store_sentences(store, train_records, glove, word_mode, rng=rng)
+            return progress(part, f"{model}: probe training, epoch {epoch + 1}/{epochs}", len(store), "sentences")
 
         probes, history = fit_probes(
             sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed
@@ -417,7 +419,10 @@ def run_probes(
     def eval_sets():
         for split, (maps, records) in evals.items():
             with AttentionStore(list(maps)) as st:
-                yield split, len(st), store_sentences(st, records, glove, word_mode)
+                part = progress(
+                    store_sentences(st, records, glove, word_mode), f"{model}: UAS on {split}", len(st), "sentences"
+                )
+                yield split, len(st), part
 
     return {
         "uas": uas_table(probes, eval_sets(), model),

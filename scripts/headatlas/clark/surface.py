@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
+from ..core.progress import progress
 
 PUNCT = {".", ","}
 STATS = [
@@ -181,7 +182,7 @@ def surface_table(store, smoothing: float = 1e-4, max_bytes: int = 256 << 20) ->
     kind = store.meta.get("model_kind", "encoder")
     causal = kind == "decoder"
     rows = []
-    for layer in range(store.n_layers):
+    for layer in progress(range(store.n_layers), f"surface statistics {store.meta.get('model', '')}", unit="layers"):
         total = np.zeros((store.n_heads, len(STATS)))
         count = np.zeros((store.n_heads, len(STATS)))
         for start, stop in store.chunks(max_bytes):

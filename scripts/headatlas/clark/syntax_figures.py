@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..core.data import SPECIAL_NAMES, Record  # noqa: E402
-from ..core.figures import head_label  # noqa: E402
+from ..core.figures import head_label, layer_head_axes, panel_columns  # noqa: E402
 from ..core.store import AttentionStore  # noqa: E402
 from .coref import Anaphors, attention_correct, document_anaphors  # noqa: E402
 from .syntax import DIRECTIONS, WordMaps, head_predictions, word_block, word_level  # noqa: E402
@@ -38,9 +38,16 @@ def plot_table1(t: pd.DataFrame, model: str, corpus: str):
         y - 0.2, 100 * t["baseline_accuracy"].to_numpy(float), height=0.4, color="tab:gray", label="best fixed offset"
     )
     ax.scatter(
-        t["paper_accuracy"], y + 0.2, marker="D", color="black", zorder=3, label="paper: best head (BERT-base, PTB)"
+        100 * t["paper_accuracy"],
+        y + 0.2,
+        marker="D",
+        color="black",
+        zorder=3,
+        label="paper: best head (BERT-base, PTB)",
     )
-    ax.scatter(t["paper_baseline"], y - 0.2, marker="|", s=120, color="black", zorder=3, label="paper: offset baseline")
+    ax.scatter(
+        100 * t["paper_baseline"], y - 0.2, marker="|", s=120, color="black", zorder=3, label="paper: offset baseline"
+    )
     labels = []
     for r in t.itertuples():
         name = r.relation if r.relation == r.paper_relation else f"{r.relation} ({r.paper_relation})"
@@ -61,30 +68,21 @@ def plot_head_grid(heads: pd.DataFrame, relations: Sequence[str], model: str, co
     """Layer x head heat maps of each relation's accuracy (best of the two directions)."""
     relations = [r for r in relations if r in set(heads["relation"])]
     n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
-    cols = min(4, len(relations))
+    panel_w = max(3.2, 0.22 * n_heads + 1.2)
+    cols = panel_columns(len(relations), panel_w, most=4)
     rows = int(np.ceil(len(relations) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 0.16 * n_layers * rows + 1.2 * rows + 0.6), squeeze=False)
+    panel_h = max(1.8, 0.16 * n_layers + 1.2)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols, panel_h * rows + 0.6), squeeze=False)
     best = heads.groupby(["relation", "layer", "head"])["accuracy"].max().reset_index()
     im = None
     for ax, rel in zip(axes.flat, relations):
         sub = best[best["relation"] == rel]
         grid = np.full((n_layers, n_heads), np.nan)
         grid[sub["layer"], sub["head"]] = 100 * sub["accuracy"]
-        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto", origin="lower")
+        im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
         n = int(heads.loc[heads["relation"] == rel, "n"].iloc[0])
         ax.set_title(f"{rel} (n={n}, max {np.nanmax(grid):.0f}%)", fontsize=9)
-        ax.set_xlabel("head (1-based)", fontsize=8)
-        ax.set_ylabel("layer (1-based)", fontsize=8)
-        ax.set_xticks(
-            range(0, n_heads, max(1, n_heads // 6)),
-            [str(i + 1) for i in range(0, n_heads, max(1, n_heads // 6))],
-            fontsize=7,
-        )
-        ax.set_yticks(
-            range(0, n_layers, max(1, n_layers // 6)),
-            [str(i + 1) for i in range(0, n_layers, max(1, n_layers // 6))],
-            fontsize=7,
-        )
+        layer_head_axes(ax, n_layers, n_heads)
     for ax in list(axes.flat)[len(relations) :]:
         ax.axis("off")
     fig.suptitle(f"{model}: accuracy of every head as a dependency parser ({corpus}), best direction", fontsize=10)
@@ -108,7 +106,7 @@ def plot_table2(t: pd.DataFrame, model: str, corpora: str):
         vals = [100 * t.loc[s, g] for g in groups]
         label = f"{s} {t.loc[s, 'label']}" if s == "Best head" else s
         ax.bar(x + (i - (len(systems) - 1) / 2) * w, vals, width=w, color=c, label=label)
-        paper = [t.loc[s, f"paper_{g}"] for g in groups]
+        paper = [100 * t.loc[s, f"paper_{g}"] for g in groups]
         ax.scatter(
             x + (i - (len(systems) - 1) / 2) * w,
             paper,
@@ -134,11 +132,8 @@ def plot_coref_heads(heads: pd.DataFrame, model: str, corpora: str):
     grid = np.full((n_layers, n_heads), np.nan)
     grid[sub["layer"], sub["head"]] = 100 * sub["accuracy"]
     fig, ax = plt.subplots(figsize=(0.35 * n_heads + 2.5, 0.22 * n_layers + 1.5))
-    im = ax.imshow(grid, cmap="viridis", aspect="auto", origin="lower", vmin=0)
-    ax.set_xticks(range(n_heads), [str(i + 1) for i in range(n_heads)], fontsize=7)
-    ax.set_yticks(range(n_layers), [str(i + 1) for i in range(n_layers)], fontsize=7)
-    ax.set_xlabel("head (1-based)")
-    ax.set_ylabel("layer (1-based)")
+    im = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0)
+    layer_head_axes(ax, n_layers, n_heads, fontsize=8)
     ax.set_title(
         f"{model}: antecedent selection accuracy per head\n({corpora}, n={int(sub['n'].iloc[0])} anaphors)", fontsize=10
     )

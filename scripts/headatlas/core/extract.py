@@ -16,6 +16,7 @@ import numpy as np
 from .align import encode_record
 from .data import Counts, Record, TokenizedRecord
 from .models import ModelError, ModelSpec, architecture, decoder_bos, model_kind, package_versions
+from .progress import Progress
 from .store import AttentionWriter, budget_runs, map_faults, row_sum_tolerance
 
 log = logging.getLogger("headatlas.core.extract")
@@ -302,7 +303,7 @@ def extract(
         ) as writer,
         ThreadPoolExecutor(1) as io,
     ):
-        pending = None
+        pending, done = None, Progress(int(lengths.sum()), f"extract {spec.name}", "tokens")
         for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, buffer_bytes):
             # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
             window = tokenized[start:stop]
@@ -314,7 +315,7 @@ def extract(
             batches = forward_batches(
                 model, window, spec.batch_size, n_layers, n_heads, spec.name, pad_id, maps, reps, kind, rep_position
             )
-            for pos, layers, vectors in batches:
+            for pos, layers, vectors in done.iter(batches, lambda b, s=start: lengths[s + b[0]].sum()):
                 for layer in range(n_layers):
                     if maps:
                         for b, p in enumerate(pos):

@@ -22,6 +22,7 @@ import numpy as np
 from .corpora import CorpusError, tsv_records
 from .data import Record
 from .models import ModelError, ModelSpec, model_kind, resolve
+from .progress import progress
 
 log = logging.getLogger("headatlas.core.finetune")
 
@@ -140,7 +141,7 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
     lengths = np.array([len(r.words) for r in train])
     batches = length_bucketed_batches(lengths, batch_size, steps, rng)
     losses = []
-    for step, idx in enumerate(batches):
+    for step, idx in enumerate(progress(batches, f"fine-tune {base_spec.name} on {name}", steps, "steps")):
         enc = _encode(tokenizer, [train[i] for i in idx], max_length)
         out = model(**enc, labels=torch.as_tensor(y_train[idx]))
         out.loss.backward()

@@ -18,6 +18,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..core.figures import head_label
+from ..core.progress import Progress
 from .probes import SPLITS, ProbeConfig, pair_features, relatedness_targets, train_probes
 
 log = logging.getLogger("headatlas.jomyaeng.analysis")
@@ -45,7 +47,7 @@ PAPER_BERT_BASE = {
     "SST5 (paper only)": (46.38, 46.97, 46.0),
     "TREC (paper only)": (87.4, 87.4, 93.4),
 }
-# Their best single BERT-base head per probing task: (test acc %, layer, head), 0-based.
+# Their best single BERT-base head per probing task: (test acc %, layer, head), layer and head 0-based.
 PAPER_BERT_BASE_HEAD = {
     "SentLen": (86.9, 0, 7),
     "WordContent": (50.3, 3, 6),
@@ -210,11 +212,15 @@ def probe_task(
         chance = 0.0
     base = dict(model=model, task=task, metric=data.metric, **counts, chance=chance)
     rows = []
+    sizes = curve_sizes(n_curve, n_top, L * H)
+    done = Progress(L * H * (1 + (data.control is not None)) + L + len(sizes), f"probes {model} {task}", "probes")
 
     res = train_probes(_split(flat, data, 1), y, cfg, n_classes, data.values)
+    done.update(L * H)
     ctrl = None
     if data.control is not None:
         ctrl = train_probes(_split(flat, data, 1), _labels(data.control, data), cfg, data.n_control)
+        done.update(L * H)
     for p in range(L * H):
         c_dev = ctrl.dev[p] if ctrl is not None else np.nan
         c_test = ctrl.test[p] if ctrl is not None else np.nan
@@ -225,6 +231,7 @@ def probe_task(
         )  # fmt: skip
 
     lay = train_probes(_split(layers, data, 1), y, cfg, n_classes, data.values)
+    done.update(L)
     for layer in range(L):
         rows.append(
             dict(
@@ -241,7 +248,7 @@ def probe_task(
         )
 
     order = rank_heads(res.dev)
-    for n in curve_sizes(n_curve, n_top, L * H):
+    for n in done.iter(sizes):
         top = top_n_features(flat, order, n)
         r = train_probes(_split(top, data, 0), y, cfg, n_classes, data.values)
         rows.append(
@@ -320,7 +327,7 @@ def summary_table(results: pd.DataFrame, n_layers: int, n_heads: int, n_top: int
                 "n_top": n_top,
                 "top_n": topn,
                 "gain_vs_best_layer": topn - float(by_dev["test"]),
-                "best_head": f"{int(best['layer'])}-{int(best['head'])}",
+                "best_head": head_label(best["layer"], best["head"]),
                 "best_head_test": float(best["test"]),
                 "best_head_selectivity": float(best["selectivity"]),
                 "best_head_depth": int(best["layer"]) / depth,
@@ -351,32 +358,23 @@ def task_correlation(heads: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_paper(summary: pd.DataFrame) -> pd.DataFrame:
-    """The cross-model summary with Jo & Myaeng's BERT-base numbers (in %) beside it."""
-    s = summary.copy()
-    cols = (
-        "last_layer",
-        "best_layer",
-        "best_layer_by_test",
-        "top_n",
-        "best_head_test",
-        "gain_vs_best_layer",
-        "chance",
-        "best_head_selectivity",
-        "mean_selectivity",
-    )
-    for col in cols:
-        s[col] = np.where(s["metric"] == "accuracy", 100 * s[col], s[col])
+    """The cross-model summary with Jo & Myaeng's BERT-base numbers beside it, converted from the
+    paper's percentages to fractions like every accuracy here."""
     paper = pd.DataFrame(
         [
             {"task": t, "paper_bert_base_last": v[0], "paper_bert_base_best": v[1], "paper_bert_base_top_n": v[2]}
             for t, v in PAPER_BERT_BASE.items()
         ]
     )
+    cols = ["paper_bert_base_last", "paper_bert_base_best", "paper_bert_base_top_n"]
+    paper[cols] = (paper[cols] / 100).round(4)
     heads = pd.DataFrame(
-        [{"task": t, "paper_bert_base_best_head": f"{v[0]} ({v[1]}-{v[2]})"} for t, v in PAPER_BERT_BASE_HEAD.items()]
+        [
+            {"task": t, "paper_bert_base_best_head": f"{round(v[0] / 100, 4)} ({head_label(v[1], v[2])})"}
+            for t, v in PAPER_BERT_BASE_HEAD.items()
+        ]
     )
-    out = s.merge(paper, on="task", how="outer").merge(heads, on="task", how="left")
-    return out
+    return summary.merge(paper, on="task", how="outer").merge(heads, on="task", how="left")
 
 
 def model_tables(results: pd.DataFrame, top: TopNSettings = TopNSettings()) -> dict[str, pd.DataFrame]:

@@ -1,6 +1,7 @@
 """Figures of Jo & Myaeng (2020) for one model, from the tables of :mod:`headatlas.jomyaeng.analysis`.
 
-Layers and heads are 0-based on every axis (layer 0 = the first transformer layer).
+Layers and heads are labelled 1-based on every axis (layer 1 = the first transformer layer); in
+layers x heads panels layer 1 is at the top and head 1 at the left (core.figures.layer_head_axes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram, leaves_list, linkage  # noqa: E402
 
-from ..core.figures import save_figure  # noqa: E402
+from ..core.figures import layer_head_axes, layer_ticks, panel_columns, save_figure  # noqa: E402
 from .analysis import CATEGORIES, category_scores, task_correlation  # noqa: E402
 
 
@@ -42,10 +43,10 @@ def _grid(n: int, ncols: int = 5):
 def heatmaps(
     heads: pd.DataFrame, tasks: Sequence[str], path, svg, model: str, sort: bool = True, value: str = "test_acc"
 ) -> None:
-    """One panel per task: layers (input at the bottom) x heads, colour = the value."""
+    """One panel per task: layers (layer 1 at the top) x heads, colour = the value."""
     tasks = [t for t in tasks if t in set(heads["task"])]
-    L = int(heads["layer"].max()) + 1
-    nrows, ncols = _grid(len(tasks))
+    L, H = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    nrows, ncols = _grid(len(tasks), panel_columns(len(tasks), 3.1))
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.1 * ncols, (1.2 + 0.12 * L) * nrows + 0.8), squeeze=False)
     diverging = value == "selectivity"
     for ax, task in zip(axes.flat, tasks):
@@ -55,15 +56,11 @@ def heatmaps(
         metric = heads.loc[heads["task"] == task, "metric"].iloc[0]
         if diverging:
             lim = max(np.nanmax(np.abs(m)), 1e-6)
-            im = ax.imshow(
-                m, origin="lower", aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest"
-            )
+            im = ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
         else:
-            im = ax.imshow(m, origin="lower", aspect="auto", cmap="plasma", interpolation="nearest")
+            im = ax.imshow(m, aspect="auto", cmap="plasma", interpolation="nearest")
         ax.set_title(f"{task} ({'selectivity' if diverging else metric})", fontsize=9)
-        ax.set_xlabel("head rank in layer (best left)" if sort else "head", fontsize=8)
-        ax.set_ylabel("layer", fontsize=8)
-        ax.tick_params(labelsize=7)
+        layer_head_axes(ax, L, H, "head rank in the layer (1 = best)" if sort else "head")
         fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(tasks) :]:
         ax.axis("off")
@@ -135,10 +132,10 @@ def category_scatter(heads: pd.DataFrame, path, svg, model: str) -> None:
         sc = ax.scatter(
             cats[a],
             cats[b],
-            c=cats["layer"],
+            c=cats["layer"] + 1,
             cmap="viridis",
-            vmin=0,
-            vmax=max(L - 1, 1),
+            vmin=1,
+            vmax=max(L, 2),
             s=14,
             alpha=0.85,
             edgecolors="none",
@@ -146,7 +143,7 @@ def category_scatter(heads: pd.DataFrame, path, svg, model: str) -> None:
         ax.set_xlabel(f"{a} score (mean test accuracy)", fontsize=8)
         ax.set_ylabel(f"{b} score (mean test accuracy)", fontsize=8)
         ax.set_title(f"{a} vs {b}", fontsize=9)
-    fig.colorbar(sc, ax=axes.ravel().tolist(), label="layer (0 = first)")
+    fig.colorbar(sc, ax=axes.ravel().tolist(), label="layer (1-based; 1 = first)")
     fig.suptitle(f"{model}: each head's surface / syntactic / semantic score", fontsize=11)
     legend = "; ".join(
         f"{c} = {', '.join(t for t in CATEGORIES[c] if t in set(heads['task']))}" for c in CATEGORIES if c in cats
@@ -230,7 +227,8 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, svg, model: s
         ax.scatter(np.nanargmax(m, axis=1), range(len(tasks)), c="cyan", s=12, marker="o")
         ax.set_yticks(range(len(tasks)), tasks, fontsize=8)
         ax.tick_params(axis="y", labelleft=ax is axes.flat[0])
-        ax.set_xlabel("layer (0 = first)")
+        ax.set_xticks(*layer_ticks(L))
+        ax.set_xlabel("layer (1-based; 1 = first)")
         ax.set_title(name, fontsize=10)
     fig.colorbar(im, ax=axes.ravel().tolist(), label="test accuracy, min-max scaled per task")
     fig.suptitle(

@@ -2,7 +2,9 @@
 
 All functions take the tidy per head x role table of :func:`headatlas.pande.hypothesis.head_table`
 (or two of them, before and after fine-tuning) and return frames or write figures.
-Layers and heads are 0-based on every axis.
+Layers and heads are labelled 1-based on every axis and in legends (``head_label``, ``8-10``); in
+layers x heads grids layer 1 is at the top and head 1 at the left (core.figures.layer_head_axes).
+The tables keep 0-based ``layer``/``head`` columns.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.figures import save_figure
+from ..core.figures import head_label, layer_head_axes, layer_ticks, panel_columns, save_figure
 
 MODES = {"faithful": "significant_faithful", "fdr": "significant_fdr"}
 MODE_TITLES = {
@@ -136,9 +138,11 @@ def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path) -> None:
         r: ((i % cols - (cols - 1) / 2) * 0.8 / cols, ((i // cols) - (rows - 1) / 2) * 0.7 / max(rows, 1))
         for i, r in enumerate(roles)
     }
-    width = max(4.0, 0.55 * n_heads + 1)
+    width = max(4.0, 0.55 * n_heads + 1) + 1.25  # + the legend
     height = max(3.0, 0.42 * n_layers + 1.2)
-    fig, axes = plt.subplots(1, 2, figsize=(2 * width + 2.5, height), sharey=True)
+    ncol = panel_columns(2, width)  # the two modes side by side when they fit, else one above the other
+    fig, axes = plt.subplots(2 // ncol, ncol, figsize=(width * ncol, height * (2 // ncol)), squeeze=False)
+    axes = axes.ravel()
     model = table["model"].iloc[0]
     for ax, mode in zip(axes, MODES):
         m = membership(table, mode)
@@ -156,15 +160,11 @@ def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path) -> None:
                 label=f"{role} ({len(lh)})",
                 linewidths=0.6,
             )
-        ax.set_xticks(range(n_heads))
-        ax.set_yticks(range(n_layers))
+        layer_head_axes(ax, n_layers, n_heads, fontsize=8)
         ax.set_xticks(np.arange(-0.5, n_heads), minor=True)
         ax.set_yticks(np.arange(-0.5, n_layers), minor=True)
         ax.grid(which="minor", color="0.85", linewidth=0.6)
         ax.tick_params(which="minor", length=0)
-        ax.set_xlim(-0.5, n_heads - 0.5)
-        ax.set_ylim(n_layers - 0.5, -0.5)
-        ax.set_xlabel("head (0-based)")
         ax.set_title(MODE_TITLES[mode], fontsize=9)
         ax.legend(
             loc="upper left",
@@ -174,7 +174,6 @@ def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path) -> None:
             title_fontsize=7,
             frameon=False,
         )
-    axes[0].set_ylabel("layer (0-based)")
     tau = table["tau"].iloc[0]
     fig.suptitle(f"{model}: roles per head (H0: mean sieve score <= tau = {tau:g})", fontsize=11)
     fig.tight_layout()
@@ -228,7 +227,8 @@ def layer_figure(counts: pd.DataFrame, path: str | Path, svg: str | Path, model:
             ax.plot(
                 c["layer"] + jitter[role], c[mode], marker=marker, color=color, label=role, linewidth=1, markersize=4
             )
-        ax.set_xlabel("layer (0-based)")
+        ax.set_xticks(*layer_ticks(int(counts["layer"].max()) + 1))
+        ax.set_xlabel("layer (1-based)")
         ax.set_ylim(-0.3, n_heads + 0.3)
         ax.set_title(MODE_TITLES[mode], fontsize=9)
         ax.grid(alpha=0.3)
@@ -285,7 +285,8 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path, svg: str | Path) -> No
     plt = _plt()
     n_layers, n_heads = _shape(table)
     roles = ordered_roles(table["role"].unique())
-    cols = min(5, len(roles))
+    panel_w = max(2.4, 0.3 * n_heads + 1.2)
+    cols = panel_columns(len(roles), panel_w)
     rows = int(np.ceil(len(roles) / cols))
     means = table["mean"].to_numpy(dtype=float)
     pos = means[np.isfinite(means) & (means > 0)]
@@ -294,7 +295,7 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path, svg: str | Path) -> No
     fig, axes = plt.subplots(
         rows,
         cols,
-        figsize=(cols * (0.3 * n_heads + 1.2), rows * (0.2 * n_layers + 1.6)),
+        figsize=(cols * panel_w + 1.2, rows * max(2.4, 0.2 * n_layers + 1.6)),
         squeeze=False,
         layout="constrained",
     )
@@ -307,9 +308,7 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path, svg: str | Path) -> No
         sig = t[t["significant_faithful"]]
         ax.scatter(sig["head"], sig["layer"], s=4, color="cyan", marker="o", linewidths=0)
         ax.set_title(f"{role} (n={int(t['n'].max())})", fontsize=8)
-        ax.set_xlabel("head", fontsize=7)
-        ax.set_ylabel("layer", fontsize=7)
-        ax.tick_params(labelsize=6)
+        layer_head_axes(ax, n_layers, n_heads, fontsize=6)
     for ax in axes.ravel()[len(roles) :]:
         ax.axis("off")
     model = table["model"].iloc[0]
@@ -378,8 +377,11 @@ def compare_roles_figure(
         ax.tick_params(labelsize=7)
     for ax in axes.ravel()[len(roles) :]:
         ax.axis("off")
+    n_layers = int(cmp["layer"].max()) + 1
+    for ax in axes.ravel():
+        ax.set_xticks(*layer_ticks(n_layers))
     for ax in axes[-1]:
-        ax.set_xlabel("layer (0-based)", fontsize=7)
+        ax.set_xlabel("layer (1-based)", fontsize=7)
     for ax in axes[:, 0]:
         ax.set_ylabel("heads with the role", fontsize=7)
     axes[0, 0].legend(fontsize=7, frameon=False)
@@ -416,7 +418,8 @@ def compare_sep_figure(
     if not np.isfinite(before.loc[before["role"] == role, "mean"].to_numpy(dtype=float)).any():
         ax.text(0.5, 0.5, f"no {role} score: the inputs have no [SEP] token", transform=ax.transAxes, ha="center")
     ax.set_yscale("log")
-    ax.set_xlabel("layer (0-based)")
+    ax.set_xticks(*layer_ticks(int(before["layer"].max()) + 1))
+    ax.set_xlabel("layer (1-based)")
     ax.set_ylabel(f"mean {role} sieve score per head")
     ax.legend(fontsize=7, frameon=False)
     ax.set_title(f"Attention to [SEP] before and after fine-tuning (dots: heads){subtitle}", fontsize=10)
@@ -573,7 +576,7 @@ def length_figure(
         for i, pick in enumerate(picks):
             colour = "0.35" if pick == "median" else _COLORS[i % len(_COLORS)]
             p = b[b["pick"] == pick]
-            label = f"{pick}: {p['layer'].iloc[0]}-{p['head'].iloc[0]}"
+            label = f"{pick}: {head_label(p['layer'].iloc[0], p['head'].iloc[0])}"
             for corpus, q in p.groupby("corpus", sort=False):
                 ax.plot(q["mean_length"], q["mean_score"], marker=markers[corpus], color=colour, linewidth=0.9, markersize=3.5,
                         linestyle="--" if pick == "median" else "-", label=label)  # fmt: skip
@@ -586,7 +589,7 @@ def length_figure(
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
         if len(picks):
-            ax.legend(fontsize=5.5, frameon=False, title="head (layer-head, 0-based)", title_fontsize=5.5)
+            ax.legend(fontsize=5.5, frameon=False, title="head (layer-head)", title_fontsize=5.5)
     for ax in axes.ravel()[len(roles) :]:
         ax.axis("off")
     for ax in axes[-1]:

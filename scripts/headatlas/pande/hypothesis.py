@@ -33,6 +33,7 @@ import pandas as pd
 from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
+from ..core.progress import progress
 
 log = logging.getLogger("headatlas.pande.hypothesis")
 
@@ -365,7 +366,9 @@ def stability_shares(
     counts = stratified_counts(s.seed, sizes, names, s.stability_resamples)
     faithful = np.zeros(x.shape[1])
     fdr = np.zeros(x.shape[1])
-    for b0 in range(0, len(counts), chunk):  # bounded memory; a loop over resamples, not heads
+    starts = progress(range(0, len(counts), chunk), "Pande stability resamples", len(counts), "resamples",
+                      weight=lambda b0: min(chunk, len(counts) - b0))  # fmt: skip
+    for b0 in starts:  # bounded memory; a loop over resamples, not heads
         p = resampled_t(counts[b0 : b0 + chunk], x, s.tau, s.ddof)["p"]
         faithful += (np.nan_to_num(p, nan=1.0) < s.alpha).sum(0)
         fdr += np.stack([adjust(row, s.alpha, s.fdr_method)[1] for row in p]).sum(0)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
+from ..core.progress import progress
 
 TOKEN_ROLES = ("local", "delimiter", "delimiter_cls", "delimiter_sep", "block")
 DIRECTIONS = ("dep_to_head", "head_to_dep", "both")
@@ -397,7 +398,8 @@ def _score_store(store, records: list[Record], settings: SieveSettings, max_byte
     pairs_present = np.zeros(len(settings.relations) + 1, dtype=np.int64)
     is_pair = np.zeros(n, dtype=bool)
     has_trees = np.zeros(n, dtype=bool)
-    for k0, k1 in store.chunks(max_bytes):
+    what = f"Pande sieves {store.meta.get('model', '')} {store.meta.get('corpus', '')}"
+    for k0, k1 in progress(store.chunks(max_bytes), what, n, "sequences", weight=lambda c: c[1] - c[0]):
         a, b = store.token_offsets[k0], store.token_offsets[k1]
         pairs = []
         for k in range(k0, k1):

@@ -1,0 +1,139 @@
+"""A TSV as one self-contained HTML page: a styled table sortable by clicking a column header.
+
+The report lists this page beside (instead of) each TSV so that a table opens in the browser;
+no network (inline CSS and JS), and the TSV itself is embedded as a download link. A table with
+0-based ``layer`` and ``head`` columns gets a first column ``label``, the 1-based ``layer-head``
+name of :func:`headatlas.core.figures.head_label`, unless it has one.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .figures import head_label
+from .io import atomic_path
+
+_STYLE = """
+body{font:13px/1.4 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:12px;color:#222}
+h1{font-size:16px;margin:0 0 4px}
+p.note{margin:2px 0 8px;color:#555}
+input#filter{margin:0 0 8px;padding:3px 6px;width:24em}
+table{border-collapse:collapse}
+th,td{border:1px solid #ddd;padding:2px 6px;white-space:nowrap}
+th{background:#f0f3f7;position:sticky;top:0;cursor:pointer;user-select:none}
+th.asc::after{content:" \\25B2"}th.desc::after{content:" \\25BC"}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr:nth-child(even) td{background:#fafafa}
+tr:hover td{background:#fff7d6}
+"""
+
+# click a header: sort by it (numbers as numbers, empty cells last), click again to reverse;
+# the filter box keeps the rows whose text contains every word typed
+_SCRIPT = """
+(function(){
+const t=document.getElementById('t'),b=t.tBodies[0],hs=t.tHead.rows[0].cells;
+Array.from(hs).forEach((h,i)=>h.addEventListener('click',()=>{
+ const d=h.classList.contains('asc')?-1:1;
+ Array.from(hs).forEach(x=>x.classList.remove('asc','desc'));
+ h.classList.add(d>0?'asc':'desc');
+ const key=r=>{const s=r.cells[i].textContent.trim(),n=Number(s);
+  return s===''?null:(isFinite(n)?n:s.toLowerCase());};
+ const rows=Array.from(b.rows).map(r=>[key(r),r]);
+ rows.sort((x,y)=>{const a=x[0],c=y[0];if(a===c)return 0;if(a===null)return 1;if(c===null)return -1;
+  if(typeof a===typeof c)return (a<c?-1:1)*d;return (typeof a==='number'?-1:1)*d;});
+ rows.forEach(x=>b.appendChild(x[1]));}));
+const f=document.getElementById('filter');
+f.addEventListener('input',()=>{const w=f.value.toLowerCase().split(/\\s+/).filter(Boolean);
+ Array.from(b.rows).forEach(r=>{const s=r.textContent.toLowerCase();
+  r.style.display=w.every(x=>s.includes(x))?'':'none';});});
+})();
+"""
+
+
+def with_head_label(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a first column ``label`` (1-based ``layer-head``) when it has integer 0-based
+    ``layer`` and ``head`` columns and no ``label``; empty where layer or head is negative or missing
+    (a per-layer row, a top-n row)."""
+    if "label" in df or "layer" not in df or "head" not in df:
+        return df
+    layer = pd.to_numeric(df["layer"], errors="coerce")
+    head = pd.to_numeric(df["head"], errors="coerce")
+    ok = layer.notna() & head.notna() & (layer >= 0) & (head >= 0)
+    if not ok.any():
+        return df
+    labels = [head_label(a, b) if k else "" for a, b, k in zip(layer, head, ok)]
+    return df.assign(label=labels)[["label"] + [c for c in df.columns]]
+
+
+def _numeric(col: pd.Series) -> bool:
+    """Whether a column holds numbers (right-aligned): a numeric dtype, or text that all parses as numbers."""
+    if pd.api.types.is_bool_dtype(col):
+        return False
+    if pd.api.types.is_numeric_dtype(col):
+        return True
+    v = col.dropna()
+    return bool(len(v)) and pd.to_numeric(v, errors="coerce").notna().all()
+
+
+def table_html(df: pd.DataFrame, title: str, tsv_name: str | None = None, tsv_bytes: bytes | None = None) -> str:
+    """The page for ``df`` (cells shown as the TSV writes them); ``tsv_bytes`` become a download link."""
+    df = with_head_label(df)
+    numeric = [_numeric(df[c]) for c in df.columns]
+    esc = html.escape
+    head = "".join(f"<th>{esc(str(c))}</th>" for c in df.columns)
+    cols = [df[c].to_numpy(dtype=object) for c in df.columns]
+    rows = []
+    for i in range(len(df)):
+        cells = []
+        for v, num in zip((c[i] for c in cols), numeric):
+            s = "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+            cells.append(f'<td class="num">{esc(s)}</td>' if num else f"<td>{esc(s)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    note = f"{len(df):,} rows, {len(df.columns)} columns. Click a column header to sort; type to filter rows."
+    if "label" in df and "layer" in df and "head" in df:
+        note += " Heads: label = 1-based layer-head (as in the papers); the layer and head columns are 0-based."
+    link = ""
+    if tsv_bytes is not None:
+        data = base64.b64encode(tsv_bytes).decode("ascii")
+        name = esc(tsv_name or "table.tsv")
+        link = f' <a download="{name}" href="data:text/tab-separated-values;base64,{data}">Download {name}</a>'
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{esc(title)}</title><style>{_STYLE}</style></head><body>\n"
+        f'<h1>{esc(title)}</h1><p class="note">{esc(note)}{link}</p>\n'
+        '<input id="filter" type="search" placeholder="filter rows">\n'
+        f'<table id="t"><thead><tr>{head}</tr></thead><tbody>\n' + "\n".join(rows) + "\n</tbody></table>\n"
+        f"<script>{_SCRIPT}</script>\n</body></html>\n"
+    )
+
+
+def write_table_html(tsv: str | Path, out: str | Path, title: str | None = None) -> None:
+    """Render the TSV file ``tsv`` as :func:`table_html` at ``out`` (atomically)."""
+    tsv = Path(tsv)
+    raw = tsv.read_bytes()
+    # cells keep the TSV's text; columns that parse as numbers sort and align as numbers
+    try:
+        df = pd.read_csv(tsv, sep="\t", keep_default_na=False, na_values=[""], dtype=str)
+    except pd.errors.EmptyDataError:  # an empty table (no columns) is an empty page
+        df = pd.DataFrame()
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(table_html(df, title or tsv.stem, tsv.name, raw), encoding="utf-8")
+
+
+def write_tables_html(snakemake) -> list[str]:
+    """For every output ``X.html`` of a rule whose ``X.tsv`` is also an output, render it; the
+    title is the path below ``results/``. Call at the end of a rule script."""
+    outs = [str(p) for p in snakemake.output]
+    done = []
+    for out in outs:
+        if out.endswith(".html") and out[:-5] + ".tsv" in outs:
+            tsv = out[:-5] + ".tsv"
+            title = tsv.split("results/", 1)[-1]
+            write_table_html(tsv, out, title)
+            done.append(out)
+    return done
