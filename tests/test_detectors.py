@@ -268,7 +268,9 @@ def test_rules_end_to_end(tmp_path, tiny_models):
         "analysis": {"detectors": {"corpora": ["wiki"], "n_sequences": 6, "length": 24, "repeat_length": 8,
                                    "bootstrap": 50}},
     }  # fmt: skip
-    proc = run_snakemake(tmp_path, config, "results/detectors/sinks_by_model.tsv", "results/detectors/llama/detectors.png")
+    proc = run_snakemake(
+        tmp_path, config, "results/detectors/sinks_by_model.tsv", "results/detectors/llama/detectors.png"
+    )
     assert proc.returncode == 0, output_of(proc)[-4000:]
     heads = pd.read_csv(tmp_path / "results/detectors/llama/heads.tsv", sep="\t")
     assert len(heads) == 2 * 4 * len(DETECTORS) * 4  # layers x heads x detectors x input kinds
