@@ -280,3 +280,30 @@ def test_rules_end_to_end(tmp_path, tiny_models):
     wide = pd.read_csv(tmp_path / "results/detectors/sinks_by_model.tsv", sep="\t")
     assert {"bert", "llama", "GPT2-XL"} <= set(wide["model"])
     assert (tmp_path / "results/detectors/llama/detectors.svg").exists()
+
+
+# --- atlas ---------------------------------------------------------------------------------------------------------
+
+
+def test_atlas_columns_and_second_panel(tmp_path):
+    from headatlas.atlas.analysis import build_atlas
+    from headatlas.atlas.figures import ablation_column, atlas_grid
+
+    rng = np.random.default_rng(2)
+    res = synthetic_result(rng)
+    res = {k: np.repeat(v, 2, axis=1) for k, v in res.items()}  # 2 layers x 3 heads
+    t = head_table(res, ["natural"] * 20 + ["repeated"] * 20, "m", 3, DetectorSettings(bootstrap=50))
+    t = pd.read_csv(pd.io.common.StringIO(t.to_csv(sep="\t", index=False)), sep="\t")  # as the atlas reads it
+    atlas = build_atlas("m", 2, 3, {"detectors": t})
+    for d in DETECTORS:
+        assert {f"det_{d}", f"det_{d}_ci_low", f"det_{d}_ci_high", f"det_{d}_sig"} <= set(atlas.columns)
+    main = t[t["main"]].set_index(["detector", "layer", "head"])
+    assert atlas.loc[4, "det_induction"] == main.loc[("induction", 1, 1), "mean"]  # read on the repeated input
+    assert atlas.loc[4, "det_prev"] == main.loc[("prev", 1, 1), "mean"]  # read on natural text
+    assert atlas["det_induction_sig"].dtype == bool and atlas["det_kv_group"].tolist() == [0, 1, 2] * 2
+    np.testing.assert_array_equal(atlas["det_sink_head"], atlas["det_sink"] > 0.3)
+    assert ablation_column(atlas) is None
+    atlas["ablation_loss_effect"] = 0.1
+    assert ablation_column(atlas) == "ablation_loss_effect"
+    atlas_grid(atlas, 2, 3, "m", tmp_path / "a.png", tmp_path / "a.svg")
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "a.svg").exists()
