@@ -307,3 +307,14 @@ def test_atlas_columns_and_second_panel(tmp_path):
     assert ablation_column(atlas) == "ablation_loss_effect"
     atlas_grid(atlas, 2, 3, "m", tmp_path / "a.png", tmp_path / "a.svg")
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "a.svg").exists()
+
+
+def test_reducer_arrays_round_trip_and_shards_combine():
+    rng = np.random.default_rng(3)
+    parts = [synthetic_result(rng, n) for n in (3, 5)]
+    whole = DetectorReducer.combine(parts)
+    assert whole["scores"].shape[0] == 8
+    np.testing.assert_array_equal(whole["null"][3:], parts[1]["null"])
+    back = DetectorReducer.from_arrays(DetectorReducer(2).to_arrays(whole))
+    np.testing.assert_array_equal(back["scores"], whole["scores"])
+    assert DetectorReducer(2).params() == {"seed": 2}
