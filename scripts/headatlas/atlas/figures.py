@@ -72,7 +72,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     fig_w = max(6.0, cell * n_heads + 3.2)
     fig_h = max(4.0, cell * n_layers + 1.6)
     if detectors:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(2 * fig_w, fig_h))
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(2 * fig_w + 1.0, fig_h), layout="constrained")
     else:
         fig, ax = plt.subplots(figsize=(fig_w, fig_h))
     a = atlas.set_index(["layer", "head"])
@@ -192,18 +192,19 @@ def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None
             ax.plot(head + 0.3, layer + 0.3, "o", color="black", markersize=2.5)
         if abl is not None and pd.notna(r.get(abl)):
             ax.text(head, layer, f"{float(r[abl]):.2f}", ha="center", va="center", fontsize=5, color="#333333")
+    grouped = False
     if "det_kv_group" in atlas:
         groups = atlas.sort_values(["layer", "head"])["det_kv_group"].to_numpy()[:n_heads]
-        if len(np.unique(groups)) < n_heads:
-            for x in np.flatnonzero(np.diff(groups)) + 0.5:
-                ax.axvline(x, color="black", linewidth=1.5)
+        grouped = len(np.unique(groups)) < n_heads  # grouped-query attention
+        for x in np.flatnonzero(np.diff(groups)) + 0.5 if grouped else []:
+            ax.axvline(x, color="black", linewidth=1.5)
     _grid_axes(ax, n_layers, n_heads)
     ax.set_title("Detectors: strongest significant pattern (FDR), sink heads, KV groups", fontsize=9)
     handles = [Patch(facecolor=c, label=f"{d} (opacity: mean score)") for d, c in DETECTOR_COLOURS.items() if d in dets]
     handles += [
         Line2D([], [], marker="o", color="black", linestyle="none", markersize=3, label="sink head (alpha_1 > epsilon)")
     ]
-    if "det_kv_group" in atlas:
+    if grouped:
         handles += [Line2D([], [], color="black", linewidth=1.5, label="key/value group boundary")]
     if abl is not None:
         handles += [Patch(facecolor="white", edgecolor="white", label=f"text: {abl}")]

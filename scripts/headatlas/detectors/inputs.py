@@ -99,22 +99,23 @@ def n_framing(kind: str, bos: int | None) -> int:
 def check_lengths(settings: DetectorSettings, kind: str, bos: int | None, max_length: int, model: str = "") -> None:
     """Raise DetectorInputError when the random inputs cannot be built or scored, naming the lengths."""
     s, f = settings, n_framing(kind, bos)
+    keys = f"(config keys analysis.detectors.repeat_length / length, models[{model}].max_length)"
     if s.repeat_length < 2:
         raise DetectorInputError(
             f"model {model!r}: repeat_length m = {s.repeat_length}: the induction detector needs m >= 2 "
-            "(a token t_i and the token t_{i+1} after it)"
+            f"(a token t_i and the token t_{{i+1}} after it) {keys}"
         )
     if 2 * s.repeat_length + f > max_length:
         raise DetectorInputError(
             f"model {model!r}: the repeated sequence is 2 x {s.repeat_length} tokens + {f} special = "
-            f"{2 * s.repeat_length + f} tokens, more than max_length {max_length}"
+            f"{2 * s.repeat_length + f} tokens, more than max_length {max_length} {keys}"
         )
     if s.length - f < 2:
         raise DetectorInputError(
-            f"model {model!r}: length {s.length} leaves {s.length - f} content tokens after {f} special; need >= 2"
+            f"model {model!r}: length {s.length} leaves {s.length - f} content tokens after {f} special; need >= 2 {keys}"
         )
     if s.length > max_length:
-        raise DetectorInputError(f"model {model!r}: length {s.length} is more than max_length {max_length}")
+        raise DetectorInputError(f"model {model!r}: length {s.length} is more than max_length {max_length} {keys}")
 
 
 def random_inputs(
