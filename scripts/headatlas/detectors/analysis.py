@@ -148,43 +148,47 @@ def group_agreement(sig: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 
 def kv_group_tables(
-    heads: pd.DataFrame, n_permutations: int = 1000, seed: int = 0
+    heads: pd.DataFrame, n_permutations: int = 1000, seed: int = 0, strong: float = 0.3
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per layer x KV group x detector, per detector) summaries on each detector's main input: do the query
-    heads of one key/value group share roles? A group *agrees* when all or none of its heads are significant
-    (FDR). The summary compares the share of agreeing groups with its distribution when the heads of each
-    layer are shuffled among its groups (``n_permutations``, seeded): ``p_perm`` = P(shuffled >= observed)."""
-    main = heads[heads["main"]]
+    heads of one key/value group share roles? A head has a role when it is significant (FDR), and strongly when
+    its mean score also exceeds ``strong``; a group *agrees* when all or none of its heads have the role. The
+    summary compares the share of agreeing (layer, group) cells with its distribution when the heads of each
+    layer are shuffled among its groups (``n_permutations``, seeded): ``p_perm`` = P(shuffled >= observed); the
+    same for strong roles (``*_strong``). NA for a model with one head per group."""
+    main = heads[heads["main"]].assign(strong=lambda t: t["significant"] & (t["mean"] > strong))
     g = main.groupby(["model", "layer", "kv_group", "detector"], sort=False)
     per = g.agg(
         n_heads=("head", "size"),
         heads=("head", lambda h: " ".join(str(int(v)) for v in h)),
         n_significant=("significant", "sum"),
+        n_strong=("strong", "sum"),
         mean_min=("mean", "min"),
         mean_max=("mean", "max"),
     ).reset_index()
     per["agrees"] = (per["n_significant"] == 0) | (per["n_significant"] == per["n_heads"])
+    per["agrees_strong"] = (per["n_strong"] == 0) | (per["n_strong"] == per["n_heads"])
     per["mean_spread"] = per["mean_max"] - per["mean_min"]
     rng = np.random.default_rng(seed)
     summary = []
     for (model, det), m in main.groupby(["model", "detector"], sort=False):
         m = m.sort_values(["layer", "head"])
         n_layers, n_heads = int(m["layer"].max()) + 1, int(m["head"].max()) + 1
-        sig = m["significant"].to_numpy(bool).reshape(n_layers, n_heads)
         grp = m["kv_group"].to_numpy().reshape(n_layers, n_heads)[0]
-        obs = float(group_agreement(sig, grp))
-        perm = np.argsort(rng.random((n_permutations, n_layers, n_heads)), -1)
-        null = group_agreement(np.take_along_axis(np.broadcast_to(sig, perm.shape), perm, -1), grp)
-        trivial = n_permutations == 0 or len(np.unique(grp)) == n_heads  # one head per group: nothing to share
         n_groups = int(grp.max()) + 1
-        summary.append(
-            {
-                "model": model, "detector": det, "input": MAIN_INPUT[det], "n_groups": n_layers * n_groups,
-                "group_size": n_heads // n_groups, "significant_heads": int(sig.sum()), "agree_share": obs,
-                "agree_share_shuffled": np.nan if trivial else float(np.mean(null)),
-                "p_perm": np.nan if trivial else float((1 + (null >= obs - 1e-12).sum()) / (1 + len(null))),
-            }
-        )  # fmt: skip
+        trivial = n_permutations == 0 or n_groups == n_heads  # one head per group: nothing to share
+        perm = np.argsort(rng.random((n_permutations, n_layers, n_heads)), -1)
+        row = {"model": model, "detector": det, "input": MAIN_INPUT[det], "n_groups": n_layers * n_groups,
+               "group_size": n_heads // n_groups}  # fmt: skip
+        for col, tag in (("significant", ""), ("strong", "_strong")):
+            sig = m[col].to_numpy(bool).reshape(n_layers, n_heads)
+            obs = float(group_agreement(sig, grp))
+            null = group_agreement(np.take_along_axis(np.broadcast_to(sig, perm.shape), perm, -1), grp)
+            row[f"{'significant' if not tag else 'strong'}_heads"] = int(sig.sum())
+            row[f"agree_share{tag}"] = obs
+            row[f"agree_share_shuffled{tag}"] = np.nan if trivial else float(np.mean(null))
+            row[f"p_perm{tag}"] = np.nan if trivial else float((1 + (null >= obs - 1e-12).sum()) / (1 + len(null)))
+        summary.append(row)
     return per.drop(columns=["mean_min", "mean_max"]), pd.DataFrame(summary)
 
 
@@ -217,7 +221,7 @@ def run_detectors(spec, model, tokenizer, config, corpora: dict, settings: Detec
         model, tokenized, [DetectorReducer(s.seed)], s.batch_size, kind, None, pad_id, spec.name, "detectors", record_id
     )[0]
     heads = head_table(result, kinds, spec.name, n_kv, s)
-    per, summary = kv_group_tables(heads, seed=s.seed)
+    per, summary = kv_group_tables(heads, seed=s.seed, strong=s.sink_epsilon)
     return {
         "inputs": inputs_table(tokenized, kinds, sources),
         "heads": heads,
