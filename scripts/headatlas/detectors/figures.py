@@ -34,7 +34,7 @@ def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, s
         squeeze=False,
         layout="constrained",
     )
-    im = None
+    im, grouped = None, False
     for ax, det in zip(axes[0], dets):
         t = heads[(heads["detector"] == det) & (heads["input"] == MAIN_INPUT[det])].sort_values(["layer", "head"])
         grid = t["mean"].to_numpy(float).reshape(n_layers, n_heads)
@@ -43,7 +43,8 @@ def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, s
         yy, xx = np.nonzero(sig)
         ax.plot(xx, yy, ".", color="white", markersize=3)
         groups = t["kv_group"].to_numpy().reshape(n_layers, n_heads)[0]
-        if len(np.unique(groups)) < n_heads:  # key/value group boundaries (grouped-query attention)
+        grouped = len(np.unique(groups)) < n_heads  # grouped-query attention: draw the group boundaries
+        if grouped:
             for x in np.flatnonzero(np.diff(groups)) + 0.5:
                 ax.axvline(x, color="red", linewidth=0.8)
         ax.set_title(TITLES[det], fontsize=8)
@@ -77,8 +78,9 @@ def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, s
             linestyle="none",
             label="significant vs shuffled null (FDR)",
         ),
-        Line2D([], [], color="red", linewidth=0.8, label="key/value group boundary"),
     ]
+    if grouped:
+        handles.append(Line2D([], [], color="red", linewidth=0.8, label="key/value group boundary"))
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=7, frameon=False)
     fig.suptitle(f"Head detectors of {model} ({n_layers} x {n_heads})", fontsize=10)
     save_figure(fig, png, svg)
