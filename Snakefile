@@ -29,6 +29,7 @@ include: "workflow/rules/clark_surface.smk"
 include: "workflow/rules/pande.smk"
 include: "workflow/rules/jomyaeng.smk"
 include: "workflow/rules/clark_syntax.smk"
+include: "workflow/rules/detectors.smk"
 include: "workflow/rules/atlas.smk"
 
 

@@ -127,6 +127,30 @@ def probe_columns(probes: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
+def detector_columns(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per detector, on the input kind its table marks ``main``: the mean score with its CI and the significance
+    against the shuffled-position null (FDR); the sink flag (mean attention to the first token above epsilon)
+    and the key/value group of the head."""
+    main = heads[heads["main"].map(lambda v: str(v) == "True")]
+    wide = main.pivot_table(
+        index=KEY, columns="detector", values=["mean", "ci_low", "ci_high", "significant"], aggfunc="first"
+    )
+    names = {"mean": "", "ci_low": "_ci_low", "ci_high": "_ci_high", "significant": "_sig"}
+    detectors = list(dict.fromkeys(main["detector"]))
+    wide = wide.reindex(columns=pd.MultiIndex.from_product([list(names), detectors]))
+    wide.columns = [f"det_{d}{names[v]}" for v, d in wide.columns]
+    wide = wide[[f"det_{d}{names[v]}" for d in detectors for v in names]].reset_index()
+    for c in wide.columns:
+        if c.endswith("_sig"):
+            wide[c] = wide[c].map(lambda v: str(v) == "True")
+    sink = main[main["detector"] == "sink"][KEY + ["above_threshold"]].rename(
+        columns={"above_threshold": "det_sink_head"}
+    )
+    sink["det_sink_head"] = sink["det_sink_head"].map(lambda v: str(v) == "True")
+    group = main.drop_duplicates(KEY)[KEY + ["kv_group"]].rename(columns={"kv_group": "det_kv_group"})
+    return wide.merge(sink, on=KEY, how="left").merge(group, on=KEY, how="left")
+
+
 @dataclass(frozen=True)
 class AtlasSource:
     """What one analysis adds to the atlas: which TSVs, which columns, how they are joined.
@@ -169,6 +193,7 @@ ATLAS_SOURCES = (
     ),  # fmt: skip
     AtlasSource("coref", "clark_syntax", {"coref": "results/clark/{model}/coref/heads.tsv"}, coref_columns),
     AtlasSource("probes", "jomyaeng", {"probes": "results/jomyaeng/{model}/heads.tsv"}, probe_columns),
+    AtlasSource("detectors", "detectors", {"detectors": "results/detectors/{model}/heads.tsv"}, detector_columns),
 )
 TABLE_NAMES = [k for source in ATLAS_SOURCES for k in source.tables]
 

@@ -65,11 +65,16 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     """Layers x heads grid: fill = Clark behaviour, markers = Pande roles (FDR), a black frame =
     the head's best relation beats that relation's offset baseline by 5+ points, and the cell text =
     the Jo & Myaeng category (S surface, Y syntactic, M semantic) the head probes best relative to
-    the model's other heads. Layer 1 is at the top, head 1 at the left (:func:`layer_head_axes`)."""
+    the model's other heads. When the atlas has detector columns, a second panel
+    (:func:`detector_panel`) shows them. Layer 1 is at the top, head 1 at the left (:func:`_grid_axes`)."""
     cell = 0.42
+    detectors = any(c.startswith("det_") for c in atlas.columns)
     fig_w = max(6.0, cell * n_heads + 3.2)
     fig_h = max(4.0, cell * n_layers + 1.6)
-    fig, ax = plt.subplots(figsize=(fig_w, fig_h))
+    if detectors:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(2 * fig_w + 1.0, fig_h), layout="constrained")
+    else:
+        fig, ax = plt.subplots(figsize=(fig_w, fig_h))
     a = atlas.set_index(["layer", "head"])
     cats = [c for c in ("surface", "syntactic", "semantic") if f"probe_{c}_mean_acc" in atlas]
     if cats:
@@ -121,8 +126,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
                 fontsize=6.5,
                 color="#333333",
             )
-    layer_head_axes(ax, n_layers, n_heads, fontsize=8)
-    ax.set_aspect("equal")
+    _grid_axes(ax, n_layers, n_heads)
     ax.set_title(f"Head atlas of {model} ({n_layers} x {n_heads})", fontsize=10)
     shown = legend_behaviours(atlas.get("clark_behaviour", []))
     handles = [Patch(facecolor=BEHAVIOUR_COLOURS[k], edgecolor="#999999", label=f"Clark: {k}") for k in shown]
@@ -139,7 +143,66 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     if cats:
         handles += [Patch(facecolor="white", edgecolor="white", label="text: best J&M category (S/Y/M)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    if detectors:
+        detector_panel(ax2, atlas, n_layers, n_heads)
     save_figure(fig, png, svg)
+
+
+def _grid_axes(ax, n_layers: int, n_heads: int) -> None:
+    """The convention's orientation (:func:`~headatlas.core.figures.layer_head_axes`), square cells."""
+    layer_head_axes(ax, n_layers, n_heads, fontsize=8)
+    ax.set_aspect("equal")
+
+
+# detectors drawn in the second panel: fill colour of the strongest significant one
+DETECTOR_COLOURS = {"induction": "#d62728", "duplicate": "#ff7f0e", "prev": "#1f77b4"}
+
+
+def ablation_column(atlas: pd.DataFrame) -> str | None:
+    """The ablation-effect column the ablation analysis adds to the atlas, if any (``ablation_*effect*``)."""
+    return next((c for c in atlas.columns if c.startswith("ablation_") and "effect" in c), None)
+
+
+def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None:
+    """Second atlas panel: fill = the significant (FDR) detector with the highest mean score among induction,
+    duplicate-token and previous-token, its opacity the score; a black dot = sink head (mean attention to the
+    first token above epsilon); thick lines = key/value group boundaries (grouped-query attention); the cell
+    text = the ablation effect when the atlas has one."""
+    dets = [d for d in DETECTOR_COLOURS if f"det_{d}" in atlas]
+    abl = ablation_column(atlas)
+    for row in atlas.itertuples(index=False):
+        r = row._asdict()
+        layer, head = int(r["layer"]), int(r["head"])
+        sig = [(float(r[f"det_{d}"]), d) for d in dets if str(r.get(f"det_{d}_sig")) == "True"]
+        colour, alpha = "white", 1.0
+        if sig:
+            score, best = max(sig)
+            colour, alpha = DETECTOR_COLOURS[best], float(0.25 + 0.75 * np.clip(score, 0, 1))
+        ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, facecolor=colour, alpha=alpha, edgecolor="none"))
+        ax.add_patch(
+            plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, facecolor="none", edgecolor="#cccccc", linewidth=0.5)
+        )
+        if str(r.get("det_sink_head")) == "True":
+            ax.plot(head + 0.3, layer + 0.3, "o", color="black", markersize=2.5)
+        if abl is not None and pd.notna(r.get(abl)):
+            ax.text(head, layer, f"{float(r[abl]):.2f}", ha="center", va="center", fontsize=5, color="#333333")
+    grouped = False
+    if "det_kv_group" in atlas:
+        groups = atlas.sort_values(["layer", "head"])["det_kv_group"].to_numpy()[:n_heads]
+        grouped = len(np.unique(groups)) < n_heads  # grouped-query attention
+        for x in np.flatnonzero(np.diff(groups)) + 0.5 if grouped else []:
+            ax.axvline(x, color="black", linewidth=1.5)
+    _grid_axes(ax, n_layers, n_heads)
+    ax.set_title("Detectors: strongest significant pattern (FDR), sink heads, KV groups", fontsize=9)
+    handles = [Patch(facecolor=c, label=f"{d} (opacity: mean score)") for d, c in DETECTOR_COLOURS.items() if d in dets]
+    handles += [
+        Line2D([], [], marker="o", color="black", linestyle="none", markersize=3, label="sink head (alpha_1 > epsilon)")
+    ]
+    if grouped:
+        handles += [Line2D([], [], color="black", linewidth=1.5, label="key/value group boundary")]
+    if abl is not None:
+        handles += [Patch(facecolor="white", edgecolor="white", label=f"text: {abl}")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
 
 
 def agreement_figure(scores: pd.DataFrame, agreement: pd.DataFrame, model: str, png, svg) -> None:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from ..core.progress import progress
+from ..core.patterns import prev_token_score
 
 PUNCT = {".", ","}
 STATS = [
@@ -147,7 +148,7 @@ def sequence_stats(
     idx = np.arange(n)
     if not causal:
         out[:, col["next"]] = maps[:, idx[:-1], idx[1:]].sum(-1) / n
-    out[:, col["prev"]] = maps[:, idx[1:], idx[:-1]].sum(-1) / n
+    out[:, col["prev"]] = prev_token_score(maps, n)
     out[:, col["self"]] = maps[:, idx, idx].sum(-1) / n
     col_mass = maps.sum(1) / n  # [H, n]: (1/n) sum_i A[i, j]
     first = special == (SPECIAL_BOS if causal else SPECIAL_CLS)

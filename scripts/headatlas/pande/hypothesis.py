@@ -34,6 +34,7 @@ from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.progress import progress
+from ..core.multitest import adjust  # noqa: F401 (re-exported: pande.hypothesis.adjust)
 
 log = logging.getLogger("headatlas.pande.hypothesis")
 
@@ -160,20 +161,6 @@ def scipy_t_pvalues(x: np.ndarray, tau: float, ddof: int = 0) -> np.ndarray:
             t1 = stats.ttest_1samp(v[:, live], tau, alternative="greater", axis=0).statistic
         p[cols[live]] = stats.t.sf(t1 * np.sqrt((n - ddof) / (n - 1)), n - 1)
     return p
-
-
-def adjust(p: np.ndarray, alpha: float, method: str) -> tuple[np.ndarray, np.ndarray]:
-    """Multiple-testing adjustment over the finite p-values (the family); NaN stays NaN."""
-    from statsmodels.stats.multitest import multipletests
-
-    p = np.asarray(p, dtype=np.float64)
-    adj = np.full(p.shape, np.nan)
-    reject = np.zeros(p.shape, dtype=bool)
-    fin = np.isfinite(p)
-    if fin.any():
-        r, a, _, _ = multipletests(p[fin], alpha=alpha, method=method)
-        adj[fin], reject[fin] = a, r
-    return adj, reject
 
 
 def pattern_rng(seed: int, pattern: np.ndarray) -> np.random.Generator:

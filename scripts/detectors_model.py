@@ -1,0 +1,30 @@
+"""Rule detectors: every detector of one model on natural and seeded random inputs (fused; no maps stored)."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.models import ModelSpec, load  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+from headatlas.detectors.analysis import run_detectors  # noqa: E402
+from headatlas.detectors.inputs import DetectorSettings  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+spec = ModelSpec.from_config(sm.params.model)
+settings = DetectorSettings.from_config(sm.params.detectors)
+model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None)
+corpora = {name: load_records(path) for name, path in zip(sm.params.corpora, sm.input.corpora)}
+tables = run_detectors(spec, model, tokenizer, config, corpora, settings)
+for key in ("heads", "sinks", "kv_groups", "kv_summary", "inputs"):
+    with atomic_path(sm.output[key]) as tmp:
+        tables[key].to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+h = tables["heads"]
+log.info(
+    "model %s: %d sequences; significant heads (FDR) per input x detector:\n%s",
+    spec.name,
+    len(tables["inputs"]),
+    h.groupby(["input", "detector"])["significant"].sum().unstack().to_string(),
+)

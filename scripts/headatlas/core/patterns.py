@@ -1,0 +1,19 @@
+"""Attention patterns shared by more than one analysis (one definition each).
+
+:func:`prev_token_score` is Clark et al.'s "attention to the previous token" (shared methods §3.3),
+``(1/n) sum_{i >= 1} A[i, i-1]``: the query at position 0, which has no previous token, counts in n.
+Clark's surface statistics and the previous-token detector both call it. It takes numpy arrays or
+torch tensors of shape ``[..., n, n]`` (rows = queries); ``n`` is the sequence length, an int or an
+array / tensor broadcastable against the leading dimensions (padded batches: cells outside a sequence
+must be 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def prev_token_score(maps, n):
+    """``(1/n) sum_{i >= 1} maps[..., i, i-1]`` over the last two axes (queries, keys)."""
+    rows = np.arange(1, maps.shape[-1])
+    return maps[..., rows, rows - 1].sum(-1) / n

@@ -1,0 +1,132 @@
+"""The detectors as one reducer (:mod:`headatlas.core.reduce`): per sequence, layer and head, the observed score
+of each detector and the same score under a shuffled-position null, from a padded ``[B, H, n, n]`` batch.
+
+Per query i of a sequence of n tokens (content = tokens that are no special token):
+
+- ``prev``: Clark's previous-token score, :func:`headatlas.core.patterns.prev_token_score` (one definition);
+- ``duplicate``: attention to the other occurrence of the query's token: the nearest earlier content token with
+  the same piece (decoder); for an encoder the nearest other one, earlier or later (ties: the earlier);
+- ``induction``: attention to the token right after that occurrence (a content token, not the query itself);
+  on the repeated random input this is t_{i+1} after the first occurrence, from the second occurrence
+  (decoder), and also from the first occurrence to the token after the second one (encoder);
+- ``sink``: attention to the first token (Gu et al.'s alpha_1: every query, [CLS] or BOS included).
+
+A score is the sum over the queries that have a target of A[i, target], divided by n for ``prev`` and
+``sink`` (every query counts) and by the number of such queries for ``duplicate`` and ``induction`` (NaN
+when a sequence has none). The null score of a sequence takes the same queries and denominator but each
+query's target replaced by a key drawn uniformly from the keys that query may attend to (all n for an
+encoder, 0..i for a decoder): the maps with positions shuffled within the sequence. The draws are seeded by
+(seed, sequence index), so a fused and a replayed feed give the same null.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.data import SPECIAL_NONE
+from ..core.patterns import prev_token_score
+from ..core.reduce import ReduceBatch, Reducer, clean_maps
+
+DETECTORS = ("prev", "duplicate", "induction", "sink")
+
+
+def other_occurrence(piece: np.ndarray, special: np.ndarray, lengths: np.ndarray, causal: bool) -> np.ndarray:
+    """[B, n] position of the other occurrence of each content token's piece (-1: none), see the module doc."""
+    b, n = piece.shape
+    _, code = np.unique(piece.astype(str), return_inverse=True)
+    code = code.reshape(b, n)
+    idx = np.arange(n)
+    content = (special == SPECIAL_NONE) & (idx[None, :] < lengths[:, None])
+    same = (code[:, :, None] == code[:, None, :]) & content[:, :, None] & content[:, None, :]
+    same &= idx[:, None] != idx[None, :]
+    if causal:
+        same &= idx[None, :] < idx[:, None]
+    dist = np.abs(idx[:, None] - idx[None, :]) * 2 + (idx[None, :] > idx[:, None])  # nearest; ties: earlier
+    dist = np.where(same, dist[None], np.iinfo(np.int64).max)
+    found = same.any(-1)
+    return np.where(found, dist.argmin(-1), -1)
+
+
+def targets(batch: ReduceBatch, causal: bool, seed: int) -> dict:
+    """Per detector, the [B, n] target key of each query (-1: none) and [B] denominators; ``null`` [B, n]
+    seeded random keys the query may attend to."""
+    lengths, n = batch.lengths, batch.n
+    idx = np.arange(n)
+    valid = idx[None, :] < lengths[:, None]
+    dup = other_occurrence(batch.piece, batch.special, lengths, causal)
+    nxt = dup + 1
+    ok = (dup >= 0) & (nxt < lengths[:, None]) & (nxt != idx[None, :])
+    ok[ok] &= batch.special[np.nonzero(ok)[0], nxt[ok]] == SPECIAL_NONE
+    ind = np.where(ok, nxt, -1)
+    prev = np.where(valid & (idx[None, :] >= 1), idx[None, :] - 1, -1)
+    sink = np.where(valid, 0, -1)
+    null = np.zeros((len(batch), n), dtype=np.int64)
+    for r, (k, m) in enumerate(zip(batch.seq, lengths)):  # one draw per sequence, not per cell
+        u = np.random.default_rng([seed, int(k)]).random(int(m))
+        span = idx[:m] + 1 if causal else np.full(m, m)
+        null[r, :m] = np.minimum((u * span).astype(np.int64), span - 1)
+    t = np.stack([prev, dup, ind, sink], 1)  # [B, D, n]
+    count = (t >= 0).sum(-1).astype(np.float64)
+    den = np.where(np.array([True, False, False, True])[None, :], lengths[:, None].astype(np.float64), count)
+    return {"target": t, "den": den, "null": null}
+
+
+def _mass(a, target, den):
+    """[B, H, D] sum_i a[b, h, i, target[b, d, i]] over queries with a target, / den[b, d]."""
+    import torch
+
+    bsz, h, n, _ = a.shape
+    t = torch.as_tensor(target, device=a.device)  # [B, D, n]
+    d = t.shape[1]
+    index = t.clamp(min=0)[:, None, :, :, None].expand(bsz, h, d, n, 1)
+    got = a[:, :, None].expand(bsz, h, d, n, n).gather(4, index)[..., 0] * (t >= 0)[:, None].to(a.dtype)
+    return got.sum(-1).double() / torch.as_tensor(den, device=a.device)[:, None, :]
+
+
+class DetectorReducer(Reducer):
+    """Observed and null scores of :data:`DETECTORS` per sequence: ``result()`` is a dict of float64 arrays
+    ``scores`` and ``null`` [N, L, H, D] (NaN where a sequence has no query for a detector)."""
+
+    name = "detectors"
+    analysis = "detectors"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def params(self) -> dict:
+        return {"seed": self.seed}
+
+    def start(self, info) -> None:
+        super().start(info)
+        shape = (info.n_sequences, info.n_layers, info.n_heads, len(DETECTORS))
+        self.scores = np.full(shape, np.nan)
+        self.null = np.full(shape, np.nan)
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        import torch
+
+        causal = self.info.causal
+        key = ("detectors", causal, self.seed)
+        if key not in batch._cache:
+            batch._cache[key] = targets(batch, causal, self.seed)
+        t = batch._cache[key]
+        a = clean_maps(attn, batch, causal)
+        obs = _mass(a, t["target"], t["den"])
+        obs[..., 0] = prev_token_score(a, torch.as_tensor(batch.lengths, device=a.device)[:, None]).double()
+        nul = _mass(a, np.where(t["target"] >= 0, t["null"][:, None, :], -1), t["den"])
+        self.scores[batch.seq, layer] = obs.cpu().numpy()
+        self.null[batch.seq, layer] = nul.cpu().numpy()
+
+    def result(self) -> dict:
+        return {"scores": self.scores, "null": self.null}
+
+    def to_arrays(self, result) -> dict:
+        return dict(result)
+
+    @classmethod
+    def from_arrays(cls, arrays) -> dict:
+        return {"scores": np.asarray(arrays["scores"]), "null": np.asarray(arrays["null"])}
+
+    @classmethod
+    def combine(cls, parts: list) -> dict:
+        return {k: np.concatenate([p[k] for p in parts]) for k in ("scores", "null")}

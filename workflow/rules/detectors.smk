@@ -1,0 +1,124 @@
+DETECTORS = analysis_section("detectors", "../schemas/detectors.schema.yaml")
+# the keys rule detectors reads (DetectorSettings.from_config builds the settings from them)
+DETECTOR_KEYS = [
+    "n_sequences",
+    "length",
+    "repeat_length",
+    "sink_epsilon",
+    "seed",
+    "bootstrap",
+    "ci",
+    "alpha",
+    "fdr_method",
+    "batch_size",
+]
+DETECTOR_FILES = [
+    "heads.tsv",
+    "sinks.tsv",
+    "kv_groups.tsv",
+    "kv_summary.tsv",
+    "inputs.tsv",
+    "detectors.png",
+]
+register_targets(
+    "detectors",
+    lambda: [
+        f"results/detectors/{m}/{f}"
+        for m in analysis_models("detectors")
+        for f in DETECTOR_FILES
+    ]
+    + ["results/detectors/sinks_by_model.tsv"],
+)
+
+
+rule detectors:
+    input:
+        corpora=lambda wc: [
+            f"results/corpora/{c}.jsonl.gz"
+            for c in analysis_corpora("detectors", wc.model)
+        ],
+        model=model_cache,
+    output:
+        heads=report(
+            "results/detectors/{model}/heads.tsv",
+            caption="../report/detectors_heads.rst",
+            category="Detectors",
+            subcategory="{model}",
+        ),
+        sinks=report(
+            "results/detectors/{model}/sinks.tsv",
+            caption="../report/detectors_sinks.rst",
+            category="Detectors",
+            subcategory="{model}",
+        ),
+        kv_groups=report(
+            "results/detectors/{model}/kv_groups.tsv",
+            caption="../report/detectors_kv_groups.rst",
+            category="Detectors",
+            subcategory="{model}",
+        ),
+        kv_summary="results/detectors/{model}/kv_summary.tsv",
+        inputs="results/detectors/{model}/inputs.tsv",
+    log:
+        "logs/detectors/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: DETECTORS["threads"]
+    resources:
+        mem_mb=4000,
+        runtime=30,
+        gpu=lambda wc: uses_gpu(wc.model),
+    params:
+        detectors={k: DETECTORS[k] for k in DETECTOR_KEYS},
+        model=lambda wc: MODELS[wc.model],
+        corpora=lambda wc: analysis_corpora("detectors", wc.model),
+    script:
+        "../../scripts/detectors_model.py"
+
+
+rule detectors_figure:
+    input:
+        heads="results/detectors/{model}/heads.tsv",
+        sinks="results/detectors/{model}/sinks.tsv",
+    output:
+        png=report(
+            "results/detectors/{model}/detectors.png",
+            caption="../report/detectors_figure.rst",
+            category="Detectors",
+            subcategory="{model}",
+        ),
+        svg="results/detectors/{model}/detectors.svg",
+    log:
+        "logs/detectors_figure/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../../scripts/detectors_figure.py"
+
+
+rule detectors_sinks_by_model:
+    input:
+        expand(
+            "results/detectors/{model}/sinks.tsv", model=analysis_models("detectors")
+        ),
+    output:
+        report(
+            "results/detectors/sinks_by_model.tsv",
+            caption="../report/detectors_sinks_by_model.rst",
+            category="Detectors",
+            subcategory="all models",
+        ),
+    log:
+        "logs/detectors/sinks_by_model.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../../scripts/detectors_sinks_by_model.py"
