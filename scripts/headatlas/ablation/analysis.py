@@ -6,7 +6,8 @@ bootstrap CI over sequences (``core.bootstrap.bootstrap_ci``, one set of resampl
 A loss effect > 0 and an accuracy effect < 0 mean the model needs what was removed.
 
 - single heads: attribution patching (one forward and one backward pass) estimates every
-  head's effect; exact ablation checks it on the top ``exact_top`` heads of the estimate and
+  head's effect; exact ablation checks it on the top ``exact_top`` heads of the estimate (largest
+  absolute value: a large negative estimate is checked too) and
   ``exact_random`` random others (Spearman rank correlation, top-k overlap). The atlas value is
   the exact effect where one was measured, else the estimate, and says which;
 - roles: every head of a role at once against ``random_sets`` seeded random sets with the same
@@ -40,7 +41,7 @@ class AblationSettings:
 
     mode: str = "mean"
     lm_sequences: int = 16
-    lm_max_tokens: int = 48
+    lm_max_tokens: int = 36
     classification_examples: int = 200
     batch_size: int = 16
     exact_top: int = 10
@@ -110,7 +111,7 @@ def head_tables(model: str, evaluation, settings: AblationSettings) -> tuple[pd.
     est = attribution_estimates(grad_sums, zg, values).reshape(evaluation.n_sequences, L * H)  # [S, L*H], loss
     rng = np.random.default_rng(settings.seed)
     counts = resample_counts(rng, evaluation.n_sequences, settings.bootstrap)
-    order = np.argsort(-est.mean(0), kind="stable")
+    order = np.argsort(-np.abs(est.mean(0)), kind="stable")  # largest |estimate|: big negative ones are checked too
     top = [(int(i // H), int(i % H)) for i in order[: settings.exact_top]]
     rand = random_heads(L, H, settings.exact_random, rng, exclude=top)
     checked = top + rand
@@ -171,10 +172,11 @@ def check_table(
     model: str, task: str, estimate: np.ndarray, exact: np.ndarray, n_top: int, n_random: int
 ) -> pd.DataFrame:
     """Spearman rank correlation of estimate and exact loss effect over the checked heads, and
-    how many of the exact top ``n_top`` among them are the estimate's top ``n_top``."""
+    how many of the exact top ``n_top`` among them (largest |effect|) are the estimate's top ``n_top``."""
     k = min(n_top, len(exact))
     rho, p = stats.spearmanr(estimate, exact) if len(exact) >= 3 and np.ptp(exact) > 0 else (np.nan, np.nan)
-    both = len(set(np.argsort(-estimate, kind="stable")[:k]) & set(np.argsort(-exact, kind="stable")[:k]))
+    top = [set(np.argsort(-np.abs(v), kind="stable")[:k]) for v in (estimate, exact)]
+    both = len(top[0] & top[1])
     return pd.DataFrame(
         [{"model": model, "task": task, "status": "ok", "reason": "", "metric": "loss", "n_exact": len(exact),
           "n_top": n_top, "n_random": n_random, "spearman": rho, "spearman_p": p, "top_k": k, "top_k_overlap": both,
