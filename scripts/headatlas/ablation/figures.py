@@ -33,8 +33,10 @@ def pruning_figure(pruning: pd.DataFrame, model: str, png, svg) -> None:
                 ax.fill_between(o["n_removed"], o["ci_low"], o["ci_high"], color=colour, alpha=0.2)
         n = int(d["n_sequences"].iloc[0]) if len(d) else 0
         what = "next-token loss" if task == "lm" else "classification"
-        ax.set_title(f"{model}: {what} ({n} sequences, 95% CI)")
-        ax.set_xlabel("heads removed (count)")
+        pos = d[d["n_removed"] > 0]
+        total = int(round(pos["n_removed"].iloc[0] / pos["fraction"].iloc[0])) if len(pos) else 0
+        ax.set_title(f"{model}: {what} ({n} sequences; bands: bootstrap CI)")
+        ax.set_xlabel(f"heads removed (count, of {total})")
         ax.set_ylabel(METRIC_LABEL[metric])
         ax.legend(fontsize=8)
     if not panels:
