@@ -31,6 +31,7 @@ include: "workflow/rules/jomyaeng.smk"
 include: "workflow/rules/clark_syntax.smk"
 include: "workflow/rules/detectors.smk"
 include: "workflow/rules/atlas.smk"
+include: "workflow/rules/ablation.smk"
 
 
 rule all:

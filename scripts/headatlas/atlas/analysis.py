@@ -151,6 +151,22 @@ def detector_columns(heads: pd.DataFrame) -> pd.DataFrame:
     return wide.merge(sink, on=KEY, how="left").merge(group, on=KEY, how="left")
 
 
+def ablation_columns(ablation: pd.DataFrame) -> pd.DataFrame:
+    """Per task and metric: the ablation effect (ablated - intact) with its CI and how it was
+    measured: ``exact``, ``estimated`` (attribution patching), ``none`` (accuracy: no estimate)
+    or ``skipped: <reason>`` (a task the model cannot do, e.g. no LM head)."""
+    a = ablation.copy()
+    a["method"] = np.where(a["status"] == "skipped", "skipped: " + a["reason"].fillna("").astype(str), a["method"])
+    a["col"] = "ablation_" + a["task"] + "_" + a["metric"]
+    wide = a.pivot_table(
+        index=KEY, columns="col", values=["effect", "ci_low", "ci_high", "method"], aggfunc="first", dropna=False
+    )
+    order = [(v, c) for c in dict.fromkeys(a["col"]) for v in ("effect", "ci_low", "ci_high", "method")]
+    wide = wide.reindex(columns=pd.MultiIndex.from_tuples(order))
+    wide.columns = [f"{c}_{v}" for v, c in wide.columns]
+    return wide.reset_index()
+
+
 @dataclass(frozen=True)
 class AtlasSource:
     """What one analysis adds to the atlas: which TSVs, which columns, how they are joined.
@@ -194,6 +210,7 @@ ATLAS_SOURCES = (
     AtlasSource("coref", "clark_syntax", {"coref": "results/clark/{model}/coref/heads.tsv"}, coref_columns),
     AtlasSource("probes", "jomyaeng", {"probes": "results/jomyaeng/{model}/heads.tsv"}, probe_columns),
     AtlasSource("detectors", "detectors", {"detectors": "results/detectors/{model}/heads.tsv"}, detector_columns),
+    AtlasSource("ablation", "ablation", {"ablation": "results/ablation/{model}/heads.tsv"}, ablation_columns),
 )
 TABLE_NAMES = [k for source in ATLAS_SOURCES for k in source.tables]
 

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
+from ..core.models import lm_head_model  # noqa: F401  (moved to core: the ablation analysis loads it too)
 from .surface import punct_mask
 
 log = logging.getLogger("headatlas.clark.gradients")
@@ -107,39 +108,6 @@ def group_sums(grad: np.ndarray, types: np.ndarray, n_groups: int, causal: bool)
     return np.bincount(types, weights=per_key, minlength=n_groups), np.bincount(
         types, weights=cells, minlength=n_groups
     )
-
-
-def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
-    """Load the model with its LM head, or explain why that is impossible.
-
-    Returns (model, None) or (None, reason). The head must come from the checkpoint: a head
-    that ``from_pretrained`` would initialise at random gives meaningless gradients.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
-
-    from ..core.models import architecture
-
-    auto = AutoModelForMaskedLM if kind == "encoder" else AutoModelForCausalLM
-    model_type = AutoConfig.from_pretrained(loc, **(kwargs or {})).model_type
-    head = architecture(model_type).lm_head  # the LM head's modules, from the architecture table
-    if head is None:
-        return None, f"transformers has no {auto.__name__} class for model type {model_type!r}"
-    try:
-        model, info = auto.from_pretrained(
-            loc, attn_implementation="eager", dtype=torch.float32, output_loading_info=True, **(kwargs or {})
-        )
-    except ValueError as e:  # no such head class for this architecture
-        return None, f"{auto.__name__} cannot load this architecture: {str(e).splitlines()[0]}"
-    head_missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(tuple(h + "." for h in head)))
-    if head_missing:
-        what = "masked-LM" if kind == "encoder" else "causal-LM"
-        return (
-            None,
-            f"the checkpoint has no {what} head (missing weights: {', '.join(head_missing[:4])}{' ...' if len(head_missing) > 4 else ''})",
-        )
-    model.eval()
-    return model, None
 
 
 def gradient_importance(

@@ -347,6 +347,37 @@ def architecture_module(model, path: str):
     return None
 
 
+def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
+    """Load the model with its LM head, or explain why that is impossible.
+
+    Returns (model, None) or (None, reason). The head must come from the checkpoint: a head
+    that ``from_pretrained`` would initialise at random gives meaningless gradients.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    auto = AutoModelForMaskedLM if kind == "encoder" else AutoModelForCausalLM
+    model_type = AutoConfig.from_pretrained(loc, **(kwargs or {})).model_type
+    head = architecture(model_type).lm_head  # the LM head's modules, from the architecture table
+    if head is None:
+        return None, f"transformers has no {auto.__name__} class for model type {model_type!r}"
+    try:
+        model, info = auto.from_pretrained(
+            loc, attn_implementation="eager", dtype=torch.float32, output_loading_info=True, **(kwargs or {})
+        )
+    except ValueError as e:  # no such head class for this architecture
+        return None, f"{auto.__name__} cannot load this architecture: {str(e).splitlines()[0]}"
+    head_missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(tuple(h + "." for h in head)))
+    if head_missing:
+        what = "masked-LM" if kind == "encoder" else "causal-LM"
+        return (
+            None,
+            f"the checkpoint has no {what} head (missing weights: {', '.join(head_missing[:4])}{' ...' if len(head_missing) > 4 else ''})",
+        )
+    model.eval()
+    return model, None
+
+
 def word_embeddings(model):
     """The word embedding module named by the model type's row (the one ``inputs_embeds`` replaces)."""
     arch = architecture(model.config.model_type)

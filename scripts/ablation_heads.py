@@ -1,0 +1,27 @@
+"""Rule ablation_heads: every head's ablation effect (attribution patching; exact on the checked heads)."""
+
+import sys
+import time
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.ablation.analysis import AblationSettings, ablate_heads  # noqa: E402
+from headatlas.ablation.tasks import evaluations  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.models import ModelSpec  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+t0 = time.time()
+settings = AblationSettings.from_config(sm.params.ablation)
+spec = ModelSpec.from_config(sm.params.model)
+evals, shape = evaluations(
+    spec, sm.input.model[0] if sm.input.model else None, load_records(sm.input.corpus), sm.params.task, settings
+)
+heads, check = ablate_heads(spec.name, evals, settings, shape)
+for table, path in ((heads, sm.output.heads), (check, sm.output.check)):
+    with atomic_path(path) as tmp:
+        table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+log.info("done in %.1f s wall, %.1f s CPU", time.time() - t0, time.process_time())
