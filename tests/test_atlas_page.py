@@ -66,7 +66,7 @@ def _atlas() -> pd.DataFrame:
     df["pande_syntactic_sig_fdr"] = [True, True, False, True, False, False]
     df["pande_local_effect_ci_low"] = df["pande_local_effect"] - 0.125
     df["pande_local_effect_ci_high"] = df["pande_local_effect"] + 0.25
-    df["kv_group"] = [0, 0, 1, 0, 0, 1]
+    df["det_kv_group"] = [0, 0, 1, 0, 0, 1]
     df["detector_score"] = [0.1, -0.2, 0.3, np.nan, 0.05, -0.4]  # an unknown column: generic
     return df
 
@@ -131,7 +131,7 @@ def test_values_equal_the_tsv(run):
     assert d["labels"] == ["1-1", "1-2", "1-3", "2-1", "2-2", "2-3"]
     kinds = {c["name"]: c["kind"] for c in d["columns"]}
     assert kinds["clark_behaviour"] == "text" and kinds["pande_local_sig_fdr"] == "bool"
-    assert kinds["clark_entropy"] == kinds["detector_score"] == kinds["kv_group"] == "number"
+    assert kinds["clark_entropy"] == kinds["detector_score"] == kinds["det_kv_group"] == "number"
     assert set(kinds) == set(atlas.columns) - {"model", "layer", "head", "label"}
     for c in kinds:
         for i, v in enumerate(d["values"][c]):
@@ -396,7 +396,7 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
 def test_page_in_chromium_hand_made_run(run):
     out = run["tmp"] / "index.html"
     second = run["tmp"] / "atlas2.tsv"
-    _atlas().drop(columns=["kv_group"]).to_csv(second, sep="\t", index=False)
+    _atlas().drop(columns=["det_kv_group"]).to_csv(second, sep="\t", index=False)
     sources = _sources(run)
     sources["m2"] = dict(sources["m"], atlas=str(second), stores=[], scores=None)
     pg.build_page(sources, str(run["corpus"]), SETTINGS, out)

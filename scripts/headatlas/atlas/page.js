@@ -126,7 +126,7 @@
       if (state.op === ">=" ? !(v >= t) : !(v <= t)) return false;
     }
     if (state.kv !== "") {
-      const vals = m.values.kv_group;
+      const vals = m.values.det_kv_group;
       if (!vals || String(vals[i]) !== state.kv) return false;
     }
     return true;
@@ -379,8 +379,8 @@
     const selOp = el("select", { id: "threshold-op" }, [option(">=", "≥", true), option("<=", "≤", false)]);
     const inp = el("input", { id: "threshold", type: "number", step: "any", placeholder: "none" });
     const kvs = [];
-    MODELS.forEach((m) => (m.values.kv_group || []).forEach((v) => { if (v !== null && kvs.indexOf(String(v)) < 0) kvs.push(String(v)); }));
-    const selK = el("select", { id: "kv-filter" }, [option("", kvs.length ? "(any)" : "(no kv_group column)", true)].concat(kvs.map((v) => option(v, v, false))));
+    MODELS.forEach((m) => (m.values.det_kv_group || []).forEach((v) => { if (v !== null && kvs.indexOf(String(v)) < 0) kvs.push(String(v)); }));
+    const selK = el("select", { id: "kv-filter" }, [option("", kvs.length ? "(any)" : "(no det_kv_group column)", true)].concat(kvs.map((v) => option(v, v, false))));
     if (!kvs.length) selK.disabled = true;
     const reset = el("button", { id: "reset", type: "button", text: "Clear filters" });
     const lab = (text, ctrl) => el("label", {}, [text, ctrl]);

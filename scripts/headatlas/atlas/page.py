@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 ID_COLUMNS = ("model", "layer", "head", "label")
 CI_SUFFIXES = ("_ci_low", "_ci_high")
 ROLE_COLUMN = re.compile(r"^(?P<role>.+)_sig_(?P<mode>faithful|fdr)$")
-KV_COLUMN = "kv_group"
+KV_COLUMN = "det_kv_group"  # detectors: the key/value head a query head reads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +84,7 @@ COLUMN_DOCS = [
     (r"probe_(surface|syntactic|semantic)_mean_acc", "Jo & Myaeng mean probing accuracy over the {0} tasks (fraction)"),
     (r"probe_(.+)_acc", "Jo & Myaeng per-head probe test accuracy on {0} (fraction)"),
     (r"probe_(.+)_selectivity", "probe accuracy on {0} minus control-task accuracy (fraction)"),
-    (r"kv_group", "key/value group the head shares (grouped-query attention)"),
+    (r"det_kv_group", "key/value group the head shares (grouped-query attention)"),
     (r"(.+)_ci_(low|high)", "{1} end of the CI of {0}"),
 ]
 
