@@ -8,6 +8,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.ablation.analysis import AblationSettings, ablate_heads  # noqa: E402
 from headatlas.ablation.tasks import evaluations  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
@@ -25,3 +26,4 @@ for table, path in ((heads, sm.output.heads), (check, sm.output.check)):
     with atomic_path(path) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 log.info("done in %.1f s wall, %.1f s CPU", time.time() - t0, time.process_time())
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -11,6 +11,7 @@ from headatlas.ablation.analysis import AblationSettings, ablate_roles  # noqa: 
 from headatlas.ablation.figures import pruning_figure  # noqa: E402
 from headatlas.ablation.tasks import evaluations  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
@@ -36,3 +37,4 @@ for table, path in ((roles, sm.output.roles), (pruning, sm.output.pruning)):
         table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 pruning_figure(pruning, spec.name, sm.output.figure, sm.output.svg)
 log.info("done in %.1f s wall, %.1f s CPU", time.time() - t0, time.process_time())
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -5,6 +5,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
@@ -28,3 +29,4 @@ log.info(
     len(tables["inputs"]),
     h.groupby(["input", "detector"])["significant"].sum().unstack().to_string(),
 )
+write_tables_html(sm)  # the HTML page of each reported TSV

@@ -59,19 +59,21 @@ rule ablation_heads:
     input:
         unpack(ablation_inputs),
     output:
-        heads=report(
-            "results/ablation/{model}/heads.tsv",
+        heads="results/ablation/{model}/heads.tsv",
+        heads_html=report(
+            "results/ablation/{model}/heads.html",
             caption="../report/ablation_heads.rst",
             category="Ablations",
             subcategory="{model}",
-            labels={"figure": "head ablation effects (table)"},
+            labels={"item": "Head ablation effects (table)"},
         ),
-        check=report(
-            "results/ablation/{model}/check.tsv",
+        check="results/ablation/{model}/check.tsv",
+        check_html=report(
+            "results/ablation/{model}/check.html",
             caption="../report/ablation_check.rst",
             category="Ablations",
             subcategory="{model}",
-            labels={"figure": "attribution patching vs exact (table)"},
+            labels={"item": "Attribution patching vs exact ablation (table)"},
         ),
     log:
         "logs/ablation_heads/{model}.log",
@@ -94,12 +96,13 @@ rule ablation_roles:
     input:
         unpack(ablation_role_inputs),
     output:
-        roles=report(
-            "results/ablation/{model}/roles.tsv",
+        roles="results/ablation/{model}/roles.tsv",
+        roles_html=report(
+            "results/ablation/{model}/roles.html",
             caption="../report/ablation_roles.rst",
             category="Ablations",
             subcategory="{model}",
-            labels={"figure": "role ablation vs random heads (table)"},
+            labels={"item": "Role ablation vs random heads (table)"},
         ),
         pruning="results/ablation/{model}/pruning.tsv",
         figure=report(
@@ -107,7 +110,7 @@ rule ablation_roles:
             caption="../report/ablation_pruning.rst",
             category="Ablations",
             subcategory="{model}",
-            labels={"figure": "pruning curves"},
+            labels={"item": "Pruning curves (figure)"},
         ),
         svg="results/ablation/{model}/pruning.svg",
     log:

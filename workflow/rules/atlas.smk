@@ -112,6 +112,7 @@ rule atlas_page:
             caption="../report/atlas_page.rst",
             category="Head atlas",
             subcategory="all models",
+            labels={"item": "Interactive atlas page (HTML)"},
         ),
     log:
         "logs/atlas/page.log",

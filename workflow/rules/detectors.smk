@@ -39,23 +39,29 @@ rule detectors:
         ],
         model=model_cache,
     output:
-        heads=report(
-            "results/detectors/{model}/heads.tsv",
+        heads="results/detectors/{model}/heads.tsv",
+        heads_html=report(
+            "results/detectors/{model}/heads.html",
             caption="../report/detectors_heads.rst",
             category="Detectors",
             subcategory="{model}",
+            labels={"item": "Detector scores per head (table)"},
         ),
-        sinks=report(
-            "results/detectors/{model}/sinks.tsv",
+        sinks="results/detectors/{model}/sinks.tsv",
+        sinks_html=report(
+            "results/detectors/{model}/sinks.html",
             caption="../report/detectors_sinks.rst",
             category="Detectors",
             subcategory="{model}",
+            labels={"item": "Sink heads per layer (table)"},
         ),
-        kv_groups=report(
-            "results/detectors/{model}/kv_groups.tsv",
+        kv_groups="results/detectors/{model}/kv_groups.tsv",
+        kv_groups_html=report(
+            "results/detectors/{model}/kv_groups.html",
             caption="../report/detectors_kv_groups.rst",
             category="Detectors",
             subcategory="{model}",
+            labels={"item": "Key/value groups (table)"},
         ),
         kv_summary="results/detectors/{model}/kv_summary.tsv",
         inputs="results/detectors/{model}/inputs.tsv",
@@ -86,6 +92,7 @@ rule detectors_figure:
             caption="../report/detectors_figure.rst",
             category="Detectors",
             subcategory="{model}",
+            labels={"item": "Detector scores (figure)"},
         ),
         svg="results/detectors/{model}/detectors.svg",
     log:
@@ -106,11 +113,13 @@ rule detectors_sinks_by_model:
             "results/detectors/{model}/sinks.tsv", model=analysis_models("detectors")
         ),
     output:
-        report(
-            "results/detectors/sinks_by_model.tsv",
+        table="results/detectors/sinks_by_model.tsv",
+        table_html=report(
+            "results/detectors/sinks_by_model.html",
             caption="../report/detectors_sinks_by_model.rst",
             category="Detectors",
             subcategory="all models",
+            labels={"item": "Sink share per model beside Gu et al. (table)"},
         ),
     log:
         "logs/detectors/sinks_by_model.log",
