@@ -238,3 +238,12 @@ def bert_tokenizer(tiny_loaded):
 @pytest.fixture(scope="session")
 def bpe_tokenizer(tiny_loaded):
     return tiny_loaded("gpt2")[2]
+
+
+@pytest.fixture(scope="session")
+def golden_results(tmp_path_factory):
+    """results/ of one run of the golden tiny configuration (test_golden.run_tiny), shared by the slow tests
+    that read it (the digests, the atlas page in a browser)."""
+    from test_golden import run_tiny
+
+    return run_tiny(tmp_path_factory.mktemp("golden"))

@@ -177,10 +177,23 @@ def test_legend_lists_bos_or_cls_not_both():
 
 def test_registry_declares_every_table_once_and_in_join_order():
     assert at.TABLE_NAMES == [
-        "behaviour", "mds", "pande", "syntax", "syntax_baselines", "coref", "probes", "detectors", "ablation"
+        "behaviour",
+        "mds",
+        "pande",
+        "syntax",
+        "syntax_baselines",
+        "coref",
+        "probes",
+        "detectors",
+        "ablation",
     ]
     assert {s.analysis for s in at.ATLAS_SOURCES} == {
-        "clark_surface", "pande", "clark_syntax", "jomyaeng", "detectors", "ablation"
+        "clark_surface",
+        "pande",
+        "clark_syntax",
+        "jomyaeng",
+        "detectors",
+        "ablation",
     }
     settings = {"surface_corpus": "wiki"}
     behaviour = at.ATLAS_SOURCES[0]

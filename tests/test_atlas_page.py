@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import h5py
@@ -404,14 +403,11 @@ def test_page_in_chromium_hand_made_run(run):
 
 
 @pytest.mark.slow
-def test_page_in_chromium_tiny_run(tmp_path):
+def test_page_in_chromium_tiny_run(golden_results):
     """The page of the tiny workflow run (the golden configuration) in headless Chromium."""
     if CHROMIUM is None:
         pytest.skip("no chromium on this machine (apt-get install -y chromium); CI installs it in .ci/run")
-    sys.path.insert(0, str(HERE))
-    from test_golden import run_tiny
-
-    results = run_tiny(tmp_path)
+    results = golden_results
     html = results / "atlas" / "index.html"
     assert html.is_file()
     data = pg.read_embedded(html.read_text(encoding="utf-8"))

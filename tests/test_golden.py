@@ -76,12 +76,12 @@ def differences(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_tiny_outputs_match_the_golden_digests(tmp_path):
+def test_tiny_outputs_match_the_golden_digests(golden_results):
     recorded = json.loads(GOLDEN.read_text())
     assert recorded["analyses"] == ANALYSES and recorded["limit"] == LIMIT, (
         f"{GOLDEN} was made for another configuration; refresh it"
     )
-    problems = differences(recorded["tsv_sha256"], digests(run_tiny(tmp_path)))
+    problems = differences(recorded["tsv_sha256"], digests(golden_results))
     assert not problems, (
         "tiny outputs differ from tests/golden/tiny_outputs.json (if intended: PYTHONPATH=scripts python tests/test_golden.py --refresh):\n"
         + "\n".join(problems)

@@ -61,7 +61,6 @@ def test_every_item_has_a_unique_human_label():
         seen[key] = p
 
 
-
 def test_dry_run_lists_each_reported_table_beside_its_tsv(tmp_path, tiny_models):
     _, _, text = dry_run(tmp_path, config(tiny_models))
     for line in re.findall(r"\n\s*output: (.*)", text):

@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
-from ..core.progress import progress
 from ..core.patterns import prev_token_score
+from ..core.progress import progress
 
 PUNCT = {".", ","}
 STATS = [

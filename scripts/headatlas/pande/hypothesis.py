@@ -33,8 +33,8 @@ import pandas as pd
 from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
-from ..core.progress import progress
 from ..core.multitest import adjust  # noqa: F401 (re-exported: pande.hypothesis.adjust)
+from ..core.progress import progress
 
 log = logging.getLogger("headatlas.pande.hypothesis")
 
