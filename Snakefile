@@ -30,6 +30,7 @@ include: "workflow/rules/pande.smk"
 include: "workflow/rules/jomyaeng.smk"
 include: "workflow/rules/clark_syntax.smk"
 include: "workflow/rules/atlas.smk"
+include: "workflow/rules/position.smk"
 
 
 rule all:

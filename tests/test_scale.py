@@ -55,7 +55,9 @@ def test_long_corpus_above_the_models_positions_fails_before_the_weights_load(ti
     spec = ModelSpec.from_config(
         {"name": "llama", "source": {"path": str(tiny_models["llama"])}, "max_length": 512, "length_corpus": "wiki512"}
     )
-    with pytest.raises(ModelError, match=r"corpus 'wiki512' has 512 tokens.*position limit 256.*corpora\[wiki512\]"):
+    with pytest.raises(
+        ModelError, match=r"corpus 'wiki512' has 512 tokens.*position limit 256 of model 'llama'.*corpora\[wiki512\]"
+    ):
         load(spec, device="cpu")
 
 
@@ -206,3 +208,32 @@ def test_extended_config_passes_the_schema():
     assert any(c.get("kind") == "wikitext_long" and c["tokens"] == 2048 for c in cfg["corpora"].values())
     default = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     assert not {"mpnet", "gemma3"} & {m["name"] for m in default["models"]}  # opt-in only
+
+
+@pytest.mark.skipif(not (HAVE_MPNET and HAVE_GEMMA), reason="the opt-in model packages are not installed")
+def test_extended_config_dry_runs_and_a_too_long_corpus_fails_at_parse_time(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    (tmp_path / "resources").symlink_to(REPO / "resources")
+
+    def dry(cfg_path):
+        cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
+        cmd += ["--configfile", str(cfg_path), "--cores", "1", "-n"]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+
+    proc = dry(REPO / "config" / "extended.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "results/position/gemma3/wiki_2048/position.tsv" in out
+    assert "results/attention/minilm/wiki_2048" not in out  # the corpus's models list leaves the encoders out
+    cfg = yaml.safe_load((REPO / "config" / "extended.yaml").read_text())
+    del cfg["corpora"]["wiki_2048"]["models"]  # now MiniLM (512 positions) would extract 2048-token inputs
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    proc = dry(tmp_path / "bad.yaml")
+    assert proc.returncode != 0
+    assert "corpus 'wiki_2048' has 2048 tokens per input, above the position limit 512 of model 'minilm'" in (
+        proc.stdout + proc.stderr
+    )

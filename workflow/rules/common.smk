@@ -30,6 +30,12 @@ def _check_config():
                     f"config key models[{m['name']}].corpora: unknown corpus {corpus!r}; "
                     f"known: {sorted(config['corpora'])}"
                 )
+    for corpus, spec in config["corpora"].items():
+        unknown = sorted(set(spec.get("models", [])) - set(names))
+        if unknown:
+            raise ValueError(
+                f"config key corpora.{corpus}.models: unknown models {unknown}; known: {sorted(names)}"
+            )
     for key, spec in config["analysis"].items():
         for corpus in spec.get("corpora", []):
             if corpus not in config["corpora"]:
@@ -125,7 +131,7 @@ def _check_corpus_lengths():
     """
     past_last = config["extraction"]["rep_position"] == "past_last"
     for name, m in MODELS.items():
-        for corpus in m.get("corpora", list(CORPORA)):
+        for corpus in model_corpora(name):
             if "tokens" not in CORPORA[corpus]:
                 continue
             kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
@@ -205,8 +211,13 @@ def random_init_params(wildcards):
 
 
 def model_corpora(model):
-    """The corpora extracted for a model: its own `corpora` list, or all."""
-    return MODELS[model].get("corpora", list(CORPORA))
+    """The corpora extracted for a model: its own `corpora` list, or all; without the corpora
+    whose own `models` list leaves it out."""
+    return [
+        c
+        for c in MODELS[model].get("corpora", list(CORPORA))
+        if model in CORPORA[c].get("models", [model])
+    ]
 
 
 def helper_models():

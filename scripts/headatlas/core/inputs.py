@@ -124,9 +124,9 @@ def check_max_length(spec: ModelSpec, config: dict, where: str, past_last: bool 
         corpus = spec.extra.get("length_corpus")  # a corpus that sets the length (wikitext_long's tokens)
         if corpus:
             raise ModelError(
-                f"corpus {corpus!r} has {spec.max_length} tokens per input{plus}, above model {spec.name!r}'s position "
-                f"limit {n} ({where}: {key} {config[key]}); lower config key corpora[{corpus}].tokens to at most "
-                f"{n - extra}, or extract it only with models that take that many positions (models[].corpora)"
+                f"corpus {corpus!r} has {spec.max_length} tokens per input{plus}, above the position limit {n} of "
+                f"model {spec.name!r} ({where}: {key} {config[key]}); lower config key corpora[{corpus}].tokens to at "
+                f"most {n - extra}, or list the models that take that many positions in corpora[{corpus}].models"
             )
         raise ModelError(
             f"model {spec.name!r}: max_length {spec.max_length}{plus} is above the model's position limit {n} "
