@@ -230,16 +230,18 @@ def table(rows: list[dict]) -> str:
         "| fused results (bytes/token) | store full maps (bytes/token) | store lower triangle (bytes/token) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (m, length, mode), f in by.items():
-        if mode != "fused":
-            continue
-        b = by.get((m, length, "bare"))
+    for m, length in dict.fromkeys((r["model"], r["length"]) for r in rows):
+        b, f = by.get((m, length, "bare")), by.get((m, length, "fused"))
+        x = f or b
         bt = f"{b['tokens'] / b['cpu_seconds']:.0f}" if b else ""
-        ratio = f"{b['cpu_seconds'] / f['cpu_seconds']:.2f}" if b else ""
-        lower = f"{f['store_bytes_lower'] / f['tokens']:,.0f}" if f["kind"] == "decoder" else "(encoder: full)"
+        ratio = f"{b['cpu_seconds'] / f['cpu_seconds']:.2f}" if b and f else ""
+        ft = f"{f['tokens'] / f['cpu_seconds']:.0f}" if f else "not fusable"
+        rss = f"{f['peak_rss_mb']:.0f}" if f else ""
+        res = f"{f['result_bytes'] / f['tokens']:,.0f}" if f else ""
+        lower = f"{x['store_bytes_lower'] / x['tokens']:,.0f}" if x["kind"] == "decoder" else "(encoder: full)"
         lines.append(
-            f"| {m} | {length} | {f['sequences']} | {bt} | {f['tokens'] / f['cpu_seconds']:.0f} | {ratio} "
-            f"| {f['peak_rss_mb']:.0f} | {f['result_bytes'] / f['tokens']:,.0f} | {f['store_bytes_full'] / f['tokens']:,.0f} | {lower} |"
+            f"| {m} | {length} | {x['sequences']} | {bt} | {ft} | {ratio} "
+            f"| {rss} | {res} | {x['store_bytes_full'] / x['tokens']:,.0f} | {lower} |"
         )
     return "\n".join(lines) + "\n"
 
