@@ -180,16 +180,22 @@ def figure(rows: list[dict], path: Path) -> None:
     from headatlas.core.figures import save_figure
 
     fused = [r for r in rows if r["mode"] == "fused"]
-    models = list(dict.fromkeys(r["model"] for r in fused))
+    models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     colors = dict(zip(models, plt.get_cmap("tab10").colors))
     ax = axes[0]
     for m in models:
-        rs = sorted((r for r in fused if r["model"] == m), key=lambda r: r["length"])
+        per_len = {r["length"]: r for r in rows if r["model"] == m}  # store sizes: any mode of the run
+        rs = [per_len[k] for k in sorted(per_len)]
         x = [r["length"] for r in rs]
         lh = rs[0]["layers"] * rs[0]["heads"]
+        name = f"{m} ({rs[0]['layers']}x{rs[0]['heads']})"
         ax.plot(
-            x, [r["store_bytes_full"] / r["tokens"] for r in rs], "-o", color=colors[m], label=f"{m}: store, full maps"
+            x,
+            [r["store_bytes_full"] / r["tokens"] for r in rs],
+            "-o",
+            color=colors[m],
+            label=f"{name}: store, full maps",
         )
         if rs[0]["kind"] == "decoder":
             ax.plot(
@@ -197,22 +203,33 @@ def figure(rows: list[dict], path: Path) -> None:
                 [r["store_bytes_lower"] / r["tokens"] for r in rs],
                 ":s",
                 color=colors[m],
-                label=f"{m}: store, lower triangle",
+                label=f"{name}: store, lower triangle",
             )
-        ax.plot(x, [r["result_bytes"] / r["tokens"] for r in rs], "--^", color=colors[m], label=f"{m}: fused results")
+        fs = sorted((r for r in fused if r["model"] == m), key=lambda r: r["length"])
+        if fs:
+            ax.plot(
+                [r["length"] for r in fs],
+                [r["result_bytes"] / r["tokens"] for r in fs],
+                "--^",
+                color=colors[m],
+                label=f"{name}: fused results",
+            )
         ax.plot(x, [4 * lh] * len(x), lw=0.6, color=colors[m], alpha=0.5)  # one float32 per token and head
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens per input")
     ax.set_ylabel("bytes per input token")
     ax.set_title(
-        "Storage per token: a store grows with n (n x n maps), fused results do not\n(thin lines: 4 bytes x layers x heads)"
+        "Storage per token: a store grows with n (n x n maps), fused results do not\n"
+        "(thin lines: 4 bytes x layers x heads; MiniLM and gemma-3 both have 72 heads: their lines coincide)",
+        fontsize=9,
     )
     ax.legend(fontsize=6, ncol=2)
     ax = axes[1]
     for m in models:
         rs = sorted((r for r in fused if r["model"] == m), key=lambda r: r["length"])
-        ax.plot([r["length"] for r in rs], [r["peak_rss_mb"] / 1024 for r in rs], "-o", color=colors[m], label=m)
+        if rs:
+            ax.plot([r["length"] for r in rs], [r["peak_rss_mb"] / 1024 for r in rs], "-o", color=colors[m], label=m)
     ax.axhline(6, color="red", lw=0.8, ls="--", label="6 GB target")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens per input")
