@@ -791,7 +791,8 @@ class AttentionStore:
     def layer_cells(self, layer: int, k0: int, k1: int) -> np.ndarray:
         """The flat float32 cells [H, sum n^2] of sequences k0..k1-1 at ``layer``, checked; sequence
         k's map of head h is ``cells[h, c[k]-c[k0] : c[k+1]-c[k0]].reshape(n, n)`` with
-        c = :attr:`cell_offsets`. A run inside one shard (see :meth:`chunks`) is one read, no copy."""
+        c = :attr:`cell_offsets`. A run inside one shard (see :meth:`chunks`) is one read, no copy (a
+        lower-triangle store: one read of half the bytes, then one scatter into the full maps)."""
         k0, k1 = self._run(k0, k1)
         return self._read(layer, k0, k1)
 
