@@ -164,12 +164,15 @@ def encode_cells(cells: np.ndarray, lengths: np.ndarray, map_layout: str, where:
     return out
 
 
-def decode_cells(stored: np.ndarray, lengths: np.ndarray, map_layout: str) -> np.ndarray:
-    """The inverse of :func:`encode_cells`: full maps [h, sum n^2] (zeros above the diagonals)."""
+def decode_cells(
+    stored: np.ndarray, lengths: np.ndarray, map_layout: str, index: np.ndarray | None = None
+) -> np.ndarray:
+    """The inverse of :func:`encode_cells`: full maps [h, sum n^2] (zeros above the diagonals);
+    ``index`` is :func:`lower_cells` of ``lengths`` when the caller has it already."""
     if map_layout == "full":
         return stored
     full = np.zeros(stored.shape[:-1] + (int((np.asarray(lengths, dtype=np.int64) ** 2).sum()),), dtype=stored.dtype)
-    full[..., lower_cells(lengths)] = stored
+    full[..., lower_cells(lengths) if index is None else index] = stored
     return full
 
 
@@ -596,6 +599,7 @@ class AttentionStore:
         # layer -> [H, N]: maps whose values this object has already checked (a second read is not checked again)
         self._verified: dict[int, np.ndarray] = {}
         self._sums = None  # (layer, k0, k1, row sums) of the last all-heads check
+        self._lower_index = (None, None)  # ((k0, k1), lower_cells) of the last run read from a lower-triangle store
 
     def _check_shards(self, record_index: list[np.ndarray]) -> None:
         """Shards of one extraction (model, corpus, settings), each once, in order."""
@@ -707,9 +711,11 @@ class AttentionStore:
                 raise StoreError(f"{f.filename}: no maps stored (extracted with maps: false)")
             base = self.stored_offsets[self.shard_starts[s]]
             lo, hi = int(self.stored_offsets[a] - base), int(self.stored_offsets[b] - base)
-            part = decode_cells(
-                np.asarray(f["attn"][heads, lo:hi], dtype=np.float32), self.lengths[a:b], self.map_layout
-            )
+            part = np.asarray(f["attn"][heads, lo:hi], dtype=np.float32)
+            if self.map_layout != "full":  # the same run is read for every layer: its index is kept
+                if self._lower_index[0] != (a, b):
+                    self._lower_index = ((a, b), lower_cells(self.lengths[a:b]))
+                part = decode_cells(part, self.lengths[a:b], self.map_layout, self._lower_index[1])
             if self.check_values:
                 seen = self._verified.setdefault(layer, np.zeros((self.n_heads, len(self)), dtype=bool))
                 if not seen[heads, a:b].all():
