@@ -32,6 +32,7 @@ include: "workflow/rules/clark_syntax.smk"
 include: "workflow/rules/detectors.smk"
 include: "workflow/rules/atlas.smk"
 include: "workflow/rules/ablation.smk"
+include: "workflow/rules/position.smk"
 
 
 rule all:

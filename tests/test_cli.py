@@ -38,7 +38,8 @@ def test_store_describe_is_the_default(shards, capsys):
         "shards          0, 1",
         "sequences       3",
         "tokens          17",
-        "layout_version  2",
+        "layout_version  3",
+        "map_layout      full",
     ):
         assert line in text
     assert main(["store", "describe", "--json", *map(str, shards)]) == 0

@@ -93,6 +93,27 @@ def test_token_table_matches_alignment(name, extracted, tiny_loaded, records):
                 assert set(tt["segment"].tolist()) == {0, 1}
 
 
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_decoders_store_the_lower_triangle_and_read_back_the_models_maps(name, extracted, tiny_loaded):
+    """Causal models store n(n+1)/2 cells per map; the reader gives the model's own n x n maps back."""
+    import torch
+
+    spec, model, tokenizer, config = tiny_loaded(name)
+    with AttentionStore(extracted[name][1]) as st:
+        n = st.lengths
+        want = "lower" if name in DECODERS else "full"
+        assert st.map_layout == want and st.manifests[0]["map_layout"] == want
+        cells = int((n * (n + 1) // 2).sum() if name in DECODERS else (n * n).sum())
+        assert st.manifests[0]["layers"]["layer_00.h5"]["n_cells"] == cells
+        for k in (0, len(st) - 1):
+            ids = torch.as_tensor(st.tokens(k)["input_ids"].astype(np.int64))[None]
+            kw = {"token_type_ids": torch.as_tensor(st.tokens(k)["segment"])[None]} if name not in DECODERS else {}
+            with torch.inference_mode():
+                out = model(input_ids=ids, output_attentions=True, **kw).attentions
+            for layer in range(st.n_layers):
+                np.testing.assert_allclose(st.maps(layer, k), out[layer][0].numpy(), rtol=0, atol=1e-6)
+
+
 def test_shard_slice_and_batches():
     parts = [shard_slice(10, s, 3) for s in range(3)]
     assert [(p.start, p.stop) for p in parts] == [(0, 3), (3, 6), (6, 10)]

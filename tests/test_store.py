@@ -581,3 +581,104 @@ def test_verify_finds_changed_bytes_and_bad_values(tmp_path, corpus):
     assert (bad / "meta.json").stat().st_size == man["files"]["meta.json"]["size"]
     faults = verify_store(bad)
     assert any("meta.json: sha256 checksum differs" in f for f in faults) and len(faults) == 2
+
+
+# --- lower-triangle storage of causal maps (issue 13) ------------------------------------------
+
+
+def causal_maps(rng, n: int, heads: int = N_HEADS) -> np.ndarray:
+    a = np.tril(rng.random((heads, n, n)).astype(np.float32) + 1e-3)
+    return a / a.sum(-1, keepdims=True)
+
+
+@pytest.fixture
+def causal_corpus(corpus):
+    tokenized, _, ids = corpus
+    rng = np.random.default_rng(1)
+    maps = [[causal_maps(rng, len(t)) for t in tokenized] for _ in range(N_LAYERS)]
+    return tokenized, maps, ids
+
+
+def test_lower_cells_hand_computed():
+    from headatlas.core.store import decode_cells, encode_cells, lower_cells, stored_cells
+
+    # n=2: (0,0)=0, (1,0)=2, (1,1)=3; n=3 after 4 cells: (0,0)=4, (1,0)=7, (1,1)=8, (2,0..2)=10, 11, 12
+    assert lower_cells(np.array([2, 3])).tolist() == [0, 2, 3, 4, 7, 8, 10, 11, 12]
+    assert stored_cells(np.array([2, 3]), "lower").tolist() == [3, 6]
+    cells = np.zeros((1, 13), dtype=np.float32)
+    cells[0, [0, 2, 3, 4, 7, 8, 10, 11, 12]] = np.arange(1, 10)
+    stored = encode_cells(cells, np.array([2, 3]), "lower")
+    assert stored.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    assert np.array_equal(decode_cells(stored, np.array([2, 3]), "lower"), cells)
+    cells[0, 1] = 0.5  # above the diagonal of the first map
+    with pytest.raises(ValueError, match=r"above the diagonal \(1 nonzero cells\).*is the model causal"):
+        encode_cells(cells, np.array([2, 3]), "lower", "x")
+
+
+def write_lower(out, tokenized, maps, ids, storage_dtype="float32"):
+    with AttentionWriter(
+        out, tokenized, ids, N_LAYERS, N_HEADS, storage_dtype, {"model": "m"}, map_layout="lower"
+    ) as w:
+        for k in range(len(tokenized)):
+            for layer in range(N_LAYERS):
+                w.write(k, layer, maps[layer][k])
+    return out
+
+
+@pytest.mark.parametrize("storage_dtype", ["float32", "float16"])
+def test_lower_triangle_store_reads_back_the_full_maps_exactly(tmp_path, causal_corpus, storage_dtype):
+    from headatlas.core.store import LAYOUT_VERSION, describe_store, verify_store
+
+    tokenized, maps, ids = causal_corpus
+    dense = write_store(tmp_path / "dense", tokenized, maps, ids, storage_dtype)
+    lower = write_lower(tmp_path / "lower", tokenized, maps, ids, storage_dtype)
+    man = json.loads((lower / "manifest.json").read_text())
+    assert man["layout_version"] == LAYOUT_VERSION == 3 and man["map_layout"] == "lower"
+    n = np.array([len(t) for t in tokenized])
+    assert man["layers"]["layer_00.h5"]["n_cells"] == int((n * (n + 1) // 2).sum())
+    with h5py.File(layer_file(lower, 0)) as f:
+        assert f["attn"].shape == (N_HEADS, int((n * (n + 1) // 2).sum()))
+    assert verify_store(lower) == []
+    assert describe_store([lower])["map_layout"] == "lower"
+    with AttentionStore(dense) as a, AttentionStore(lower) as b:
+        assert np.array_equal(a.cell_offsets, b.cell_offsets)  # the public offsets are those of full maps
+        assert a.chunks(500) == b.chunks(500)
+        for layer in range(N_LAYERS):
+            want = maps[layer]
+            got = b.layer_maps(layer)
+            for k in range(len(tokenized)):
+                exp = want[k].astype(storage_dtype).astype(np.float32)
+                assert np.array_equal(got[k], exp) and np.array_equal(b.maps(layer, k), exp)
+                assert np.array_equal(b.maps(layer, k, heads=1), exp[1])
+            assert np.array_equal(a.layer_cells(layer, 1, 4), b.layer_cells(layer, 1, 4))
+            assert np.array_equal(a.row_sums(layer, 0, 5), b.row_sums(layer, 0, 5))
+            flat, off = b.head(layer, 2)
+            assert np.array_equal(flat, a.head(layer, 2)[0]) and np.array_equal(off, a.cell_offsets)
+            for x, y in zip(a.head_maps(layer, 0), b.head_maps(layer, 0)):
+                assert np.array_equal(x, y)
+
+    def size(d):
+        with h5py.File(layer_file(d, 0)) as f:
+            return f["attn"].id.get_storage_size()
+
+    assert size(lower) == size(dense) * int((n * (n + 1) // 2).sum()) // int((n * n).sum())
+
+
+def test_lower_triangle_writer_refuses_maps_that_look_ahead(tmp_path, corpus):
+    tokenized, maps, ids = corpus  # full (encoder) maps
+    with pytest.raises(ValueError, match="above the diagonal"):
+        write_lower(tmp_path / "s", tokenized, maps, ids)
+    assert not (tmp_path / "s").exists() and not list(tmp_path.iterdir())
+
+
+def test_layout_2_store_is_read_as_full_maps(tmp_path, causal_corpus):
+    """A store written before the lower-triangle layout (layout 2: full maps, no map_layout key) reads as it is."""
+    tokenized, maps, ids = causal_corpus
+    out = write_store(tmp_path / "s", tokenized, maps, ids)
+    man = json.loads((out / "manifest.json").read_text())
+    del man["map_layout"]
+    (out / "manifest.json").write_text(json.dumps(dict(man, layout_version=2)))
+    with AttentionStore(out) as st:
+        assert st.map_layout == "full"
+        for k in range(len(tokenized)):
+            assert np.array_equal(st.maps(1, k), maps[1][k])

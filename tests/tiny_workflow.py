@@ -208,7 +208,7 @@ def tiny_config(
             spec["path"] = _absolute(spec["path"])
         if "paths" in spec:
             spec["paths"] = [_absolute(p) for p in spec["paths"]]
-        if spec.get("kind") == "wikitext":
+        if spec.get("kind") in ("wikitext", "wikitext_long"):
             spec["n_segments"] = min(spec.get("n_segments", limit), limit)
         if spec.get("kind") != "records":  # generated corpora are sized by their generator (below), not cut
             spec["limit"] = limit

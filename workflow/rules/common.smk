@@ -7,7 +7,7 @@ from snakemake.logging import logger
 from snakemake.utils import validate
 
 from headatlas.core.inputs import check_max_length, check_yaml, local_model_config
-from headatlas.core.models import ModelSpec
+from headatlas.core.models import ModelSpec, check_installed
 from headatlas.core.store import store_problem
 
 # Snakemake has loaded the --configfile files already (a syntax error stops it before this
@@ -30,6 +30,12 @@ def _check_config():
                     f"config key models[{m['name']}].corpora: unknown corpus {corpus!r}; "
                     f"known: {sorted(config['corpora'])}"
                 )
+    for corpus, spec in config["corpora"].items():
+        unknown = sorted(set(spec.get("models", [])) - set(names))
+        if unknown:
+            raise ValueError(
+                f"config key corpora.{corpus}.models: unknown models {unknown}; known: {sorted(names)}"
+            )
     for key, spec in config["analysis"].items():
         for corpus in spec.get("corpora", []):
             if corpus not in config["corpora"]:
@@ -73,6 +79,24 @@ def _resolve_models(entries):
 MODELS = _resolve_models(config["models"])
 
 
+def _check_packages():
+    """A model whose source package is missing (and whose directory no rule has written yet) stops
+    the workflow here, with the command that installs it (the source's `pip`)."""
+    for name, m in MODELS.items():
+        if "gguf" in m["source"] or "zip_parts" in m["source"]:
+            written = Path(
+                "results/models/"
+                + ("gguf" if "gguf" in m["source"] else "assembled")
+                + f"/{name}"
+            )
+            if written.is_dir():
+                continue
+        check_installed(ModelSpec.from_config(m))
+
+
+_check_packages()
+
+
 def _check_max_lengths():
     """max_length against the position limit of every model whose config.json is readable now
     (derived models against their base's); the others are checked when extraction loads them.
@@ -90,6 +114,35 @@ _check_max_lengths()
 
 CORPORA = config["corpora"]
 EXTRACTION = config["extraction"]
+
+
+def corpus_model(model, corpus):
+    """The model's settings on one corpus: a corpus with `tokens` (wikitext_long) sets max_length."""
+    tokens = CORPORA[corpus].get("tokens")
+    if tokens is None:
+        return MODELS[model]
+    return dict(MODELS[model], max_length=tokens, length_corpus=corpus)
+
+
+def _check_corpus_lengths():
+    """Every long corpus (`tokens`) against the position limit of every model that extracts it,
+    where its config.json is readable now (a path or package model, or a model directory a rule
+    has written already); the others are checked when extraction loads them, before the weights.
+    """
+    past_last = config["extraction"]["rep_position"] == "past_last"
+    for name, m in MODELS.items():
+        for corpus in model_corpora(name):
+            if "tokens" not in CORPORA[corpus]:
+                continue
+            kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
+            base = MODELS[m["source"][kind]["base"]] if kind else m
+            found = local_model_config(ModelSpec.from_config(base))
+            cached = Path(model_dir(name) or "", "config.json")
+            if not found and model_dir(name) and cached.is_file():
+                found = (json.loads(cached.read_text()), str(cached))
+            if found:
+                spec = ModelSpec.from_config(corpus_model(name, corpus))
+                check_max_length(spec, found[0], found[1], past_last)
 
 
 wildcard_constraints:
@@ -118,6 +171,8 @@ def model_dir(model):
     source = MODELS[model]["source"]
     if "gguf" in source:
         return f"results/models/gguf/{model}"
+    if "zip_parts" in source:
+        return f"results/models/assembled/{model}"
     if "finetuned" in source:
         return f"results/models/finetuned/{model}"
     if "random_init" in source:
@@ -156,8 +211,13 @@ def random_init_params(wildcards):
 
 
 def model_corpora(model):
-    """The corpora extracted for a model: its own `corpora` list, or all."""
-    return MODELS[model].get("corpora", list(CORPORA))
+    """The corpora extracted for a model: its own `corpora` list, or all; without the corpora
+    whose own `models` list leaves it out."""
+    return [
+        c
+        for c in MODELS[model].get("corpora", list(CORPORA))
+        if model in CORPORA[c].get("models", [model])
+    ]
 
 
 def helper_models():
@@ -169,13 +229,19 @@ def extraction_params(wildcards):
     """Everything that changes a model's maps on one corpus (and nothing else)."""
     corpus = CORPORA[wildcards.corpus]
     return {
-        "model": MODELS[wildcards.model],
-        "overflow": corpus.get("overflow", EXTRACTION["overflow"]),
+        "model": corpus_model(wildcards.model, wildcards.corpus),
+        # a long corpus is cut to its `tokens`
+        "overflow": corpus.get(
+            "overflow", "truncate" if "tokens" in corpus else EXTRACTION["overflow"]
+        ),
         "storage_dtype": EXTRACTION["storage_dtype"],
         "maps": corpus.get("maps", True),
         "reps": corpus.get("reps", True),
         "rep_position": EXTRACTION["rep_position"],
     }
+
+
+_check_corpus_lengths()
 
 
 def uses_gpu(model):

@@ -52,3 +52,20 @@ rule random_init_model:
         random_init=random_init_params,
     script:
         "../../scripts/random_init_model.py"
+
+
+rule assemble_model:
+    output:
+        directory("results/models/assembled/{model}"),
+    log:
+        "logs/assemble_model/{model}.log",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=20,
+    params:
+        model=lambda wc: MODELS[wc.model],
+    script:
+        "../../scripts/assemble_model.py"

@@ -5,6 +5,8 @@
   MISC (``Entity=(12``, ``12)``, ``(12)``) become mentions. Every sentence must be a
   dependency tree (:func:`tree_problem`).
 - Clark-style Wikipedia segments from WikiText-2: two consecutive paragraphs as a pair.
+- Long Wikipedia segments (``wikitext_long``): running text of one article, cut by extraction
+  to ``tokens`` tokens (whole words: a few tokens fewer when a word would cross the limit).
 - Tab-separated sentence pairs (SICK) and labelled sentences (SST-2).
 - Records already in headatlas's JSON-lines format (written by another rule, e.g. a task generator).
 
@@ -328,6 +330,37 @@ def wiki_segments(path: str | Path, n_segments: int, max_words: int, seed: int) 
     return records
 
 
+def wiki_long_segments(path: str | Path, n_segments: int, tokens: int, seed: int) -> list[Record]:
+    """Long single-segment inputs: windows of ``tokens`` consecutive words of one article's running
+    text (paragraphs joined, headers dropped), non-overlapping; ``n_segments`` drawn without
+    replacement with ``random.Random(seed)``, in article order.
+
+    Every word is at least one token, so a window holds at least ``tokens`` tokens: extraction
+    truncates each to ``tokens`` (the corpus sets the models' ``max_length``), in whole words, so an
+    input may be a few tokens shorter when a word's pieces would cross the limit."""
+    if tokens < 2:
+        raise ValueError(f"tokens must be at least 2, got {tokens}")
+    articles = wikitext_articles(path)
+    runs = [[w for para in art for w in para] for art in articles]
+    candidates = [(a, s) for a, words in enumerate(runs) for s in range(0, len(words) - tokens + 1, tokens)]
+    if not candidates:
+        raise CorpusError(f"{path}: no article has {tokens} words of running text (config key tokens)")
+    picks = sorted(random.Random(seed).sample(candidates, min(n_segments, len(candidates))))
+    records = []
+    for a, start in picks:
+        # paragraph index of each word: the record's sentence ids
+        para = np.repeat(np.arange(len(articles[a])), [len(p) for p in articles[a]])[start : start + tokens]
+        records.append(
+            Record(
+                id=f"wikilong-a{a}-w{start}",
+                words=tuple(runs[a][start : start + tokens]),
+                segment=(0,) * tokens,
+                sentence=tuple((para - para[0]).tolist()),
+            )
+        )
+    return records
+
+
 # --- TSV tasks ------------------------------------------------------------------
 
 
@@ -452,6 +485,8 @@ def build_corpus(spec: dict, name: str = "", skipped: list[str] | None = None) -
             )
         elif kind == "wikitext":
             records += wiki_segments(p, spec["n_segments"], spec["max_words"], spec["seed"])
+        elif kind == "wikitext_long":
+            records += wiki_long_segments(p, spec["n_segments"], spec["tokens"], spec["seed"])
         elif kind == "records":
             records += load_records(p)
         elif kind == "tsv":
@@ -465,7 +500,7 @@ def build_corpus(spec: dict, name: str = "", skipped: list[str] | None = None) -
         else:
             raise CorpusError(f"corpus {name!r}: unknown kind {kind!r}")
     limit = spec.get("limit", 0)
-    if limit and kind != "wikitext":
+    if limit and kind not in ("wikitext", "wikitext_long"):
         records = records[:limit]
     if not records:
         raise CorpusError(f"corpus {name!r}: no records in {', '.join(map(str, paths))}")

@@ -299,7 +299,16 @@ def extract(
     # write in flight, so two windows in memory); the writer's exit still sees every write.
     with (
         AttentionWriter(
-            out_dir, tokenized, ids, n_layers, n_heads, storage_dtype, full_meta, maps=maps, rep_shapes=shapes
+            out_dir,
+            tokenized,
+            ids,
+            n_layers,
+            n_heads,
+            storage_dtype,
+            full_meta,
+            maps=maps,
+            rep_shapes=shapes,
+            map_layout="lower" if kind == "decoder" else "full",  # causal maps: their lower triangle
         ) as writer,
         ThreadPoolExecutor(1) as io,
     ):

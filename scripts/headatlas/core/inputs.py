@@ -21,7 +21,7 @@ from .models import ModelError, ModelSpec, model_kind, resolve
 # position-limit keys of config.json, in the order they are looked for
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
 # model types whose learned positions start after the padding index (RoBERTa's 514 = 512 + 2)
-PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert"}
+PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 
 
 class ConfigError(ValueError):
@@ -121,6 +121,13 @@ def check_max_length(spec: ModelSpec, config: dict, where: str, past_last: bool 
         extra = 0
     if spec.max_length + extra > n:
         plus = " (+1 token read one past the last, extraction.rep_position: past_last)" if extra else ""
+        corpus = spec.extra.get("length_corpus")  # a corpus that sets the length (wikitext_long's tokens)
+        if corpus:
+            raise ModelError(
+                f"corpus {corpus!r} has {spec.max_length} tokens per input{plus}, above the position limit {n} of "
+                f"model {spec.name!r} ({where}: {key} {config[key]}); lower config key corpora[{corpus}].tokens to at "
+                f"most {n - extra}, or list the models that take that many positions in corpora[{corpus}].models"
+            )
         raise ModelError(
             f"model {spec.name!r}: max_length {spec.max_length}{plus} is above the model's position limit {n} "
             f"({where}: {key} {config[key]}); set config key models[{spec.name}].max_length to at most {n - extra}"

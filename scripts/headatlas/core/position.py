@@ -1,0 +1,207 @@
+"""Where in a long input do heads look? Per-head statistics by query-position bucket, as a reducer.
+
+For every head and every bucket of query positions ``[edges[k], edges[k+1])`` (the last bucket is open),
+the mean over the real query tokens in it of
+
+- ``sink``: attention to the first token of the input (position 0: BOS for decoders, [CLS] for encoders);
+- ``local``: attention within Pande et al.'s local window, keys j with |i - j| <= ``window`` (i itself
+  included; j <= i under a causal mask), the sieve's ``local`` role;
+- ``entropy``: the row's entropy in nats, -sum_j A_ij ln A_ij (unsmoothed);
+- ``distance``: the mean attention distance in tokens, sum_j A_ij |i - j|.
+
+Positions count tokens from the start of the input (0 = BOS / [CLS]). The reducer follows the Reducer API
+of :mod:`headatlas.core.reduce` (vectorised over sequences, heads and tokens; padding masked); fused (during
+the forward pass) and replayed (from a store) it gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .reduce import ReduceBatch, Reducer, clean_maps
+
+STATS = ("sink", "local", "entropy", "distance")
+UNITS = {"sink": "fraction", "local": "fraction", "entropy": "nats", "distance": "tokens"}
+DEFAULT_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's and distance's temporaries
+
+
+def bucket_of(positions: np.ndarray, edges) -> np.ndarray:
+    """The bucket index of every query position: k with edges[k] <= position < edges[k+1] (last open)."""
+    return np.searchsorted(np.asarray(edges), positions, side="right") - 1
+
+
+def check_edges(edges) -> tuple[int, ...]:
+    edges = tuple(int(e) for e in edges)
+    if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"position buckets: edges must start at 0 and increase strictly, not {list(edges)}")
+    return edges
+
+
+def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
+    """[B, H, n, 4] float32 statistics (STATS order) of every query row of a padded batch (0 on padding)."""
+    import torch
+
+    a = clean_maps(attn, batch, causal)  # read-only, 0 outside each real query's visible keys
+    bsz, h, n, _ = a.shape
+    dev = a.device
+    key = ("position", str(dev), causal, window)
+    if key not in batch._cache:
+        idx = torch.arange(n, device=dev)
+        diag_idx, diag_w = [], []
+        for off in range(-window, (0 if causal else window) + 1):  # the local band, one diagonal at a time
+            ok = (idx + off >= 0) & (idx + off < n)
+            diag_idx.append(torch.where(ok, idx * (n + 1) + off, 0))
+            diag_w.append(ok.float())
+        dist = (idx[:, None] - idx[None, :]).abs().float()
+        batch._cache[key] = (torch.cat(diag_idx), torch.stack(diag_w), dist)
+    diag_idx, diag_w, dist = batch._cache[key]
+    sink = a[..., 0]
+    local = (a.reshape(bsz, h, n * n).index_select(2, diag_idx).view(bsz, h, -1, n) * diag_w).sum(2)
+    step = max(1, CHUNK_BYTES // max(1, 4 * h * n * n))
+    ent, dis = [], []
+    for i in range(0, bsz, step):  # chunks of sequences: the temporaries stay small next to the layer's maps
+        c = a[i : i + step]
+        ent.append(-torch.special.xlogy(c, c).sum(-1))
+        dis.append((c * dist).sum(-1))
+    return torch.stack([sink, local, torch.cat(ent), torch.cat(dis)], -1)
+
+
+class PositionReducer(Reducer):
+    """Per head and query-position bucket: mean sink, local, entropy and distance (module docstring).
+    ``result()`` is a table with one row per (layer, head, bucket)."""
+
+    name = "position"
+    analysis = "position"
+
+    def __init__(self, window: int = 2, edges=DEFAULT_EDGES):
+        if window < 0:
+            raise ValueError(f"local window must be >= 0, not {window}")
+        self.window, self.edges = int(window), check_edges(edges)
+
+    def params(self) -> dict:
+        return {"window": self.window, "edges": list(self.edges)}
+
+    def start(self, info) -> None:
+        super().start(info)
+        self.total = None  # [L, H, K, 4] float64 running sums on the device
+        self.count = np.zeros(len(self.edges), dtype=np.int64)  # query tokens per bucket (same for every head)
+        self.seen = np.zeros(info.n_layers, dtype=bool)
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        import torch
+
+        s = batch_position_stats(attn, batch, self.info.causal, self.window).double()  # [B, H, n, 4]
+        key = ("position_buckets", str(attn.device), self.edges)
+        if key not in batch._cache:
+            n = batch.n
+            valid = np.arange(n)[None, :] < batch.lengths[:, None]
+            onehot = np.zeros((len(batch), n, len(self.edges)), dtype=np.float64)
+            b, i = np.nonzero(valid)
+            onehot[b, i, bucket_of(i, self.edges)] = 1.0
+            batch._cache[key] = (torch.as_tensor(onehot, device=attn.device), onehot.sum((0, 1)).astype(np.int64))
+        onehot, counts = batch._cache[key]
+        if self.total is None:
+            shape = (self.info.n_layers, self.info.n_heads, len(self.edges), len(STATS))
+            self.total = torch.zeros(shape, dtype=torch.float64, device=attn.device)
+        self.total[layer] += torch.einsum("bhns,bnk->hks", s, onehot)
+        if layer == 0:
+            self.count += counts
+
+    def result(self) -> pd.DataFrame:
+        if self.total is None:
+            raise ValueError(f"{self.name}: no sequence was reduced")
+        return self.table(self.total.cpu().numpy(), self.count, self.info.model, self.info.n_sequences)
+
+    def table(self, total: np.ndarray, count: np.ndarray, model: str, n_sequences: int) -> pd.DataFrame:
+        """One row per (layer, head, non-empty bucket): the means (sums / query tokens)."""
+        L, H, K, _ = total.shape
+        keep = np.flatnonzero(count > 0)
+        mean = total[:, :, keep] / count[keep][None, None, :, None]
+        layer, head, k = (x.ravel() for x in np.meshgrid(range(L), range(H), range(len(keep)), indexing="ij"))
+        stop = np.array(self.edges[1:] + (-1,))[keep]  # -1: the open last bucket
+        out = pd.DataFrame(
+            {
+                "model": model,
+                "layer": layer,
+                "head": head,
+                "bucket_start": np.array(self.edges)[keep][k],
+                "bucket_stop": stop[k],
+                "n_queries": count[keep][k],
+                "n_sequences": n_sequences,
+            }
+        )
+        for j, s in enumerate(STATS):
+            out[s] = mean[..., j].ravel()
+        return out
+
+    # --- the fused-reducer contract: results as arrays, shards combined -------------------------
+    def to_arrays(self, result: pd.DataFrame) -> dict[str, np.ndarray]:
+        arrays = {c: result[c].to_numpy() for c in result.columns if c != "model"}
+        arrays["model"] = result["model"].to_numpy().astype(str)
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> pd.DataFrame:
+        cols = ["model", "layer", "head", "bucket_start", "bucket_stop", "n_queries", "n_sequences", *STATS]
+        return pd.DataFrame({c: np.asarray(arrays[c]) for c in cols})
+
+    @classmethod
+    def combine(cls, parts: list) -> pd.DataFrame:
+        """Shards' tables into one: means weighted by their query tokens, sequences added."""
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            raise ValueError("position: no shard holds a sequence")
+        df = pd.concat(parts, ignore_index=True)
+        for s in STATS:
+            df[s] = df[s] * df["n_queries"]
+        keys = ["model", "layer", "head", "bucket_start", "bucket_stop"]
+        g = df.groupby(keys, sort=True, as_index=False)[["n_queries", *STATS]].sum()
+        for s in STATS:
+            g[s] = g[s] / g["n_queries"]
+        g.insert(6, "n_sequences", sum(int(p["n_sequences"].iloc[0]) for p in parts))
+        return g
+
+
+def fused_plan(section: dict, corpus: str) -> list[Reducer]:
+    """The reducers the ``position`` analysis needs on ``corpus`` (the fused-reducer contract)."""
+    if corpus not in section.get("corpora", []):
+        return []
+    return [PositionReducer(int(section.get("local_window", 2)), section.get("edges", DEFAULT_EDGES))]
+
+
+def position_figure(table: pd.DataFrame, title: str = ""):
+    """Four panels (sink, local, entropy, distance) against the query position: one line per layer,
+    the mean over its heads, coloured from the first layer to the last."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = sorted(table["layer"].unique())
+    mean = table.groupby(["layer", "bucket_start"], as_index=False)[list(STATS)].mean()
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8), constrained_layout=True)
+    labels = {
+        "sink": "attention to the first token (fraction)",
+        "local": "attention within the local window (fraction)",
+        "entropy": "row entropy (nats)",
+        "distance": "mean attention distance (tokens)",
+    }
+    for ax, stat in zip(axes, STATS):
+        for layer in layers:
+            d = mean[mean["layer"] == layer]
+            c = cmap(layer / max(1, len(layers) - 1))
+            ax.plot(d["bucket_start"] + 1, d[stat], color=c, lw=1.2, marker="o", ms=2)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("query position + 1 (tokens, bucket start)")
+        ax.set_ylabel(labels[stat])
+        ax.set_title(stat)
+        if UNITS[stat] == "fraction":
+            ax.set_ylim(-0.02, 1.02)
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(1, len(layers)))
+    fig.colorbar(sm, ax=axes, label="layer (1 = first; each line: mean over the layer's heads)")
+    n_seq = int(table["n_sequences"].iloc[0]) if len(table) else 0
+    fig.suptitle(f"Where do heads look, by query position: {title} ({n_seq} inputs)")
+    return fig
