@@ -5,6 +5,7 @@ partial output behind."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -312,3 +313,64 @@ def test_minilm_fused_equals_replayed(tmp_path, capsys):
             else:
                 d = np.abs(a[0] - b[0]).max()
             print(f"\nMiniLM fused vs replayed, {r.name}: max |diff| {d:.2e}")
+
+
+def _tables_close(a: Path, b: Path) -> list[str]:
+    """Differences beyond float32 rounding between the TSVs of two result trees (examples.tsv excepted:
+    a fused corpus draws Fig. 1 from its sample)."""
+    problems = []
+    for p in sorted(a.rglob("*.tsv")):
+        rel = p.relative_to(a)
+        if p.name == "examples.tsv":
+            continue
+        q = b / rel
+        if not q.exists():
+            problems.append(f"missing: {rel}")
+            continue
+        if p.read_bytes() == q.read_bytes():
+            continue
+        x, y = pd.read_csv(p, sep="\t"), pd.read_csv(q, sep="\t")
+        if list(x.columns) != list(y.columns) or len(x) != len(y):
+            problems.append(f"{rel}: shape")
+            continue
+        for c in x.columns:
+            if x[c].dtype.kind == "f" or y[c].dtype.kind == "f":
+                u, v = x[c].to_numpy(float), y[c].to_numpy(float)
+                tol = 1e-6 + 1e-6 * np.abs(u)
+                if c == "statistic":  # t of a near-constant head (sd ~1e-7) moves with rounding
+                    tol = 1e-3 * np.maximum(1, np.abs(u))
+                if not np.all((np.abs(u - v) <= tol) | (np.isnan(u) & np.isnan(v))):
+                    problems.append(f"{rel}: {c} max diff {np.nanmax(np.abs(u - v)):.2e}")
+            elif x[c].astype(str).tolist() != y[c].astype(str).tolist():
+                problems.append(f"{rel}: {c}")
+    return problems
+
+
+@pytest.mark.slow
+def test_tiny_workflow_fused_gives_the_full_tables(tmp_path):
+    """The tiny workflow with wiki reduced fused (maps: sample, 4 kept) and sick (maps: none) gives the tables of
+    the same run with every map stored."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiny_workflow import REPO, write_tiny
+
+    results = {}
+    for mode in ("full", "config"):
+        out = tmp_path / mode
+        config = write_tiny(out, analyses=["clark_surface", "pande"], maps=mode, sample=4)
+        (out / "resources").symlink_to(REPO / "resources")
+        env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"), HF_HUB_OFFLINE="1")
+        cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(out)]
+        cmd += ["--configfile", str(config), "--cores", "1", "--quiet"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[mode] = Path(out / "results")
+    fused = results["config"] / "attention" / "tinygpt2" / "wiki" / "shard0of1"
+    assert (fused / "reduced" / "pande_sieves.h5").is_file() and (fused / "sample" / "manifest.json").is_file()
+    with AttentionStore(fused / "sample") as s:
+        assert len(s) == 4
+    assert not (results["config"] / "attention" / "tinygpt2" / "sick" / "shard0of1" / "sample").exists()
+    assert _tables_close(results["full"], results["config"]) == []
