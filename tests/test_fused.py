@@ -374,3 +374,14 @@ def test_tiny_workflow_fused_gives_the_full_tables(tmp_path):
         assert len(s) == 4
     assert not (results["config"] / "attention" / "tinygpt2" / "sick" / "shard0of1" / "sample").exists()
     assert _tables_close(results["full"], results["config"]) == []
+
+
+def test_empty_shard_combines(tiny_loaded, records, stores, tmp_path):
+    """A shard without records (more shards than records) is a valid fused store that adds nothing."""
+    run_extract(
+        tiny_loaded("bert"), records, tmp_path / "empty", fused=True, sample=[0], part=slice(len(records), len(records))
+    )
+    _, one = stores["bert"]
+    for r in reducers():
+        part = load_reduced([tmp_path / "empty"], r)
+        assert_same(load_reduced([one], r), type(r).combine([load_reduced([one], r), part]), r.name)

@@ -162,7 +162,10 @@ class SurfaceReducer(Reducer):
     def result(self) -> pd.DataFrame:
         info = self.info
         if self.total is None:
-            raise ValueError(f"{self.name}: no sequence was reduced")
+            if info.n_sequences:
+                raise ValueError(f"{self.name}: no sequence was reduced")
+            zeros = np.zeros((info.n_layers, info.n_heads, len(STATS)))  # an empty shard: nothing to add
+            return _surface_frame(zeros, zeros.copy(), info.model, info.model_kind, 0)
         return _surface_frame(
             self.total.cpu().numpy(), self.count.cpu().numpy(), info.model, info.model_kind, info.n_sequences
         )
