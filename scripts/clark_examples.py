@@ -10,13 +10,14 @@ from headatlas.clark.figures import examples_figure  # noqa: E402
 from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.reduce import map_dirs  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
 settings = SurfaceSettings.from_config(sm.params.surface).examples
-with AttentionStore(list(sm.input.maps)) as store:
+with AttentionStore(map_dirs(list(sm.input.maps), "Fig. 1 examples")) as store:  # a fused corpus: its sample's maps
     table, fig = examples_figure(
         store, pd.read_csv(sm.input.behaviour, sep="\t"), sm.wildcards.model, sm.wildcards.corpus, settings
     )

@@ -1,13 +1,16 @@
-"""Rule clark_js_distances: summed Jensen-Shannon distance between every pair of heads."""
+"""Rule clark_js_distances: summed Jensen-Shannon distance between every pair of heads, replayed from stored
+maps or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
 import sys
 import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark.clustering import distance_long, js_distance_matrix  # noqa: E402
+from headatlas.clark.clustering import distance_long  # noqa: E402
+from headatlas.clark.reducers import JSReducer  # noqa: E402
 from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.reduce import reduce_corpus  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
 
@@ -15,8 +18,10 @@ sm = snakemake  # noqa: F821
 log = setup(sm)
 c = SurfaceSettings.from_config(sm.params.surface).clustering
 t0 = time.time()
+reducer = JSReducer(c.n_segments, c.smoothing, c.max_elements)
+reducer.analysis = "clark_surface"
+d, n_seq, n_tok = reduce_corpus(list(sm.input), reducer)
 with AttentionStore(list(sm.input)) as store:
-    d, n_seq, n_tok = js_distance_matrix(store, c.n_segments, c.smoothing, c.max_elements)
     table = distance_long(d, store.n_layers, store.n_heads, store.meta["model"], n_tok)
 table["n_sequences"] = n_seq
 table["n_tokens"] = n_tok

@@ -8,7 +8,9 @@ from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.extract import config_hash, extract, shard_slice  # noqa: E402
 from headatlas.core.inputs import check_max_length  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402
+from headatlas.core.parse import trees_of  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
+from headatlas.fused import build_reducers, sample_records  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
@@ -34,6 +36,20 @@ meta = {
     "n_shards": sm.params.n_shards,
     "config_hash": config_hash(p),
 }
+# a fused corpus (maps: sample or none): the reducers of every analysis covering it, and the sample's records
+fused = p.get("fused")
+reducers = sample = corpus_records = None
+if fused:
+    reducers = build_reducers(fused["reducers"])
+    if fused["sample"]:
+        sample = sample_records(len(records), fused["sample"], fused["seed"])
+    trees = list(sm.input.trees)
+    corpus_records = trees_of(records, load_records(trees[0]) if trees else None)
+    log.info(
+        "fused: reducers %s; maps kept for %s",
+        [f"{r.analysis}/{r.name}" for r in reducers],
+        f"{len(sample)} sampled records of the corpus" if sample is not None else "no sequence",
+    )
 counts = extract(
     records[part],
     spec,
@@ -48,5 +64,8 @@ counts = extract(
     maps=p["maps"],
     reps=p["reps"],
     rep_position=p["rep_position"],
+    reducers=reducers,
+    sample=sample,
+    corpus_records=corpus_records,
 )
 log.info("counts %s", counts.values)

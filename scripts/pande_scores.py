@@ -1,4 +1,5 @@
-"""Rule pande_scores: sentence-level sieve scores of every head and role on one corpus."""
+"""Rule pande_scores: sentence-level sieve scores of every head and role on one corpus, replayed from stored maps
+or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
 import sys
 
@@ -8,18 +9,22 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.parse import trees_of  # noqa: E402
+from headatlas.core.reduce import reduce_corpus  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
 from headatlas.pande.analysis import save_scores  # noqa: E402
-from headatlas.pande.sieves import SieveSettings, score_store  # noqa: E402
+from headatlas.pande.reducers import SieveReducer  # noqa: E402
+from headatlas.pande.sieves import SieveSettings  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
 settings = SieveSettings.from_config(sm.params.sieves)
 records = load_records(sm.input.corpus)
 records = trees_of(records, load_records(sm.input.trees[0]) if sm.input.trees else None)
+reducer = SieveReducer(settings)
+reducer.analysis = "pande"
+result = reduce_corpus(list(sm.input.shards), reducer, records)  # replayed from the maps, or a fused extraction's
 with AttentionStore(list(sm.input.shards)) as store:
-    result = score_store(store, records, settings, threads=sm.threads)
     result["lengths"] = store.lengths[: len(store)]  # tokens per sequence, for the score-against-length figure
     meta = {"model": store.meta["model"], "model_kind": store.meta.get("model_kind"), "corpus": sm.wildcards.corpus}
 meta["trees"] = "spacy" if sm.input.trees else "gold"

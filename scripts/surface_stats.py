@@ -1,20 +1,23 @@
-"""Rule clark_surface_stats: per-head surface statistics (Clark et al. Sec. 3) from stored maps."""
+"""Rule clark_surface_stats: per-head surface statistics (Clark et al. Sec. 3), replayed from stored maps
+or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
 import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.clark.surface import SurfaceSettings, surface_table  # noqa: E402
+from headatlas.clark.reducers import SurfaceReducer  # noqa: E402
+from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.reduce import reduce_corpus  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
 
 sm = snakemake  # noqa: F821
 log = setup(sm)
-with AttentionStore(list(sm.input)) as store:
-    table = surface_table(store, smoothing=SurfaceSettings.from_config(sm.params.surface).smoothing)
+reducer = SurfaceReducer(SurfaceSettings.from_config(sm.params.surface).smoothing)
+reducer.analysis = "clark_surface"
+table = reduce_corpus(list(sm.input), reducer)
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-log.info("%d heads, %d sequences, model kind %s", len(table), len(store), store.meta.get("model_kind"))
+log.info("%d heads, %d sequences, model kind %s", len(table), table["n_sequences"].iloc[0], table["model_kind"].iloc[0])
 write_tables_html(sm)  # the HTML page of each reported TSV

@@ -2,13 +2,16 @@
 
 Used by the sharding test and by the SLURM check in CI (.ci/slurm/run.sh):
 
-    python tests/tiny_workflow.py build OUT_DIR [--shards N] [--limit N]
+    python tests/tiny_workflow.py build OUT_DIR [--shards N] [--limit N] [--maps full|config|sample|none [--sample K]]
     python tests/tiny_workflow.py compare RESULTS_A RESULTS_B
 
 ``build`` writes OUT_DIR/models/{bert,gpt2} (``save_pretrained`` directories with their tokenizers)
 and OUT_DIR/config.yaml. The config keeps the default config's corpora and ``analysis:``
 block (so every analysis the default config runs also runs here) and the corpora it names,
 each cut to ``limit`` records, with bundled paths made absolute and split into ``shards``.
+Every corpus keeps all its maps by default (``--maps full``: the outputs of earlier rounds); ``--maps config``
+keeps the base config's ``maps:`` settings (the default config reduces wiki and sick fused), ``--maps sample``
+/ ``none`` sets every corpus that stores maps to that mode (``--sample K``: sequences a sample keeps).
 ``compare`` exits 1 unless two result directories hold the same data (see compare_file).
 """
 
@@ -172,6 +175,8 @@ def tiny_config(
     base: str | Path | None = None,
     analyses: list[str] | None = None,
     corpora: list[str] | None = None,
+    maps: str = "full",
+    sample: int | None = None,
 ) -> dict:
     """The default config (or ``base``) on the tiny models, with small sharded corpora.
 
@@ -182,7 +187,11 @@ def tiny_config(
     Generated corpora (kind ``records``) are not cut (a prefix would hold one task's train items
     only); the Jo & Myaeng generator and downstream sizes shrink instead (train 2 x limit, dev and
     test limit, 4 WordContent words).
+    ``maps`` (full, config, sample, none) and ``sample``: see the module docstring; a corpus with
+    ``maps: false`` (representations only) keeps it.
     """
+    if maps not in ("full", "config", "sample", "none"):
+        raise ValueError(f"maps must be full, config, sample or none, not {maps!r}")
     with open(base or REPO / "config" / "config.yaml", encoding="utf-8") as fh:
         cfg = yaml.safe_load(fh)
     cfg["models"] = [
@@ -213,6 +222,13 @@ def tiny_config(
         if spec.get("kind") != "records":  # generated corpora are sized by their generator (below), not cut
             spec["limit"] = limit
         spec.pop("shards", None)
+        if spec.get("maps", True) is not False and maps != "config":
+            spec.pop("sample", None)
+            spec["maps"] = maps
+            if maps == "full":
+                del spec["maps"]
+        if spec.get("maps") == "sample" and sample is not None:
+            spec["sample"] = sample
         kept[name] = spec
     cfg["corpora"] = kept
     jm = cfg.get("analysis", {}).get("jomyaeng")
@@ -235,6 +251,8 @@ def write_tiny(
     analyses: list[str] | None = None,
     corpora: list[str] | None = None,
     models: list[str] | None = None,
+    maps: str = "full",
+    sample: int | None = None,
 ) -> Path:
     """Build the models under ``out``/models and write ``out``/config.yaml; return the config path."""
     out = Path(out).resolve()
@@ -247,7 +265,7 @@ def write_tiny(
     path = out / "config.yaml"
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(tiny_config(dirs, shards, limit, base, analyses, corpora), fh, sort_keys=False)
+        yaml.safe_dump(tiny_config(dirs, shards, limit, base, analyses, corpora, maps, sample), fh, sort_keys=False)
     os.replace(tmp, path)
     return path
 
@@ -343,6 +361,13 @@ def main(argv=None) -> None:
     build.add_argument("--analyses", help="comma-separated sections of its analysis: block to keep (default: all)")
     build.add_argument("--corpora", help="comma-separated corpora the analyses keep (default: all they name)")
     build.add_argument("--models", help=f"comma-separated models of the config (default: {','.join(MODEL_NAMES)})")
+    build.add_argument(
+        "--maps",
+        default="full",
+        choices=["full", "config", "sample", "none"],
+        help="maps of every corpus: full (default), as the base config says, sample or none (fused reduction)",
+    )
+    build.add_argument("--sample", type=int, help="sequences a maps: sample corpus keeps (default: the config's, 32)")
     compare = sub.add_parser("compare", help="exit 1 unless two result directories hold the same data")
     compare.add_argument("a")
     compare.add_argument("b")
@@ -352,7 +377,9 @@ def main(argv=None) -> None:
         analyses = args.analyses.split(",") if args.analyses else None
         corpora = args.corpora.split(",") if args.corpora else None
         models = args.models.split(",") if args.models else None
-        print(write_tiny(args.out, args.shards, args.limit, args.base, analyses, corpora, models))
+        print(
+            write_tiny(args.out, args.shards, args.limit, args.base, analyses, corpora, models, args.maps, args.sample)
+        )
         return
     problems = compare_results(args.a, args.b)
     n = sum(1 for p in Path(args.a).rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")

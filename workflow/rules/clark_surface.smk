@@ -6,6 +6,13 @@ CLARK_THRESHOLDS = {
     "special_threshold": CLARK["special_threshold"],
 }
 
+# Fig. 1 draws its example from the stored maps (a maps: sample corpus: from its sample)
+for _c in CLARK["corpora"] if analysis_active("clark_surface") else []:
+    if _c in CORPUS_MAPS and CORPUS_MAPS[_c][0] == "none":
+        raise ValueError(
+            f"config key corpora.{_c}.maps: none, but analysis.clark_surface draws Fig. 1 from its maps; "
+            "set maps: sample (or full)"
+        )
 
 CLARK_FILES = [
     "surface.tsv",

@@ -6,9 +6,10 @@ from pathlib import Path
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from headatlas.core.inputs import check_max_length, check_yaml, local_model_config
+from headatlas.core.inputs import check_max_length, check_yaml, local_model_config, map_setting
 from headatlas.core.models import ModelSpec, check_installed
 from headatlas.core.store import store_problem
+from headatlas.fused import PLANS, reducer_specs
 
 # Snakemake has loaded the --configfile files already (a syntax error stops it before this
 # line; its message names no line, `--verbose` shows the parser's): catch duplicate keys.
@@ -46,6 +47,11 @@ def _check_config():
 
 
 _check_config()
+
+# maps: full | sample | none per corpus (README "Fused reduction"): checked here, by key
+CORPUS_MAPS = {
+    c: map_setting(spec, f"corpora.{c}") for c, spec in config["corpora"].items()
+}
 
 
 DERIVED_SOURCES = ("finetuned", "random_init")
@@ -226,19 +232,70 @@ def helper_models():
 
 
 def extraction_params(wildcards):
-    """Everything that changes a model's maps on one corpus (and nothing else)."""
+    """Everything that changes a model's maps on one corpus (and nothing else); for a fused corpus also
+    the reducers' specs (so a reducer setting reruns this extraction only)."""
     corpus = CORPORA[wildcards.corpus]
-    return {
+    mode, k = CORPUS_MAPS[wildcards.corpus]
+    out = {
         "model": corpus_model(wildcards.model, wildcards.corpus),
         # a long corpus is cut to its `tokens`
         "overflow": corpus.get(
             "overflow", "truncate" if "tokens" in corpus else EXTRACTION["overflow"]
         ),
         "storage_dtype": EXTRACTION["storage_dtype"],
-        "maps": corpus.get("maps", True),
+        "maps": mode == "full",
         "reps": corpus.get("reps", True),
         "rep_position": EXTRACTION["rep_position"],
     }
+    specs = fused_specs(wildcards.model, wildcards.corpus)
+    if (
+        specs or mode == "sample"
+    ):  # a maps: none corpus no analysis reduces stays as before (representations)
+        out["fused"] = {
+            "reducers": specs,
+            "sample": k,
+            "seed": int(corpus.get("seed", 0)),
+        }
+    return out
+
+
+# --- fused reduction (headatlas.fused): the reducers of every active analysis on a non-full corpus -----------
+# analysis key -> function(model, corpus) -> files its reducers need as the extraction's `trees` input
+FUSED_TREES = {}
+
+
+def fused_sections(model):
+    """key -> section of every active analysis with a fused plan that covers the model."""
+    return {
+        key: ANALYSES[key]
+        for key in PLANS
+        if key in ANALYSES and model in analysis_models(key)
+    }
+
+
+def fused_specs(model, corpus):
+    """The reducer specs a fused extraction of (model, corpus) runs ([] for a full corpus)."""
+    if CORPUS_MAPS[corpus][0] == "full":
+        return []
+    return reducer_specs(fused_sections(model), corpus)
+
+
+def fused_trees(wildcards):
+    """The parse (at most one) the reducers of a fused extraction read their trees from."""
+    specs = fused_specs(wildcards.model, wildcards.corpus)
+    files = sorted(
+        {
+            f
+            for key in {s["analysis"] for s in specs}
+            if key in FUSED_TREES
+            for f in FUSED_TREES[key](wildcards.corpus)
+        }
+    )
+    if len(files) > 1:
+        raise ValueError(
+            f"corpus {wildcards.corpus}: fused reducers would need trees from {files}; give its analyses one source of trees"
+        )
+    return files
 
 
 _check_corpus_lengths()

@@ -2,6 +2,7 @@ rule extract_attention:
     input:
         corpus="results/corpora/{corpus}.jsonl.gz",
         model=model_cache,
+        trees=fused_trees,
     output:
         directory("results/attention/{model}/{corpus}/shard{shard}of{nshards}"),
     log:

@@ -24,6 +24,8 @@ PANDE_TREES = {
     )
     for c in CORPORA
 }
+# a fused corpus's extraction runs the sieve reducer on these trees
+FUSED_TREES["pande"] = lambda corpus: PANDE_TREES[corpus]
 PANDE_FILES = [
     "heads.tsv",
     "heads_by_corpus.tsv",

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import ReduceBatch, Reducer, clean_maps, key_masses
-from .surface import STATS, punct_mask
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses
+from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
 ENTROPY_CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's temporaries
@@ -162,22 +162,82 @@ class SurfaceReducer(Reducer):
     def result(self) -> pd.DataFrame:
         info = self.info
         if self.total is None:
-            raise ValueError(f"{self.name}: no sequence was reduced")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = self.total.cpu().numpy() / self.count.cpu().numpy()
-        rows = [
-            {
-                "model": info.model,
-                "model_kind": info.model_kind,
-                "layer": layer,
-                "head": head,
-                "n_sequences": info.n_sequences,
-                **dict(zip(STATS, mean[layer, head])),
-            }
-            for layer in range(info.n_layers)
-            for head in range(info.n_heads)
-        ]
-        return pd.DataFrame(rows)
+            if info.n_sequences:
+                raise ValueError(f"{self.name}: no sequence was reduced")
+            zeros = np.zeros((info.n_layers, info.n_heads, len(STATS)))  # an empty shard: nothing to add
+            return _surface_frame(zeros, zeros.copy(), info.model, info.model_kind, 0)
+        return _surface_frame(
+            self.total.cpu().numpy(), self.count.cpu().numpy(), info.model, info.model_kind, info.n_sequences
+        )
+
+    def params(self) -> dict:
+        return {"smoothing": float(self.smoothing)}
+
+    def to_arrays(self, result: pd.DataFrame) -> dict:
+        a = result.attrs
+        return {
+            "total": a["total"],
+            "count": a["count"],
+            "model": np.array([a["model"]]),
+            "model_kind": np.array([a["model_kind"]]),
+            "n_sequences": np.array(a["n_sequences"]),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> pd.DataFrame:
+        return _surface_frame(
+            arrays["total"], arrays["count"], str(arrays["model"][0]), str(arrays["model_kind"][0]),
+            int(arrays["n_sequences"]),
+        )  # fmt: skip
+
+    @classmethod
+    def combine(cls, parts: list) -> pd.DataFrame:
+        a = [p.attrs for p in parts]
+        for x in a[1:]:
+            if (x["model"], x["model_kind"], x["total"].shape) != (
+                a[0]["model"],
+                a[0]["model_kind"],
+                a[0]["total"].shape,
+            ):
+                raise ReduceError(f"{cls.name}: shards of different models ({x['model']!r}, {a[0]['model']!r})")
+        return _surface_frame(
+            sum(x["total"] for x in a), sum(x["count"] for x in a), a[0]["model"], a[0]["model_kind"],
+            sum(x["n_sequences"] for x in a),
+        )  # fmt: skip
+
+
+def _surface_frame(total: np.ndarray, count: np.ndarray, model: str, kind: str, n_sequences: int) -> pd.DataFrame:
+    """:func:`headatlas.clark.surface.surface_table`'s table from the sums [L, H, S] and counts of defined
+    values; the sums ride along in ``attrs`` (what :meth:`SurfaceReducer.combine` adds)."""
+    n_layers, n_heads, _ = total.shape
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / count
+    rows = [
+        {
+            "model": model,
+            "model_kind": kind,
+            "layer": layer,
+            "head": head,
+            "n_sequences": n_sequences,
+            **dict(zip(STATS, mean[layer, head])),
+        }
+        for layer in range(n_layers)
+        for head in range(n_heads)
+    ]
+    out = pd.DataFrame(rows)
+    out.attrs.update(total=total, count=count, model=model, model_kind=kind, n_sequences=int(n_sequences))
+    return out
+
+
+class JSResult(tuple):
+    """(D [L*H, L*H], sequences used, query tokens) of :class:`JSReducer`, with what combining shards needs:
+    ``limit`` (the reducer's n_sequences), ``first_index`` (records before the feed) and ``n_fed``
+    (sequences in the feed)."""
+
+    def __new__(cls, d, k: int, tokens: int, limit: int = 0, first_index: int = 0, n_fed: int | None = None):
+        out = super().__new__(cls, (d, int(k), int(tokens)))
+        out.limit, out.first_index, out.n_fed = int(limit), int(first_index), int(k if n_fed is None else n_fed)
+        return out
 
 
 class JSReducer(Reducer):
@@ -195,7 +255,9 @@ class JSReducer(Reducer):
 
     def start(self, info) -> None:
         super().start(info)
-        self.k_stop = min(self.n_sequences, info.n_sequences) if self.n_sequences else info.n_sequences
+        # the first n_sequences of the corpus: a shard that starts at record first_index takes what is left
+        left = max(0, self.n_sequences - info.first_index)
+        self.k_stop = min(left, info.n_sequences) if self.n_sequences else info.n_sequences
         h = info.n_layers * info.n_heads
         self.total = np.zeros((h, h))
         self.tokens = 0
@@ -220,5 +282,60 @@ class JSReducer(Reducer):
             )
             self.tokens += n
 
-    def result(self):
-        return self.total, self.k_stop, self.tokens
+    def result(self) -> JSResult:
+        return JSResult(
+            self.total, self.k_stop, self.tokens, self.n_sequences, self.info.first_index, self.info.n_sequences
+        )
+
+    def params(self) -> dict:
+        return {
+            "n_sequences": int(self.n_sequences),
+            "smoothing": float(self.smoothing),
+            "max_elements": int(self.max_elements),
+        }
+
+    def to_arrays(self, result: JSResult) -> dict:
+        return {
+            "distance": result[0],
+            "n_sequences": np.array(result[1]),
+            "tokens": np.array(result[2]),
+            "limit": np.array(result.limit),
+            "first_index": np.array(result.first_index),
+            "n_fed": np.array(result.n_fed),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> JSResult:
+        return JSResult(
+            arrays["distance"], int(arrays["n_sequences"]), int(arrays["tokens"]), int(arrays["limit"]),
+            int(arrays["first_index"]), int(arrays["n_fed"]),
+        )  # fmt: skip
+
+    @classmethod
+    def combine(cls, parts: list) -> JSResult:
+        """The sum over shards. Each shard took the first ``limit - first_index`` of its sequences, which is the
+        corpus's first ``limit`` sequences when no earlier record was skipped (too long): checked."""
+        before = 0  # sequences in earlier shards
+        for i, p in enumerate(parts):
+            want = min(max(0, p.limit - before), p.n_fed) if p.limit else p.n_fed
+            if p[1] != want:
+                raise ReduceError(
+                    f"{cls.name}: shard {i} summed {p[1]} sequences, but the first {p.limit} of the corpus need {want} of it "
+                    f"(records of an earlier shard were skipped as too long); extract this corpus in one shard or with overflow: truncate"
+                )
+            before += p.n_fed
+        d = sum(p[0] for p in parts)
+        return JSResult(d, sum(p[1] for p in parts), sum(p[2] for p in parts), parts[0].limit, 0, before)
+
+
+def fused_plan(section: dict, corpus: str) -> list[Reducer]:
+    """The reducers analysis clark_surface needs on ``corpus`` (its validated config section): the surface
+    statistics and the JS distances with the clustering settings; none off its corpora."""
+    if corpus not in (section.get("corpora") or []):
+        return []
+    s = SurfaceSettings.from_config(section)
+    c = s.clustering
+    out = [SurfaceReducer(s.smoothing), JSReducer(c.n_segments, c.smoothing, c.max_elements)]
+    for r in out:
+        r.analysis = "clark_surface"
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -156,9 +157,11 @@ def forward_batches(
     reps: bool = False,
     kind: str = "encoder",
     rep_position: str = "last",
+    before=None,
 ) -> Iterator[tuple[np.ndarray, list[np.ndarray] | None, tuple[list[np.ndarray], list[np.ndarray]] | None]]:
     """Yield (positions, per-layer [B, H, N, N] maps or None, (per-layer [B, H, d] head vectors,
-    per-layer [B, D] hidden states) or None) for length-bucketed batches."""
+    per-layer [B, D] hidden states) or None) for length-bucketed batches. ``before(positions)`` is called
+    before each forward pass (a fused feed sets its batch there)."""
     import torch
 
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
@@ -178,6 +181,8 @@ def forward_batches(
             for pos in length_batches([len(t) for t in tokenized], batch_size):
                 batch = [tokenized[p] for p in pos]
                 inputs = model_inputs(batch, use_types, pad_id, device, extra_token=extra)
+                if before is not None:
+                    before(pos)
                 captured.clear()
                 out = model(**inputs, output_attentions=attentions, output_hidden_states=reps)
                 maps = None
@@ -228,15 +233,28 @@ def extract(
     reps: bool = True,
     rep_position: str = "last",
     buffer_bytes: int = 64 * 2**20,
+    reducers: Sequence | None = None,
+    sample: Sequence[int] | None = None,
+    corpus_records: Sequence[Record] | None = None,
 ) -> Counts:
     """Extract and store the attention maps (``maps``) and per-head representations
     (``reps``) of ``records`` (one shard) for one model.
 
     Sequences are processed in windows of consecutive records whose maps fit in
-    ``buffer_bytes``; within a window, batches are bucketed by length."""
+    ``buffer_bytes``; within a window, batches are bucketed by length.
+
+    Fused (``reducers`` given, ``maps`` off): the same forward pass also feeds every layer's attention to
+    ``reducers`` (:class:`headatlas.core.reduce.FusedFeed`) and writes their results to ``reduced/<name>.h5``,
+    and the maps of the sequences of the records ``sample`` (corpus record indices; None: no sample) to
+    the nested store ``sample/``; all inside the output directory, which appears only when complete.
+    ``corpus_records`` (the whole corpus, indexed by record index, with the trees the reducers use)
+    reach the reducers; default ``records``."""
     if rep_position not in ("last", "past_last"):
         raise ValueError(f"rep_position must be 'last' or 'past_last', not {rep_position!r}")
-    if not (maps or reps):
+    fused = reducers is not None
+    if fused and maps:
+        raise ValueError("a fused extraction stores no full maps: maps must be off (maps: sample or none)")
+    if not (maps or reps or fused):
         raise ValueError("nothing to extract: maps and reps are both off")
     t0 = time.perf_counter()
     kind = model_kind(config, spec)
@@ -273,6 +291,7 @@ def extract(
         counts=counts.values,
         versions=package_versions(),
         maps=maps,
+        maps_mode="full" if maps else ("sample" if sample is not None else "none"),
         reps=reps,
         rep_position=("cls" if kind == "encoder" else rep_position) if reps else None,
     )
@@ -295,6 +314,22 @@ def extract(
                 writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
 
     head_buf = hidden_buf = None
+    feed = None
+    if fused:
+        from .reduce import FeedInfo, FusedFeed, ReduceBatch, SampleMaps
+
+        if corpus_records is None:
+            corpus_records = [None] * first_index + list(records)
+        info = FeedInfo(
+            len(tokenized),
+            n_layers,
+            n_heads,
+            spec.name,
+            kind,
+            (meta or {}).get("corpus", ""),
+            np.asarray(ids),
+            first_index,
+        )
     # A window is written by a background thread while the next one is computed (at most one
     # write in flight, so two windows in memory); the writer's exit still sees every write.
     with (
@@ -311,7 +346,28 @@ def extract(
             map_layout="lower" if kind == "decoder" else "full",  # causal maps: their lower triangle
         ) as writer,
         ThreadPoolExecutor(1) as io,
+        contextlib.ExitStack() as stack,
     ):
+        if fused:
+            keep = []
+            if sample is not None:
+                keep_pos = np.flatnonzero(
+                    np.isin([t.record_index for t in tokenized], np.asarray(sample, dtype=np.int64))
+                )
+                sample_writer = stack.enter_context(
+                    AttentionWriter(
+                        writer.tmp / "sample",
+                        [tokenized[k] for k in keep_pos],
+                        [ids[k] for k in keep_pos],
+                        n_layers,
+                        n_heads,
+                        storage_dtype,
+                        dict(full_meta, maps_mode="full", sample_of=len(tokenized), reps=False, rep_position=None),
+                        maps=True,
+                    )
+                )
+                keep = [SampleMaps(keep_pos, sample_writer, tol)]
+            feed = stack.enter_context(FusedFeed(model, list(reducers) + keep, info))
         pending, done = None, Progress(int(lengths.sum()), f"extract {spec.name}", "tokens")
         for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, buffer_bytes):
             # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
@@ -321,10 +377,29 @@ def extract(
             if reps:
                 head_buf = [np.empty((stop - start, n_heads, shapes[0]), dtype=np.float32) for _ in range(n_layers)]
                 hidden_buf = [np.empty((stop - start, shapes[1]), dtype=np.float32) for _ in range(n_layers)]
+            before = None
+            if feed is not None:
+
+                def before(pos, start=start):
+                    feed.begin(ReduceBatch.from_tokenized(tokenized, start + pos, corpus_records))
+
             batches = forward_batches(
-                model, window, spec.batch_size, n_layers, n_heads, spec.name, pad_id, maps, reps, kind, rep_position
+                model,
+                window,
+                spec.batch_size,
+                n_layers,
+                n_heads,
+                spec.name,
+                pad_id,
+                maps,
+                reps,
+                kind,
+                rep_position,
+                before,
             )
             for pos, layers, vectors in done.iter(batches, lambda b, s=start: lengths[s + b[0]].sum()):
+                if feed is not None:
+                    feed.end()
                 for layer in range(n_layers):
                     if maps:
                         for b, p in enumerate(pos):
@@ -340,6 +415,16 @@ def extract(
             pending = io.submit(write_window, writer, start, stop, buf, head_buf, hidden_buf)
         if pending is not None:
             pending.result()
+        if feed is not None:
+            from .reduce import save_reduced
+
+            for r, result in zip(reducers, feed.results()):
+                save_reduced(
+                    writer.tmp,
+                    r,
+                    result,
+                    {"model": spec.name, "corpus": info.corpus, "shard": (meta or {}).get("shard")},
+                )
     n_tok = sum(len(t) for t in tokenized)
     dt = time.perf_counter() - t0
     log.info(

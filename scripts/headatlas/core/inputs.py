@@ -5,6 +5,7 @@
 - :func:`position_limit` / :func:`check_max_length`: a model's ``max_length`` against the position
   limit in its ``config.json``, naming both numbers and the key (instead of a raw torch size
   mismatch in the middle of extraction).
+- :func:`map_setting`: a corpus's ``maps: full | sample | none`` (and ``sample: K``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,27 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions")
 PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 
 
+MAP_MODES = ("full", "sample", "none")  # what an extraction keeps of the n x n maps (README: Fused reduction)
+DEFAULT_SAMPLE = 32  # sequences whose maps a `maps: sample` corpus keeps
+
+
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and line, or the key."""
+
+
+def map_setting(spec: dict, where: str = "corpus") -> tuple[str, int]:
+    """(mode, K) of a corpus's config entry: ``maps: full | sample | none`` (``true`` / ``false`` as before:
+    full / none) and ``sample: K`` (default :data:`DEFAULT_SAMPLE`, with ``maps: sample`` only; K = 0 else)."""
+    maps = spec.get("maps", "full")
+    mode = {True: "full", False: "none"}[maps] if isinstance(maps, bool) else maps
+    if mode not in MAP_MODES:
+        raise ConfigError(f"config key {where}.maps: {maps!r}; expected one of {list(MAP_MODES)} (or true / false)")
+    if "sample" in spec and mode != "sample":
+        raise ConfigError(f"config key {where}.sample: given with maps: {mode}; it applies to maps: sample only")
+    k = int(spec.get("sample", DEFAULT_SAMPLE))
+    if k < 1:
+        raise ConfigError(f"config key {where}.sample: {k}; a sample needs at least one sequence")
+    return mode, (k if mode == "sample" else 0)
 
 
 class _StrictLoader(yaml.SafeLoader):

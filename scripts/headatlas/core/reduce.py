@@ -22,13 +22,24 @@ Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`fee
   layer's maps are alive (reducers with ``needs_all_layers = True`` get all layers of the batch at the end
   of its forward pass, which keeps them alive for that batch: say so where it matters).
 
-A reducer that fails raises :class:`ReduceError` naming the reducer, model, corpus and sequences.
+A reducer that fails raises :class:`ReduceError` naming the analysis, reducer, model, corpus and sequences.
+
+Saving and combining (the contract of docs/architecture.md, "Fused reduction"): every reducer has a unique
+``name`` (the file stem), the ``analysis`` key it serves, ``params()`` (JSON-able settings that change its
+result), ``to_arrays``/``from_arrays`` (its result as named numpy arrays and back) and ``combine`` (the
+results of consecutive shards into one). :func:`save_reduced` writes ``<store>/reduced/<name>.h5``,
+:func:`load_reduced` reads and combines the shards, and :func:`reduce_corpus` is what an analysis rule
+calls: the saved results of a corpus reduced fused (maps ``sample`` or ``none``), else a replay of its
+stored maps.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -37,6 +48,7 @@ from .data import SPECIAL_NONE, Record, TokenizedRecord
 from .extract import length_batches, model_inputs, storage_windows
 
 PAD_SPECIAL = -1  # special kind of padded positions in a ReduceBatch (matches no SPECIAL_* kind)
+REDUCED_DIR = "reduced"  # <store>/reduced/<reducer name>.h5: the results of a fused corpus
 
 
 class ReduceError(RuntimeError):
@@ -54,6 +66,7 @@ class FeedInfo:
     model_kind: str = "encoder"  # encoder | decoder (causal mask)
     corpus: str = ""
     record_id: np.ndarray | None = None  # [N] ids of the sequences, in feed order
+    first_index: int = 0  # records of the corpus before this feed (a shard's start), for reducers over a prefix
 
     @property
     def causal(self) -> bool:
@@ -231,10 +244,14 @@ def key_masses(a, batch: ReduceBatch, groups):
 
 
 class Reducer:
-    """Base class of a reducer; subclasses set ``name`` and implement ``update`` (or ``update_all``)."""
+    """Base class of a reducer; subclasses set ``name`` and implement ``update`` (or ``update_all``),
+    ``result`` and, to be saved and combined over shards, ``params``, ``to_arrays``, ``from_arrays``
+    and ``combine``."""
 
     name = "reducer"
+    analysis = ""  # the config analysis key it serves (errors name it); set by its plan
     needs_all_layers = False  # True: update_all(list of every layer's [B, H, n, n], batch) once per batch
+    needs_records = False  # True: the feed must be given the corpus records (trees)
 
     def start(self, info: FeedInfo) -> None:
         self.info = info
@@ -252,13 +269,59 @@ class Reducer:
     def result(self):
         raise NotImplementedError
 
+    def params(self) -> dict:
+        """JSON-able settings that change the result: the constructor's keyword arguments
+        (:meth:`from_params` rebuilds the reducer from them)."""
+        return {}
+
+    @classmethod
+    def from_params(cls, params: dict) -> "Reducer":
+        return cls(**params)
+
+    def to_arrays(self, result) -> dict[str, np.ndarray]:
+        """The result as named numeric, bool or str arrays (:meth:`from_arrays` is the inverse)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]):
+        raise NotImplementedError
+
+    @classmethod
+    def combine(cls, parts: list):
+        """The results of consecutive shards, in shard order, as one result."""
+        if len(parts) == 1:
+            return parts[0]
+        raise NotImplementedError(f"{cls.__name__} cannot combine shards")
+
+    def spec(self) -> dict:
+        """What rebuilds this reducer in another process (:func:`reducer_from_spec`): JSON-able."""
+        cls = type(self)
+        return {
+            "analysis": self.analysis,
+            "name": self.name,
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "params": self.params(),
+        }
+
+
+def reducer_from_spec(spec: dict) -> Reducer:
+    """The reducer a :meth:`Reducer.spec` describes."""
+    module, _, qualname = spec["class"].partition(":")
+    cls = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    r = cls.from_params(spec["params"])
+    r.analysis, r.name = spec.get("analysis", ""), spec.get("name", r.name)
+    return r
+
 
 def _fail(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exception) -> ReduceError:
     ids = batch.seq[:5].tolist() if info.record_id is None else [str(info.record_id[k]) for k in batch.seq[:5]]
     more = "" if len(batch) <= 5 else f" and {len(batch) - 5} more"
     where = "all layers" if layer is None else f"layer {layer}"
+    analysis = f"analysis {reducer.analysis}, " if reducer.analysis else ""
     return ReduceError(
-        f"reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}"
+        f"{analysis}reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}"
     )
 
 
@@ -331,6 +394,8 @@ def replay(
     for start, stop in storage_windows(store.lengths, per_cell, budget_bytes):
         local = length_batches(store.lengths[start:stop], batch_size)
         batches = [ReduceBatch.from_store(store, start + pos, records) for pos in local]
+        if not any(r.wants(b) for r in reducers for b in batches):
+            continue  # e.g. JS distances past their first sequences: no read at all
         keep = [any(r.needs_all_layers and r.wants(batch) for r in reducers) for batch in batches]
         kept: list[list] = [[] for _ in batches]
         for layer in range(store.n_layers):
@@ -386,6 +451,103 @@ def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object
     return found
 
 
+class FusedFeed:
+    """Forward hooks on a model's attention modules that hand each layer's probabilities to ``reducers``
+    as soon as they exist (a context manager; :func:`fused_reduce` and extraction use it).
+
+    Around every forward pass call :meth:`begin` with its :class:`ReduceBatch` and :meth:`end` after it.
+    A hook keeps no reference to the maps, so a layer's maps are freed before the next layer runs (except
+    for reducers with ``needs_all_layers``, which get every layer of a batch they want at :meth:`end`)."""
+
+    def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo):
+        self.model, self.reducers, self.info = model, list(reducers), info
+        self.batch, self.layers, self.keep = None, [], False
+        self.hooks: list = []
+
+    def __enter__(self):
+        from .models import ModelError
+
+        info, n_heads = self.info, self.info.n_heads
+        for r in self.reducers:
+            r.start(info)
+
+        def make_hook(layer: int, index: int):
+            def hook(module, args, output):
+                if self.batch is None:
+                    return
+                attn = output[index] if isinstance(output, tuple) else output
+                if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
+                    shape = None if attn is None else tuple(attn.shape)
+                    raise ModelError(
+                        f"model {info.model!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'"
+                    )
+                n = self.batch.n
+                a = (
+                    attn if attn.shape[-1] == n else attn[:, :, :n, :n]
+                )  # an extra position is not part of the sequences
+                feed_layer(self.reducers, info, layer, a, self.batch)
+                if self.keep:
+                    self.layers.append(a)
+
+            return hook
+
+        self.hooks = [
+            m.register_forward_hook(make_hook(i, idx))
+            for i, (m, idx) in enumerate(attention_modules(self.model, info.n_layers, info.model))
+        ]
+        return self
+
+    def begin(self, batch: ReduceBatch) -> None:
+        self.batch, self.layers = batch, []
+        self.keep = any(r.needs_all_layers and r.wants(batch) for r in self.reducers)
+
+    def end(self) -> None:
+        if self.keep:
+            feed_all(self.reducers, self.info, self.layers, self.batch)
+        self.batch, self.layers, self.keep = None, [], False
+
+    def results(self) -> list:
+        return [r.result() for r in self.reducers]
+
+    def __exit__(self, *exc):
+        for h in self.hooks:
+            h.remove()
+        self.hooks, self.batch, self.layers = [], None, []
+        return False
+
+
+class SampleMaps(Reducer):
+    """Not a statistic: writes the maps of the chosen sequences (positions in the feed) to an
+    :class:`~headatlas.core.store.AttentionWriter` (the ``sample/`` store of a fused extraction), each
+    checked as the store path checks maps at the source (finite, rows summing to 1 within ``tol``)."""
+
+    name = "sample_maps"
+
+    def __init__(self, positions, writer, tol: float):
+        self.local = {int(k): i for i, k in enumerate(positions)}
+        self.writer, self.tol = writer, tol
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        from .models import ModelError
+        from .store import map_faults
+
+        for b, k in enumerate(batch.seq.tolist()):
+            i = self.local.get(k)
+            if i is None:
+                continue
+            n = int(batch.lengths[b])
+            block = attn[b, :, :n, :n].float().cpu().numpy()
+            for head, _, q, what in map_faults(block.reshape(block.shape[0], n * n), np.array([n]), self.tol):
+                rid = k if self.info.record_id is None else self.info.record_id[k]
+                raise ModelError(
+                    f"model {self.info.model!r}: layer {layer}, head {head}, record {rid}, query row {q}: attention {what}"
+                )
+            self.writer.write(i, layer, block)
+
+    def result(self):
+        return None
+
+
 def fused_reduce(
     model,
     tokenized: Sequence[TokenizedRecord],
@@ -397,63 +559,25 @@ def fused_reduce(
     name: str = "",
     corpus: str = "",
     record_id: Sequence[str] | None = None,
+    first_index: int = 0,
 ) -> list:
     """Run ``model`` (loaded by :func:`headatlas.core.models.load`: eager attention, eval mode) over
-    ``tokenized`` in length-bucketed batches and reduce each layer's attention as soon as it is computed.
-
-    Forward hooks on the attention modules hand ``output[index]`` (the probabilities, which the eager
-    modules return even without ``output_attentions``) to the per-layer reducers and keep no reference,
-    so the maps of a layer are freed before the next layer runs. Returns ``[r.result() for r in reducers]``.
+    ``tokenized`` in length-bucketed batches and reduce each layer's attention as soon as it is computed
+    (:class:`FusedFeed`). Returns ``[r.result() for r in reducers]``.
     """
     import torch
 
-    from .models import ModelError
-
     n_layers, n_heads = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
     rid = None if record_id is None else np.asarray(record_id)
-    info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid)
-    for r in reducers:
-        r.start(info)
+    info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid, first_index)
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
     device = next(model.parameters()).device
-    state: dict = {"batch": None, "layers": [], "keep": False}
-
-    def make_hook(layer: int, index: int):
-        def hook(module, args, output):
-            attn = output[index] if isinstance(output, tuple) else output
-            if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
-                shape = None if attn is None else tuple(attn.shape)
-                raise ModelError(
-                    f"model {name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'"
-                )
-            batch = state["batch"]
-            n = batch.n
-            a = attn if attn.shape[-1] == n else attn[:, :, :n, :n]  # an extra position is not part of the sequences
-            feed_layer(reducers, info, layer, a, batch)
-            if state["keep"]:
-                state["layers"].append(a)
-
-        return hook
-
-    hooks = [
-        m.register_forward_hook(make_hook(i, idx))
-        for i, (m, idx) in enumerate(attention_modules(model, n_layers, name))
-    ]
-    try:
-        with torch.inference_mode():
-            for pos in length_batches([len(t) for t in tokenized], batch_size):
-                batch = ReduceBatch.from_tokenized(tokenized, pos, records)
-                state["batch"], state["layers"] = batch, []
-                state["keep"] = any(r.needs_all_layers and r.wants(batch) for r in reducers)
-                model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))
-                if state["keep"]:
-                    feed_all(reducers, info, state["layers"], batch)
-                state["layers"] = []
-    finally:
-        for h in hooks:
-            h.remove()
-        state.clear()
-    return [r.result() for r in reducers]
+    with FusedFeed(model, reducers, info) as feed, torch.inference_mode():
+        for pos in length_batches([len(t) for t in tokenized], batch_size):
+            feed.begin(ReduceBatch.from_tokenized(tokenized, pos, records))
+            model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))
+            feed.end()
+        return feed.results()
 
 
 def bare_forward(model, tokenized: Sequence[TokenizedRecord], batch_size: int, pad_id: int = 0) -> float:
@@ -469,3 +593,118 @@ def bare_forward(model, tokenized: Sequence[TokenizedRecord], batch_size: int, p
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0
+
+
+# --- saved results of a fused corpus ---------------------------------------------------------------------------
+
+
+def reduced_file(store_dir: str | Path, reducer: Reducer) -> Path:
+    return Path(store_dir) / REDUCED_DIR / f"{reducer.name}.h5"
+
+
+def save_reduced(store_dir: str | Path, reducer: Reducer, result, meta: dict | None = None) -> Path:
+    """Write ``result`` as ``<store_dir>/reduced/<name>.h5`` atomically: one dataset per array of
+    ``reducer.to_arrays(result)``, the reducer's params, analysis and class in the attributes."""
+    import h5py
+
+    from .io import atomic_path
+
+    path = reduced_file(store_dir, reducer)
+    arrays = reducer.to_arrays(result)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for key, value in arrays.items():
+            a = np.asarray(value)
+            if a.dtype.kind in "OUS":
+                f.create_dataset(key, data=a.astype(str).astype(object), dtype=h5py.string_dtype("utf-8"))
+            elif a.dtype.kind in "biuf":
+                f.create_dataset(key, data=a)
+            else:
+                raise TypeError(f"reducer {reducer.name}: array {key} has dtype {a.dtype}; numeric, bool or str only")
+            f[key].attrs["kind"] = a.dtype.kind
+        f.attrs["params"] = json.dumps(reducer.params(), sort_keys=True)
+        f.attrs["spec"] = json.dumps(reducer.spec(), sort_keys=True)
+        f.attrs["meta"] = json.dumps(meta or {}, sort_keys=True, default=str)
+    return path
+
+
+def _read_reduced(path: Path, reducer: Reducer) -> dict:
+    import h5py
+
+    where = f"analysis {reducer.analysis}, " if reducer.analysis else ""
+    rerun = "rerun the extraction of that corpus (delete the directory and rerun snakemake)"
+    if not path.is_file():
+        raise ReduceError(
+            f"{path}: missing: the corpus was not reduced fused with reducer {reducer.name} ({where.rstrip(', ') or 'no analysis'}); {rerun}"
+        )
+    try:
+        with h5py.File(path, "r") as f:
+            stored = json.loads(f.attrs["params"])
+            arrays = {k: (f[k].asstr()[()] if f[k].attrs.get("kind") in ("O", "U", "S") else f[k][()]) for k in f}
+    except Exception as e:
+        raise ReduceError(f"{path}: cannot read the reduced result ({type(e).__name__}: {e}); {rerun}") from None
+    want = json.loads(json.dumps(reducer.params(), sort_keys=True))
+    if stored != want:
+        diff = sorted(k for k in set(stored) | set(want) if stored.get(k) != want.get(k))
+        raise ReduceError(
+            f"{path}: {where}reducer {reducer.name} was computed with {', '.join(f'{k}={stored.get(k)!r}' for k in diff)}, "
+            f"the config now says {', '.join(f'{k}={want.get(k)!r}' for k in diff)}; {rerun}"
+        )
+    return {k: (np.asarray(v, dtype=object).astype(str) if isinstance(v, np.ndarray) and v.dtype == object else v)
+            for k, v in arrays.items()}  # fmt: skip
+
+
+def load_reduced(store_dirs: str | Path | Sequence[str | Path], reducer: Reducer):
+    """The saved results of ``reducer`` in every shard of a fused corpus, combined in shard order;
+    a result computed with other params is an error that says to rerun the extraction."""
+    dirs = [store_dirs] if isinstance(store_dirs, (str, Path)) else list(store_dirs)
+    parts = [reducer.from_arrays(_read_reduced(reduced_file(d, reducer), reducer)) for d in dirs]
+    try:
+        return reducer.combine(parts)
+    except ReduceError:
+        raise
+    except Exception as e:
+        raise ReduceError(f"reducer {reducer.name}: cannot combine the shards {[str(d) for d in dirs]}: {e}") from e
+
+
+def map_mode(meta: dict) -> str:
+    """full | sample | none: what a store's extraction kept of the maps (stores before this round: maps bool)."""
+    mode = meta.get("maps_mode")
+    if mode is None:
+        return "full" if meta.get("maps", True) else "none"
+    return mode
+
+
+def map_dirs(store_dirs: str | Path | Sequence[str | Path], what: str = "this figure") -> list[Path]:
+    """The store directories whose maps a figure or example reads: the shards themselves when the corpus
+    kept every map, their ``sample/`` stores when it kept a sample; a corpus with ``maps: none`` is an error."""
+    from .store import NESTED, AttentionStore
+
+    dirs = [Path(store_dirs)] if isinstance(store_dirs, (str, Path)) else [Path(d) for d in store_dirs]
+    with AttentionStore(dirs) as store:
+        mode = map_mode(store.meta)
+    if mode == "full":
+        return dirs
+    if mode == "sample":
+        return [d / NESTED[1] for d in dirs]
+    raise ReduceError(
+        f"{dirs[0]}: corpus {store.meta.get('corpus', '?')} was extracted with maps: none; {what} needs maps: "
+        "set maps: sample (or full) for it in the config"
+    )
+
+
+def reduce_corpus(
+    store_dirs: str | Path | Sequence[str | Path],
+    reducer: Reducer,
+    records: Sequence[Record] | None = None,
+    batch_size: int = 32,
+    device: str = "cpu",
+    budget_bytes: int = 256 << 20,
+):
+    """What an analysis rule calls for one (model, corpus): the saved result when the corpus was reduced fused
+    (its maps are ``sample`` or ``none``: :func:`load_reduced`), else a :func:`replay` of its stored maps."""
+    from .store import AttentionStore
+
+    with AttentionStore(store_dirs) as store:
+        if map_mode(store.meta) != "full":
+            return load_reduced(store.dirs, reducer)
+        return replay(store, [reducer], batch_size, records, device, budget_bytes)[0]

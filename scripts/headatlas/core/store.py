@@ -74,6 +74,7 @@ CHECKSUM = "sha256"  # faster than blake2b here (767 vs 526 MB/s, hashlib, one c
 # float16 storage (2^-11 per cell) or half-precision compute (bfloat16: 2^-9) by up to ~2e-3.
 ROW_SUM_TOL = {"float32": 1e-3, "half": 1e-2}
 REBUILD = "delete the directory and rerun snakemake to extract it again"
+NESTED = ("reduced", "sample")  # subdirectories of a fused extraction: reducer results, the sample's store
 
 
 class StoreError(ValueError):
@@ -436,7 +437,10 @@ class AttentionWriter:
                 with h5py.File(path, "r") as f:
                     entry["data_" + CHECKSUM] = {key: data_checksum(f[key][()]) for key in ("head_vectors", "hidden")}
             layers[path.name] = entry
-        names = ["tokens.h5", "meta.json"] + list(layers)
+        # a fused extraction's results and its sample store (their own manifest) travel with the store
+        nested = sorted(str(p.relative_to(self.tmp)) for p in self.tmp.glob(f"{NESTED[0]}/*.h5"))
+        nested += [f"{NESTED[1]}/{MANIFEST}"] if (self.tmp / NESTED[1] / MANIFEST).is_file() else []
+        names = ["tokens.h5", "meta.json"] + list(layers) + nested
         files = {
             name: {"size": (self.tmp / name).stat().st_size, CHECKSUM: file_checksum(self.tmp / name)} for name in names
         }
@@ -860,10 +864,15 @@ def verify_store(directory: str | Path) -> list[str]:
     unlisted = sorted(
         p.name
         for p in directory.iterdir()
-        if not p.name.startswith(".") and p.name not in man["files"] and p.name != MANIFEST
+        if not p.name.startswith(".")
+        and p.name not in man["files"]
+        and p.name != MANIFEST
+        and not (p.name in NESTED and any(f.startswith(p.name + "/") for f in man["files"]))
     )
     if unlisted:
         faults.append(f"{directory}: files not in the manifest: {', '.join(unlisted)}")
+    if (directory / NESTED[1]).is_dir():
+        faults += verify_store(directory / NESTED[1])
     try:
         store = AttentionStore(directory)
     except StoreError as e:

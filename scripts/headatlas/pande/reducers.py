@@ -12,12 +12,13 @@ sequences of a batch builds their dependency pairs from the corpus records (Pyth
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import ReduceBatch, Reducer, clean_maps, key_masses
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -190,6 +191,7 @@ class SieveReducer(Reducer):
     The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse)."""
 
     name = "pande_sieves"
+    needs_records = True
 
     def __init__(self, settings: SieveSettings | None = None, flush_every: int = 256):
         self.settings = settings or SieveSettings()
@@ -228,6 +230,49 @@ class SieveReducer(Reducer):
             self.scores[seq, layer] = scores.cpu().numpy()
         self._pending = []
 
+    def params(self) -> dict:
+        return _settings_params(self.settings)
+
+    @classmethod
+    def from_params(cls, params: dict) -> "SieveReducer":
+        return cls(_settings_from_params(params))
+
+    def to_arrays(self, result: dict) -> dict:
+        out = {
+            k: np.asarray(result[k])
+            for k in ("scores", "pair_counts", "pairs_present", "record_id", "is_pair", "has_trees")
+        }
+        out["roles"] = np.array(result["roles"], dtype=str)
+        out["relations"] = np.array(result["relations"], dtype=str)
+        out["model_kind"] = np.array([result["model_kind"]])
+        out["corpus"] = np.array([result["corpus"]])
+        out["settings"] = np.array([json.dumps(_settings_params(result["settings"]), sort_keys=True)])
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> dict:
+        out = {k: arrays[k] for k in ("scores", "pair_counts", "pairs_present", "is_pair", "has_trees")}
+        out["record_id"] = np.asarray(arrays["record_id"]).astype(str)
+        out["roles"] = [str(x) for x in arrays["roles"]]
+        out["relations"] = [str(x) for x in arrays["relations"]]
+        out["model_kind"], out["corpus"] = str(arrays["model_kind"][0]), str(arrays["corpus"][0])
+        out["settings"] = _settings_from_params(json.loads(str(arrays["settings"][0])))
+        out["notes"] = _notes(out)
+        return out
+
+    @classmethod
+    def combine(cls, parts: list) -> dict:
+        first = parts[0]
+        for p in parts[1:]:
+            if p["roles"] != first["roles"] or p["scores"].shape[1:] != first["scores"].shape[1:]:
+                raise ReduceError(f"{cls.name}: shards with other roles or heads ({p['roles']} vs {first['roles']})")
+        out = dict(first)
+        for k in ("scores", "pair_counts", "record_id", "is_pair", "has_trees"):
+            out[k] = np.concatenate([p[k] for p in parts])
+        out["pairs_present"] = sum(p["pairs_present"] for p in parts)
+        out["notes"] = _notes(out)
+        return out
+
     def result(self) -> dict:
         self._flush()
         info = self.info
@@ -241,6 +286,10 @@ class SieveReducer(Reducer):
             if info.record_id is not None
             else np.arange(info.n_sequences).astype(str),
             "is_pair": self.is_pair,
+            "has_trees": self.has_trees,
+            "model_kind": info.model_kind,
+            "corpus": info.corpus or "?",
+            "settings": self.settings,
             "notes": role_notes(
                 self.scores,
                 self.roles,
@@ -251,3 +300,39 @@ class SieveReducer(Reducer):
                 info.model_kind,
             ),
         }
+
+
+def _notes(result: dict) -> dict:
+    return role_notes(
+        result["scores"], result["roles"], result["has_trees"], result["pairs_present"], result["settings"],
+        result["corpus"], result["model_kind"],
+    )  # fmt: skip
+
+
+def _settings_params(s: SieveSettings) -> dict:
+    return {
+        "window": int(s.window),
+        "relations": list(s.relations),
+        "labels": {k: list(v) for k, v in sorted(s.labels.items())},
+        "direction": s.direction,
+        "block_entropy": bool(s.block_entropy),
+    }
+
+
+def _settings_from_params(p: dict) -> SieveSettings:
+    return SieveSettings(
+        window=int(p["window"]),
+        relations=tuple(p["relations"]),
+        labels={k: tuple(v) for k, v in p["labels"].items()},
+        direction=p["direction"],
+        block_entropy=bool(p["block_entropy"]),
+    )
+
+
+def fused_plan(section: dict, corpus: str) -> list[Reducer]:
+    """The reducers analysis pande needs on ``corpus`` (its validated config section): the sieve scores."""
+    if corpus not in (section.get("corpora") or []):
+        return []
+    r = SieveReducer(SieveSettings.from_config(section))
+    r.analysis = "pande"
+    return [r]
