@@ -46,6 +46,8 @@ rule clark_surface_stats:
         ),
     log:
         "logs/clark_surface_stats/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_surface_stats/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -71,6 +73,8 @@ rule clark_behaviour:
         ),
     log:
         "logs/clark_behaviour/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_behaviour/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -105,6 +109,8 @@ rule clark_surface_figures:
         fig4_svg="results/clark/{model}/{corpus}/fig4_entropy.svg",
     log:
         "logs/clark_surface_figures/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_surface_figures/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -134,6 +140,8 @@ rule clark_gradients:
         ),
     log:
         "logs/clark_gradients/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_gradients/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: CLARK["gradients"]["threads"]
@@ -163,6 +171,8 @@ rule clark_gradient_figure:
         svg="results/clark/{model}/{corpus}/fig3_gradients.svg",
     log:
         "logs/clark_gradient_figure/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_gradient_figure/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -180,6 +190,8 @@ rule clark_js_distances:
         "results/clark/{model}/{corpus}/js_distance.tsv",
     log:
         "logs/clark_js_distances/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_js_distances/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -229,6 +241,8 @@ rule clark_mds:
         svg="results/clark/{model}/{corpus}/fig6_mds.svg",
     log:
         "logs/clark_mds/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_mds/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -268,6 +282,8 @@ rule clark_examples:
         svg="results/clark/{model}/{corpus}/fig1_examples.svg",
     log:
         "logs/clark_examples/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_examples/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -298,6 +314,8 @@ rule clark_headlines:
         ),
     log:
         "logs/clark_headlines/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_headlines/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -53,6 +53,8 @@ rule jomyaeng_probing_tasks:
         ),
     log:
         "logs/jomyaeng/probing_tasks.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_probing_tasks.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -80,6 +82,8 @@ rule jomyaeng_downstream_tasks:
         ),
     log:
         "logs/jomyaeng/downstream_tasks.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_downstream_tasks.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -108,6 +112,8 @@ rule jomyaeng_probe:
         "results/jomyaeng/{model}/tasks/{task}.tsv",
     log:
         "logs/jomyaeng/probe/{model}/{task}.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_probe/{model}/{task}.tsv"
     wildcard_constraints:
         task="|".join(JM_TASKS) or "-",
     conda:
@@ -146,6 +152,8 @@ rule jomyaeng_tables:
         ),
     log:
         "logs/jomyaeng/tables/{model}.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_tables/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -177,6 +185,8 @@ rule jomyaeng_figures:
         **{f"{f}_svg": f"results/jomyaeng/{{model}}/{f}.svg" for f in JM_FIGURES},
     log:
         "logs/jomyaeng/figures/{model}.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_figures/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -202,6 +212,8 @@ rule jomyaeng_summary:
         ),
     log:
         "logs/jomyaeng/summary.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_summary.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
