@@ -35,6 +35,12 @@ def dry_run_at_root(*args: str) -> tuple[dict[str, int], list, str]:
     return job_stats(proc.stdout), parse_jobs(proc.stdout), proc.stdout
 
 
+@pytest.fixture(scope="module")
+def dags() -> dict[str, tuple[dict[str, int], list, str]]:
+    """Dry runs (every job) of the default config (no --configfile) and of config/quick.yaml."""
+    return {"default": dry_run_at_root(), "quick": dry_run_at_root("--configfile", "config/quick.yaml")}
+
+
 def write(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -97,32 +103,30 @@ def test_minilm_ewt_pande_config_dry_runs(tmp_path):
     assert stats["pande_test"] == 1 and "clark_syntax_heads" not in stats and "jomyaeng_probe" not in stats
 
 
-def test_extends_merges_the_named_config_under(tmp_path):
+def test_extends_merges_the_named_config_under(tmp_path, dags):
     cfg = write(
         tmp_path / "more.yaml",
         {"extends": str(REPO / "config" / "config.yaml"), "corpora": {"ewt_dev": {"limit": 5}}},
     )
-    stats, _, out = dry_run_at_root("--configfile", str(cfg))
-    default, _, _ = dry_run_at_root()  # no --configfile: the default config
-    assert stats == default
+    stats, _, _ = dry_run_at_root("--configfile", str(cfg))
+    assert stats == dags["default"][0]  # the default's jobs (no --configfile: the default config)
 
 
-def test_quick_config_runs_every_rule_of_the_default():
-    quick, jobs, _ = dry_run_at_root("--configfile", "config/quick.yaml")
-    default, _, _ = dry_run_at_root()
+def test_quick_config_runs_every_rule_of_the_default(dags):
+    quick, jobs, _ = dags["quick"]
+    default, _, _ = dags["default"]
     assert set(quick) == set(default)
     assert {w["model"] for _, w in jobs if "model" in w} == {"minilm", "smollm2", "minilm-sst2", "minilm-random"}
 
 
-def test_every_rule_has_a_benchmark_file():
+def test_every_rule_has_a_benchmark_file(dags):
     """Every job of the default and quick DAGs writes results/benchmarks/{rule}/...tsv; rules in
     neither DAG are listed so that a new rule cannot hide."""
     proc = snakemake_at_root("--list-rules")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rules = {line.strip() for line in proc.stdout.splitlines() if re.fullmatch(r"\s*\w+\s*", line)} - {"all"}
     seen, missing = set(), set()
-    for args in ((), ("--configfile", "config/quick.yaml")):
-        _, _, out = dry_run_at_root(*args)
+    for _, _, out in dags.values():
         for block in re.split(r"\n(?=\[.*\]\n(?:local)?rule )", out):
             m = re.search(r"^(?:local)?rule (\w+):", block, re.M)
             if not m or m.group(1) == "all":

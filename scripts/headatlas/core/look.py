@@ -199,7 +199,7 @@ def atlas_summary(atlas: pd.DataFrame) -> dict:
         if c.endswith("_sig_fdr")
     }
     if pande:
-        out["pande roles (FDR)"] = pande
+        out["pande roles (FDR)"] = dict(sorted(pande.items(), key=lambda kv: (-kv[1], kv[0])))
     rel = roles.str.extractall(r"syntax:([^(]+)\(")[0]
     if len(rel):
         out["best relation beating its baseline"] = rel.value_counts().to_dict()
