@@ -148,7 +148,7 @@ def model_dir(model):
 
 
 def model_inputs(model):
-    """What a model is loaded from, as rule inputs: the directory its own rule writes, else its
+    """What a model is loaded from (inputs of the jobs that load it). The directory its own rule writes, else its
     local config, weights and tokenizer files (so new weights re-extract; [] for a hub id).
     """
     d = model_dir(model)
