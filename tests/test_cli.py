@@ -177,6 +177,13 @@ def test_look_unknown_model_and_gpt2_bos(tmp_path, tiny_models, capsys):
     assert main(["look", "g", "a b c", "--config", str(cfg), "--out", str(out), "--results", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "decoder without a BOS token" in captured.err and out.is_file()
+    # a directory (not a config model) with --bos-token: the same warning; with its BOS: none
+    gpt2 = str(tiny_models["gpt2"])
+    common = ["--config", "", "--out", str(out), "--results", str(tmp_path)]
+    assert main(["look", gpt2, "a b c", "--bos-token", "none", *common]) == 0
+    assert "decoder without a BOS token" in capsys.readouterr().err
+    assert main(["look", gpt2, "a b c", *common]) == 0
+    assert "without a BOS" not in capsys.readouterr().err
 
 
 def test_atlas_command(tmp_path, capsys):

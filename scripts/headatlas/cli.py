@@ -83,7 +83,7 @@ def _look(args) -> int:
 
     try:
         cfg = load_config(args.config) if args.config and Path(args.config).is_file() else {}
-        spec, cache_dir = look_spec(args.model, cfg, args.max_length)
+        spec, cache_dir = look_spec(args.model, cfg, args.max_length, args.bos_token)
         model, tokenizer, config = load(spec, cache_dir, device="cpu")
     except (ModelError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -137,6 +137,11 @@ def add_look(subparsers) -> None:
     look.add_argument("--top", type=int, default=3, help="heads listed per pattern (default: %(default)s)")
     look.add_argument(
         "--max-length", type=int, default=512, help="longest input in tokens for a model not in the config"
+    )
+    look.add_argument(
+        "--bos-token",
+        default="auto",
+        help="decoders not in the config: auto, none, or a token string (config key bos_token)",
     )
     look.add_argument("--all-heads", action="store_true", help="list the roles of heads without any too")
     look.set_defaults(func=_look)

@@ -49,7 +49,9 @@ def rule_model_dir(name: str, source: dict) -> str | None:
     return f"results/models/{DERIVED_DIRS[kind]}/{name}" if kind else None
 
 
-def look_spec(model: str, config: dict | None = None, max_length: int = 512) -> tuple[ModelSpec, str | None]:
+def look_spec(
+    model: str, config: dict | None = None, max_length: int = 512, bos_token: str = "auto"
+) -> tuple[ModelSpec, str | None]:
     """(ModelSpec, directory a rule wrote it to or None) for a config model name, else a local
     directory, else a hub id. A derived config model inherits its base's settings; its directory
     must exist (run the workflow first), else ModelError says which target builds it."""
@@ -69,9 +71,11 @@ def look_spec(model: str, config: dict | None = None, max_length: int = 512) -> 
             )
         return ModelSpec.from_config(entry), d
     if Path(model).is_dir():
-        return ModelSpec(name=Path(model).resolve().name, source={"path": str(model)}, max_length=max_length), None
+        name = Path(model).resolve().name
+        return ModelSpec(name=name, source={"path": str(model)}, max_length=max_length, bos_token=bos_token), None
     if "/" in model and not Path(model).exists():
-        return ModelSpec(name=model.replace("/", "--"), source={"hub": model}, max_length=max_length), None
+        name = model.replace("/", "--")
+        return ModelSpec(name=name, source={"hub": model}, max_length=max_length, bos_token=bos_token), None
     known = ", ".join(sorted(entries)) or "none"
     raise ModelError(f"{model!r} is not a model of the config ({known}), a local directory, or a hub id (owner/name)")
 
