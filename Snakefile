@@ -13,7 +13,8 @@ min_version("9.0")
 # means exactly that config (its `extends:` key names configs to merge under it, common.smk).
 # Snakemake's message for a YAML error names no line: check the default config first.
 if not workflow.overwrite_configfiles:
-    check_yaml("config/config.yaml")
+    if Path("config/config.yaml").exists():
+        check_yaml("config/config.yaml")
 
     configfile: "config/config.yaml"
 
