@@ -173,7 +173,7 @@ def head_roles(atlas: pd.DataFrame, margin: float = 0.05) -> pd.Series:
     for r in atlas.to_dict("records"):
         roles = []
         beh = r.get("clark_behaviour")
-        if isinstance(beh, str) and beh and beh != "none":
+        if isinstance(beh, str) and beh not in ("", "none", "other"):
             roles.append(f"clark:{beh}")
         sig = [p for p in pande if r.get(f"pande_{p}_sig_fdr") is True or r.get(f"pande_{p}_sig_fdr") == 1]
         if sig:
