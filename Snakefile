@@ -9,12 +9,14 @@ from headatlas.core.inputs import check_yaml  # noqa: E402
 min_version("9.0")
 
 
+# The default config only when no --configfile is given: a config given on the command line
+# means exactly that config (its `extends:` key names configs to merge under it, common.smk).
 # Snakemake's message for a YAML error names no line: check the default config first.
-if Path("config/config.yaml").exists():
-    check_yaml("config/config.yaml")
+if not workflow.overwrite_configfiles:
+    if Path("config/config.yaml").exists():
+        check_yaml("config/config.yaml")
 
-
-configfile: "config/config.yaml"
+    configfile: "config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"

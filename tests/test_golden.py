@@ -62,9 +62,12 @@ def run_tiny(out: Path, cores: int = 2) -> Path:
 
 
 def digests(results: Path) -> dict[str, str]:
-    """sha256 of every TSV under ``results`` (relative path -> hex digest)."""
+    """sha256 of every TSV under ``results`` (relative path -> hex digest), except the jobs'
+    benchmark files (results/benchmarks/: timings)."""
     return {
-        str(p.relative_to(results)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(results.rglob("*.tsv"))
+        str(p.relative_to(results)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(results.rglob("*.tsv"))
+        if p.relative_to(results).parts[0] != "benchmarks"
     }
 
 

@@ -239,7 +239,10 @@ def snakemake_dry_run(workdir: Path, *args: str) -> tuple[int, str]:
 
 def minimal_config(tmp_path, **model) -> dict:
     (tmp_path / "x.conllu").write_text("\n".join(GOOD) + "\n", encoding="utf-8")
-    entry = {"name": "m", "source": {"path": str(tmp_path / "no-model")}, **model}
+    stub = tmp_path / "stub-model"  # never loaded; its directory is checked when the workflow is parsed
+    stub.mkdir(exist_ok=True)
+    (stub / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
+    entry = {"name": "m", "source": {"path": str(stub)}, **model}
     return {"models": [entry], "corpora": {"x": {"kind": "conllu", "path": str(tmp_path / "x.conllu")}}}
 
 

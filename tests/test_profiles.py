@@ -119,6 +119,9 @@ def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
             }
         },
     }
+    for d in ("a", "b"):  # model directories are checked when the workflow is parsed
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "config.json").write_text('{"model_type": "bert"}')
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     targets = [f"results/attention/{m}/ewt/shard{i}of2" for m in ("gpu_model", "cpu_model") for i in range(2)]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")

@@ -330,7 +330,8 @@ def compare_results(a: str | Path, b: str | Path, pattern: str = "**/*", exclude
     """Differences between the files matching ``pattern`` under two result directories ([] = same).
 
     Paths starting with one of ``exclude`` (relative to the directories) are skipped, and so
-    are Snakemake's .snakemake_timestamp markers.
+    are Snakemake's .snakemake_timestamp markers and the jobs' benchmark files (``benchmarks/``:
+    timings, never equal between runs).
     """
     a, b = Path(a), Path(b)
 
@@ -338,7 +339,9 @@ def compare_results(a: str | Path, b: str | Path, pattern: str = "**/*", exclude
         return {
             str(p.relative_to(root))
             for p in root.glob(pattern)
-            if p.is_file() and p.name != ".snakemake_timestamp" and not str(p.relative_to(root)).startswith(exclude)
+            if p.is_file()
+            and p.name != ".snakemake_timestamp"
+            and not str(p.relative_to(root)).startswith((*exclude, "benchmarks/"))
         }
 
     fa, fb = files(a), files(b)
@@ -382,7 +385,11 @@ def main(argv=None) -> None:
         )
         return
     problems = compare_results(args.a, args.b)
-    n = sum(1 for p in Path(args.a).rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")
+    n = sum(
+        1
+        for p in Path(args.a).rglob("*")
+        if p.is_file() and p.name != ".snakemake_timestamp" and p.relative_to(args.a).parts[0] != "benchmarks"
+    )
     for p in problems:
         print(p)
     print(

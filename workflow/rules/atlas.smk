@@ -48,6 +48,8 @@ rule atlas:
         profile="results/atlas/{model}/profile.tsv",
     log:
         "logs/atlas/{model}.log",
+    benchmark:
+        "results/benchmarks/atlas/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -91,6 +93,8 @@ rule atlas_cross_model:
         probing_svg="results/atlas/cross_model_probing.svg",
     log:
         "logs/atlas/cross_model.log",
+    benchmark:
+        "results/benchmarks/atlas_cross_model.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -54,6 +54,8 @@ rule clark_surface_stats:
         ),
     log:
         "logs/clark_surface_stats/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_surface_stats/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -80,6 +82,8 @@ rule clark_behaviour:
         ),
     log:
         "logs/clark_behaviour/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_behaviour/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -116,6 +120,8 @@ rule clark_surface_figures:
         fig4_svg="results/clark/{model}/{corpus}/fig4_entropy.svg",
     log:
         "logs/clark_surface_figures/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_surface_figures/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -143,6 +149,8 @@ rule clark_gradients:
         ),
     log:
         "logs/clark_gradients/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_gradients/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: CLARK["gradients"]["threads"]
@@ -172,6 +180,8 @@ rule clark_gradient_figure:
         svg="results/clark/{model}/{corpus}/fig3_gradients.svg",
     log:
         "logs/clark_gradient_figure/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_gradient_figure/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -189,6 +199,8 @@ rule clark_js_distances:
         "results/clark/{model}/{corpus}/js_distance.tsv",
     log:
         "logs/clark_js_distances/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_js_distances/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -239,6 +251,8 @@ rule clark_mds:
         svg="results/clark/{model}/{corpus}/fig6_mds.svg",
     log:
         "logs/clark_mds/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_mds/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -278,6 +292,8 @@ rule clark_examples:
         svg="results/clark/{model}/{corpus}/fig1_examples.svg",
     log:
         "logs/clark_examples/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_examples/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -306,6 +322,8 @@ rule clark_headlines:
         ),
     log:
         "logs/clark_headlines/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/clark_headlines/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -16,6 +16,8 @@ rule clark_syntax_relation_map:
         ),
     log:
         "logs/clark_syntax_relation_map.log",
+    benchmark:
+        "results/benchmarks/clark_syntax_relation_map.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -43,6 +45,8 @@ rule clark_syntax_heads:
         ),
     log:
         "logs/clark_syntax_heads/{model}.log",
+    benchmark:
+        "results/benchmarks/clark_syntax_heads/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -83,6 +87,8 @@ rule clark_syntax_coref:
         ),
     log:
         "logs/clark_syntax_coref/{model}.log",
+    benchmark:
+        "results/benchmarks/clark_syntax_coref/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -109,6 +115,8 @@ rule clark_syntax_probe:
         history="results/clark/{model}/probes/history.tsv",
     log:
         "logs/clark_syntax_probe/{model}.log",
+    benchmark:
+        "results/benchmarks/clark_syntax_probe/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: CLARK_SYNTAX["probe"]["threads"]
@@ -145,6 +153,8 @@ rule clark_syntax_table3:
         svg="results/clark/{model}/probes/table3.svg",
     log:
         "logs/clark_syntax_table3/{model}.log",
+    benchmark:
+        "results/benchmarks/clark_syntax_table3/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -202,6 +212,8 @@ rule clark_syntax_figures:
         coref_heads_svg="results/clark/{model}/coref/heads.svg",
     log:
         "logs/clark_syntax_figures/{model}.log",
+    benchmark:
+        "results/benchmarks/clark_syntax_figures/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -238,6 +250,8 @@ rule clark_syntax_examples:
         svg="results/clark/{model}/examples/fig5.svg",
     log:
         "logs/clark_syntax_examples/{model}.log",
+    benchmark:
+        "results/benchmarks/clark_syntax_examples/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -6,7 +6,16 @@ from pathlib import Path
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from headatlas.core.inputs import check_max_length, check_yaml, local_model_config, map_setting
+from headatlas.core.inputs import (
+    bos_warning,
+    check_max_length,
+    check_yaml,
+    config_bases,
+    local_model_config,
+    merge_config,
+    map_setting,
+    model_files,
+)
 from headatlas.core.models import ModelSpec, check_installed
 from headatlas.core.store import store_problem
 from headatlas.fused import PLANS, reducer_specs
@@ -16,6 +25,14 @@ from headatlas.fused import PLANS, reducer_specs
 for _f in workflow.overwrite_configfiles or []:
     check_yaml(_f)
 
+# `extends:` in a --configfile: the configs it names go under it (config/README.md); nothing else
+# is merged in (the Snakefile reads config/config.yaml only when no --configfile is given).
+_bases = config_bases(workflow.overwrite_configfiles or [])
+if _bases:
+    _merged = merge_config(_bases, config)
+    config.clear()
+    config.update(_merged)
+config.pop("extends", None)
 validate(config, "../schemas/config.schema.yaml")
 
 
@@ -103,20 +120,26 @@ def _check_packages():
 _check_packages()
 
 
-def _check_max_lengths():
-    """max_length against the position limit of every model whose config.json is readable now
-    (derived models against their base's); the others are checked when extraction loads them.
+def _check_models():
+    """Every local model directory, package and GGUF file exists (else an error naming its path);
+    max_length against the position limit of every model whose config.json is readable now
+    (derived models against their base's; the others are checked when extraction loads them);
+    a warning for a decoder that gets no BOS.
     """
     past_last = config["extraction"]["rep_position"] == "past_last"
     for m in MODELS.values():
         kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
         base = MODELS[m["source"][kind]["base"]] if kind else m
+        model_files(ModelSpec.from_config(base))
         found = local_model_config(ModelSpec.from_config(base))
         if found:
             check_max_length(ModelSpec.from_config(m), found[0], found[1], past_last)
+            warning = bos_warning(ModelSpec.from_config(m), found[0])
+            if warning:
+                logger.warning(warning)
 
 
-_check_max_lengths()
+_check_models()
 
 CORPORA = config["corpora"]
 EXTRACTION = config["extraction"]
@@ -186,16 +209,26 @@ def model_dir(model):
     return None
 
 
+def model_inputs(model):
+    """What a model is loaded from (inputs of the jobs that load it). The directory its own rule writes, else its
+    local config, weights and tokenizer files (so new weights re-extract; [] for a hub id).
+    """
+    d = model_dir(model)
+    return [d] if d else model_files(ModelSpec.from_config(MODELS[model]))
+
+
 def model_cache(wildcards):
-    d = model_dir(wildcards.model)
-    return [d] if d else []
+    return model_inputs(wildcards.model)
 
 
 def finetune_inputs(wildcards):
     ft = MODELS[wildcards.model]["source"]["finetuned"]
     task = config["finetune_tasks"][ft["task"]]
-    base = model_dir(ft["base"])
-    return {"train": task["train"], "dev": task["dev"], "base": [base] if base else []}
+    return {
+        "train": task["train"],
+        "dev": task["dev"],
+        "base": model_inputs(ft["base"]),
+    }
 
 
 def finetune_params(wildcards):
@@ -207,8 +240,9 @@ def finetune_params(wildcards):
 
 
 def random_init_inputs(wildcards):
-    base = model_dir(MODELS[wildcards.model]["source"]["random_init"]["base"])
-    return {"base": [base] if base else []}
+    return {
+        "base": model_inputs(MODELS[wildcards.model]["source"]["random_init"]["base"])
+    }
 
 
 def random_init_params(wildcards):

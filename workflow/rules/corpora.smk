@@ -5,6 +5,8 @@ rule prepare_corpus:
         "results/corpora/{corpus}.jsonl.gz",
     log:
         "logs/prepare_corpus/{corpus}.log",
+    benchmark:
+        "results/benchmarks/prepare_corpus/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -7,6 +7,8 @@ rule extract_attention:
         directory("results/attention/{model}/{corpus}/shard{shard}of{nshards}"),
     log:
         "logs/extract_attention/{model}/{corpus}/shard{shard}of{nshards}.log",
+    benchmark:
+        "results/benchmarks/extract_attention/{model}/{corpus}/shard{shard}of{nshards}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: EXTRACTION["threads"]

@@ -56,6 +56,8 @@ rule jomyaeng_probing_tasks:
         ),
     log:
         "logs/jomyaeng/probing_tasks.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_probing_tasks.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -85,6 +87,8 @@ rule jomyaeng_downstream_tasks:
         ),
     log:
         "logs/jomyaeng/downstream_tasks.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_downstream_tasks.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -113,6 +117,8 @@ rule jomyaeng_probe:
         "results/jomyaeng/{model}/tasks/{task}.tsv",
     log:
         "logs/jomyaeng/probe/{model}/{task}.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_probe/{model}/{task}.tsv"
     wildcard_constraints:
         task="|".join(JM_TASKS) or "-",
     conda:
@@ -155,6 +161,8 @@ rule jomyaeng_tables:
         ),
     log:
         "logs/jomyaeng/tables/{model}.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_tables/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -187,6 +195,8 @@ rule jomyaeng_figures:
         **{f"{f}_svg": f"results/jomyaeng/{{model}}/{f}.svg" for f in JM_FIGURES},
     log:
         "logs/jomyaeng/figures/{model}.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_figures/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -214,6 +224,8 @@ rule jomyaeng_summary:
         ),
     log:
         "logs/jomyaeng/summary.log",
+    benchmark:
+        "results/benchmarks/jomyaeng_summary.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

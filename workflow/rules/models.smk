@@ -1,8 +1,12 @@
 rule cache_model:
+    input:
+        gguf=lambda wc: model_files(ModelSpec.from_config(MODELS[wc.model])),
     output:
         directory("results/models/gguf/{model}"),
     log:
         "logs/cache_model/{model}.log",
+    benchmark:
+        "results/benchmarks/cache_model/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -22,6 +26,8 @@ rule finetune_model:
         directory("results/models/finetuned/{model}"),
     log:
         "logs/finetune_model/{model}.log",
+    benchmark:
+        "results/benchmarks/finetune_model/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: lambda wc: finetune_params(wc)["task"]["threads"]
@@ -42,6 +48,8 @@ rule random_init_model:
         directory("results/models/random_init/{model}"),
     log:
         "logs/random_init_model/{model}.log",
+    benchmark:
+        "results/benchmarks/random_init_model/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

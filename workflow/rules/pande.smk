@@ -65,6 +65,8 @@ rule parse_corpus:
         "results/parses/{corpus}.jsonl.gz",
     log:
         "logs/parse_corpus/{corpus}.log",
+    benchmark:
+        "results/benchmarks/parse_corpus/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -86,6 +88,8 @@ rule pande_scores:
         "results/pande/{model}/scores/{corpus}.h5",
     log:
         "logs/pande_scores/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/pande_scores/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -133,6 +137,8 @@ rule pande_test:
         ),
     log:
         "logs/pande_test/{model}.log",
+    benchmark:
+        "results/benchmarks/pande_test/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -180,6 +186,8 @@ rule pande_length:
         figure_svg="results/pande/{model}/length.svg",
     log:
         "logs/pande_length/{model}.log",
+    benchmark:
+        "results/benchmarks/pande_length/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -249,6 +257,8 @@ rule pande_figures:
         summary="results/pande/{model}/summary.json",
     log:
         "logs/pande_figures/{model}.log",
+    benchmark:
+        "results/benchmarks/pande_figures/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -288,6 +298,8 @@ rule pande_finetune_compare:
         sep_svg="results/pande/{model}/finetune_sep_by_layer.svg",
     log:
         "logs/pande_finetune_compare/{model}.log",
+    benchmark:
+        "results/benchmarks/pande_finetune_compare/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -2,6 +2,9 @@
 
 - :func:`check_yaml`: a config file's YAML syntax errors and duplicate keys, as ``file:line:column``
   (Snakemake's own message for a bad ``--configfile`` names neither).
+- :func:`merge_config` / :func:`config_bases`: a config's ``extends:`` key (configs merged under it).
+- :func:`model_files`: the local files a model loads from (rule inputs: new weights re-extract);
+  :func:`bos_warning`: a decoder that gets no BOS (its [CLS]/BOS columns would be empty).
 - :func:`position_limit` / :func:`check_max_length`: a model's ``max_length`` against the position
   limit in its ``config.json``, naming both numbers and the key (instead of a raw torch size
   mismatch in the middle of extraction).
@@ -17,7 +20,7 @@ from types import SimpleNamespace
 import yaml
 
 from .data import CorpusError, read_lines
-from .models import ModelError, ModelSpec, model_kind, resolve
+from .models import ModelError, ModelSpec, architecture, gguf_file, model_kind, resolve
 
 # position-limit keys of config.json, in the order they are looked for
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
@@ -108,6 +111,100 @@ def check_yaml(path: str | Path) -> dict:
             f"{path}:1: a config file is a mapping of keys (models:, corpora:, ...), not a {type(data).__name__}"
         )
     return data or {}
+
+
+def merge_config(base: dict, over: dict) -> dict:
+    """A new dict: ``over`` merged onto ``base``, mappings recursively, anything else (lists too)
+    replaced, as Snakemake merges several ``--configfile`` files."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_bases(paths, _chain: tuple[Path, ...] = ()) -> dict:
+    """The configs that the ``extends:`` keys of ``paths`` name, merged in order (each file's own
+    bases under it), without the files themselves; {} when none extends anything.
+
+    ``extends:`` is a path or a list of paths, relative to the file that names it. A missing
+    file or a cycle raises ConfigError naming the file and the key.
+    """
+    merged: dict = {}
+    for path in paths:
+        path = Path(path)
+        data = check_yaml(path)
+        names = data.get("extends") or []
+        names = [names] if isinstance(names, str) else names
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"{path}: config key extends: a path or a list of paths, not {names!r}")
+        for name in names:
+            base = (path.parent / name).resolve()
+            if base in _chain or base == path.resolve():
+                raise ConfigError(f"{path}: config key extends: {name!r} extends itself (a cycle)")
+            if not base.is_file():
+                raise ConfigError(f"{path}: config key extends: no such file {base}")
+            chain = _chain + (path.resolve(),)
+            below = merge_config(config_bases([base], chain), check_yaml(base))
+            below.pop("extends", None)
+            merged = merge_config(merged, below)
+    return merged
+
+
+# the files from_pretrained reads from a save_pretrained directory: config, weights, tokenizer
+MODEL_FILE_PATTERNS = (
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "*.bin",
+    "*.bin.index.json",
+    "tokenizer*",
+    "vocab.*",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "*.model",
+)
+
+
+def model_files(spec: ModelSpec) -> list[str]:
+    """The local files a model is loaded from, sorted: for a ``path`` or ``package`` source its
+    config, weights and tokenizer files; for a ``gguf`` source the GGUF file; [] for a hub id and
+    for derived models (their directory is another rule's output). A missing directory, package,
+    config.json or GGUF file raises ModelError naming the path and the config key."""
+    kind = spec.source_kind
+    if kind == "gguf":
+        return [str(gguf_file(spec))]
+    if kind not in ("path", "package"):
+        return []
+    loc = Path(resolve(spec)[0])
+    found = {p for pattern in MODEL_FILE_PATTERNS for p in loc.glob(pattern) if p.is_file()}
+    return sorted(map(str, found))
+
+
+def bos_warning(spec: ModelSpec, config: dict) -> str | None:
+    """Why a decoder gets no BOS token (so its [CLS]/BOS columns, Clark's BOS sink and Pande's
+    delimiter-on-BOS role, stay empty), or None (an encoder, or a decoder with a BOS).
+    ``config`` is the model's config.json as a dict."""
+    try:
+        if model_kind(SimpleNamespace(**config), spec) != "decoder":
+            return None
+        arch = architecture(config.get("model_type", ""), spec.name)
+    except ModelError:
+        return None
+    if spec.bos_token == "none":
+        why = "bos_token is 'none'"
+    elif spec.bos_token == "auto" and not arch.bos:
+        why = f"its model type {config.get('model_type')!r} is trained without a BOS (bos_token 'auto' adds none)"
+    else:
+        return None
+    return (
+        f"model {spec.name!r} is a decoder without a BOS token: {why}, so every [CLS]/BOS column (Clark's "
+        f"attention to [CLS]/BOS, Pande's delimiter role on BOS) will be empty for it; set config key "
+        f"models[{spec.name}].bos_token to a token string (e.g. '<|endoftext|>') to prepend one"
+    )
 
 
 def position_limit(config: dict) -> tuple[str, int] | None:

