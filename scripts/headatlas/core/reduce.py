@@ -469,3 +469,19 @@ def bare_forward(model, tokenized: Sequence[TokenizedRecord], batch_size: int, p
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0
+
+
+def reduce_corpus(
+    store_dirs,
+    reducer: Reducer,
+    records: Sequence[Record] | None = None,
+    batch_size: int = 32,
+    device: str = "cpu",
+    budget_bytes: int = 256 << 20,
+):
+    """What an analysis rule calls for one (model, corpus). Stand-in of this branch (the fused engineer's
+    version replaces it: it loads the saved results of a corpus reduced fused): a replay of the stored maps."""
+    from .store import AttentionStore
+
+    with AttentionStore(store_dirs) as store:
+        return replay(store, [reducer], batch_size, records, device, budget_bytes)[0]
