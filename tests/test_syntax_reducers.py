@@ -292,3 +292,27 @@ def test_coref_needs_records(tiny_loaded, gum_docs):
 def test_unknown_word_mode_is_refused():
     with pytest.raises(ValueError, match="word_mode"):
         HeadPredictionReducer("last")
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_rule_tables_through_reduce_corpus_equal_today(name, syntax_runs, coref_runs, ewt_records, gum_docs):
+    """Tables 1 and 2 of the rules (run_heads, run_coref: reduce_corpus) equal today's from the stored maps."""
+    import pandas as pd
+
+    from headatlas.clark.coref import CorefSettings, coref_tables, run_coref
+    from headatlas.clark.syntax import HeadSettings, run_heads, syntax_tables
+
+    store = syntax_runs[name][0]
+    records = ewt_records[:16]
+    settings = HeadSettings(min_count=2, bootstrap=20)
+    got = run_heads(store.dirs, records, settings, "m")
+    exp = syntax_tables(store_correctness(store, records, settings), "m", settings)
+    for key in exp:
+        pd.testing.assert_frame_equal(got[key], exp[key], check_exact=True)
+    if name in coref_runs:
+        store = coref_runs[name][0]
+        got = run_coref({"dev": (store.dirs, gum_docs)}, CorefSettings(bootstrap=20), "m")
+        res = collect(store_items(store, gum_docs, "dev"), store.n_layers, store.n_heads)
+        exp = coref_tables(res, "m", n_boot=20, seed=0)
+        for key in exp:
+            pd.testing.assert_frame_equal(got[key], exp[key], check_exact=True)

@@ -406,15 +406,15 @@ class _WordReducer(Reducer):
             for b, s in enumerate(batch.seq):
                 self.per_seq[int(s)] = self._new(b, batch, units)
         w = batch_word_maps(attn, batch, self.info.causal, self.word_mode)
-        self._pending.append((layer, batch, self._reduce(w, batch, units)))
+        self._pending.append((layer, batch.seq, self._reduce(w, batch, units)))  # not the batch: its maps
         if len(self._pending) >= self.flush_every:
             self._flush()
 
     def _flush(self) -> None:
-        for layer, batch, out in self._pending:
+        for layer, seq, out in self._pending:
             host = [x.cpu().numpy() for x in out]
             h = self.info.n_heads
-            for b, s in enumerate(batch.seq):
+            for b, s in enumerate(seq):
                 self._store(self.per_seq[int(s)], slice(layer * h, (layer + 1) * h), b, host)
         self._pending = []
 
