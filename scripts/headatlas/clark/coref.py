@@ -222,14 +222,18 @@ def collect(items: Iterable[tuple[WordMaps, Record, int, str]], n_layers: int, n
         parts.append(attention_correct(wm, n_words, heads, [an.candidates[i] for i in idx], [an.right[i] for i in idx]))
     if not parts:
         raise ValueError("no mention with an antecedent in any document")
-    base = np.array(
+    return CorefResult(an, np.concatenate(parts), baseline_correct(an), n_layers, n_heads, missing)
+
+
+def baseline_correct(an: Anaphors) -> np.ndarray:
+    """[A, len(BASELINES)] whether each baseline's predicted head word is a right candidate."""
+    return np.array(
         [
             [r[np.searchsorted(c, p)] if p in c else False for p in b]
             for c, r, b in zip(an.candidates, an.right, an.baselines)
         ],
         dtype=bool,
-    )
-    return CorefResult(an, np.concatenate(parts), base, n_layers, n_heads, missing)
+    ).reshape(len(an.candidates), len(BASELINES))
 
 
 def store_items(store: AttentionStore, records: Sequence[Record], split: str, mode: str = "mean", chunk: int = 8):

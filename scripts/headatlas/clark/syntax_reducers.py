@@ -32,7 +32,7 @@ import numpy as np
 from ..core.data import SPECIAL_NONE, Record
 from ..core.reduce import ReduceBatch, Reducer, clean_maps
 from ..core.store import word_units
-from .coref import Anaphors, CorefResult, document_anaphors
+from .coref import Anaphors, CorefResult, baseline_correct, document_anaphors
 from .syntax import Correctness, WordBlock, WordMaps, gather_correctness
 
 ANALYSIS = "clark_syntax"
@@ -281,10 +281,10 @@ def coref_result(splits: dict[str, tuple["CorefPredictions", Sequence[Record]]])
     """:class:`~headatlas.clark.coref.CorefResult` (what :func:`headatlas.clark.coref.collect` computes from
     the maps) from the predictions of each split (split -> (predictions, records)), splits in order."""
     an = Anaphors([], [], [], [], [], [], [])
-    heads, first = [], None
-    missing = 0
+    heads, missing = [], 0
+    first = next(iter(splits.values()))[0]
     for split, (p, records) in splits.items():
-        first = first or p
+        _check_heads([first, p], "clark_syntax_coref")
         for i in range(p.n_sequences):
             idx = document_anaphors(records[int(p.record_index[i])], int(p.n_words[i]), split, an)
             a, b = p.anaphor_offset[i], p.anaphor_offset[i + 1]
@@ -302,14 +302,7 @@ def coref_result(splits: dict[str, tuple["CorefPredictions", Sequence[Record]]])
             missing += int((~p.has_pieces[a:b]).sum())
     if not heads:
         raise ValueError("no mention with an antecedent in any document")
-    base = np.array(
-        [
-            [r[np.searchsorted(c, q)] if q in c else False for q in b]
-            for c, r, b in zip(an.candidates, an.right, an.baselines)
-        ],
-        dtype=bool,
-    )
-    return CorefResult(an, np.stack(heads), base, first.n_layers, first.n_heads, missing)
+    return CorefResult(an, np.stack(heads), baseline_correct(an), first.n_layers, first.n_heads, missing)
 
 
 @dataclass(frozen=True)
