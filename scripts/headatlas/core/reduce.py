@@ -485,3 +485,11 @@ def reduce_corpus(
 
     with AttentionStore(store_dirs) as store:
         return replay(store, [reducer], batch_size, records, device, budget_bytes)[0]
+
+
+def map_dirs(store_dirs, what: str = "this figure") -> list:
+    """The store directories whose maps a figure reads. Stand-in of this branch (the fused engineer's version
+    replaces it: the ``sample/`` stores of a ``maps: sample`` corpus, an error for ``maps: none``)."""
+    from pathlib import Path
+
+    return [Path(store_dirs)] if isinstance(store_dirs, (str, Path)) else [Path(d) for d in store_dirs]
