@@ -588,16 +588,12 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     the probes' corpora (Table 3)."""
     if not section.get("activate", True):
         return []
-    mode = section.get("word_mode", "mean")
+    mode = section["word_mode"]
     out: list[Reducer] = []
-    if corpus == section.get("syntax_corpus", "ewt_dev"):
+    if corpus == section["syntax_corpus"]:
         out.append(HeadPredictionReducer(mode))
-    if corpus in (section.get("coref_corpora") or {"dev": "gum_dev", "test": "gum_test"}).values():
+    if corpus in section["coref_corpora"].values():
         out.append(CorefReducer(mode))
-    probe = {
-        section.get("probe_train", "ewt_train"),
-        *(section.get("probe_eval") or {"dev": "ewt_dev", "test": "ewt_test"}).values(),
-    }
-    if corpus in probe:
+    if corpus == section["probe_train"] or corpus in section["probe_eval"].values():
         out.append(WordMapsReducer(mode))
     return out
