@@ -15,7 +15,7 @@ sm = snakemake  # noqa: F821
 log = setup(sm)
 p = sm.params
 splits = {split: (dirs(sm.input[f"{split}_maps"]), load_records(sm.input[f"{split}_corpus"])) for split in p.splits}
-outputs = run_coref(splits, CorefSettings.from_config(p.coref))
+outputs = run_coref(splits, CorefSettings.from_config(p.coref), sm.wildcards.model)
 for key, frame in outputs.items():
     with atomic_path(sm.output[key]) as tmp:
         frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

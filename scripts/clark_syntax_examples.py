@@ -9,6 +9,7 @@ import pandas as pd  # noqa: E402
 from headatlas.clark.syntax_figures import example_panels, plot_examples  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.figures import save_figure  # noqa: E402
+from headatlas.core.reduce import map_dirs  # noqa: E402
 from headatlas.core.runner import as_dirs as dirs  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
@@ -16,9 +17,9 @@ from headatlas.core.store import AttentionStore  # noqa: E402
 sm = snakemake  # noqa: F821
 log = setup(sm)
 p = sm.params
-with (
-    AttentionStore(dirs(sm.input.syntax_maps)) as syntax,
-    AttentionStore(dirs(sm.input.coref_maps)) as coref,
+with (  # a corpus with maps: sample: its sample's maps
+    AttentionStore(map_dirs(dirs(sm.input.syntax_maps), "Fig. 5 examples")) as syntax,
+    AttentionStore(map_dirs(dirs(sm.input.coref_maps), "Fig. 5 examples")) as coref,
 ):
     panels = example_panels(
         pd.read_csv(sm.input.relations, sep="\t"),

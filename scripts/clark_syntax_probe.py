@@ -18,7 +18,7 @@ settings = ProbeSettings.from_config(p.probe)
 evals = {split: (dirs(sm.input[f"{split}_maps"]), load_records(sm.input[f"{split}_corpus"])) for split in p.eval_splits}
 outputs = run_probes(
     dirs(sm.input.train_maps), load_records(sm.input.train_corpus), evals, Glove.from_package(settings.glove),
-    settings=settings, word_mode=p.word_mode,
+    settings=settings, word_mode=p.word_mode, model=sm.wildcards.model,
 )  # fmt: skip
 for key, frame in outputs.items():
     with atomic_path(sm.output[key]) as tmp:

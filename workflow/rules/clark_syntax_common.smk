@@ -16,6 +16,17 @@ def _check_clark():
                 raise ValueError(
                     f"config key analysis.clark_syntax.{key}: unknown corpus {c!r}; known: {sorted(CORPORA)}"
                 )
+    # Fig. 5 draws its examples from the stored maps (of a maps: sample corpus, its sample)
+    examples = {
+        "syntax_corpus": CLARK_SYNTAX["syntax_corpus"],
+        "coref_corpora": next(iter(CLARK_SYNTAX["coref_corpora"].values())),
+    }
+    for key, c in examples.items():
+        if CORPORA[c].get("maps", "full") in (False, "none"):
+            raise ValueError(
+                f"config key corpora.{c}.maps: none, but analysis.clark_syntax draws the Fig. 5 examples from "
+                f"the maps of {c} ({key}); set maps: sample (or full)"
+            )
     for base, rnd in CLARK_SYNTAX["random_baseline"].items():
         if base in MODELS and rnd not in MODELS:
             raise ValueError(

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from itertools import chain
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -37,7 +36,6 @@ import pandas as pd
 
 from ..core.data import Record
 from ..core.figures import head_label
-from ..core.progress import progress
 from ..core.store import AttentionStore
 from .syntax import WordMaps, iter_word_maps, sentence_ci, word_block
 
@@ -227,14 +225,18 @@ def collect(items: Iterable[tuple[WordMaps, Record, int, str]], n_layers: int, n
         parts.append(attention_correct(wm, n_words, heads, [an.candidates[i] for i in idx], [an.right[i] for i in idx]))
     if not parts:
         raise ValueError("no mention with an antecedent in any document")
-    base = np.array(
+    return CorefResult(an, np.concatenate(parts), baseline_correct(an), n_layers, n_heads, missing)
+
+
+def baseline_correct(an: Anaphors) -> np.ndarray:
+    """[A, len(BASELINES)] whether each baseline's predicted head word is a right candidate."""
+    return np.array(
         [
             [r[np.searchsorted(c, p)] if p in c else False for p in b]
             for c, r, b in zip(an.candidates, an.right, an.baselines)
         ],
         dtype=bool,
-    )
-    return CorefResult(an, np.concatenate(parts), base, n_layers, n_heads, missing)
+    ).reshape(len(an.candidates), len(BASELINES))
 
 
 def store_items(store: AttentionStore, records: Sequence[Record], split: str, mode: str = "mean", chunk: int = 8):
@@ -376,30 +378,31 @@ class CorefSettings:
 
 
 def run_coref(
-    splits: dict[str, tuple[Sequence[str], Sequence[Record]]], settings: CorefSettings = CorefSettings()
+    splits: dict[str, tuple[Sequence[str], Sequence[Record]]],
+    settings: CorefSettings = CorefSettings(),
+    model: str = "",
 ) -> dict[str, pd.DataFrame]:
     """Rule clark_syntax_coref: score every head and baseline on the documents of each split
-    (split -> shard directories, records) and return :func:`coref_tables`."""
+    (split -> shard directories, records) and return :func:`coref_tables`. Every head's predictions come from
+    :func:`headatlas.core.reduce.reduce_corpus` (replayed from a stored corpus, loaded from a fused one)."""
+    from ..core.reduce import reduce_corpus
+    from .syntax_reducers import CorefReducer, coref_result
+
     t0 = time.time()
-    stores = {split: AttentionStore(list(maps)) for split, (maps, _) in splits.items()}
-    try:
-        first = next(iter(stores.values()))
-        model = first.meta["model"]
-        items = chain.from_iterable(
-            store_items(stores[s], records, s, settings.word_mode) for s, (_, records) in splits.items()
-        )
-        n_docs = sum(len(st) for st in stores.values())
-        res = collect(progress(items, f"coreference {model}", n_docs, "documents"), first.n_layers, first.n_heads)
-        kept = {s: int(sum(st.n_words)) for s, st in stores.items()}
-    finally:
-        for st in stores.values():
-            st.close()
+    reducer = CorefReducer(settings.word_mode)
+    preds = {s: (reduce_corpus(list(maps), reducer, records), records) for s, (maps, records) in splits.items()}
+    res = coref_result(preds)
+    kept = {s: int(p.n_words.sum()) for s, (p, _) in preds.items()}
+    ties = sum(int(p.ties.sum()) for p, _ in preds.values())
     log.info(
-        "%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces (%.1f s)",
+        "%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces, %d exact ties among %d "
+        "predictions (first candidate taken) (%.1f s)",
         model,
         len(res.heads),
         kept,
         res.n_no_pieces,
+        ties,
+        res.heads.size,
         time.time() - t0,
     )
     tables = coref_tables(res, model, n_boot=settings.bootstrap, seed=settings.seed)

@@ -32,8 +32,10 @@ import pandas as pd
 
 from ..core.data import SPECIAL_NONE, Record
 from ..core.progress import progress
+from ..core.reduce import reduce_corpus
 from ..core.store import AttentionStore
 from .syntax import WordMaps, iter_word_maps, word_block
+from .syntax_reducers import WordMapsReducer
 
 log = logging.getLogger("headatlas.clark.parsing_probe")
 
@@ -254,24 +256,23 @@ def evaluate(probes: dict, sentences: Iterable[ProbeSentence]) -> dict[str, tupl
 
 
 def store_sentences(
-    store: AttentionStore,
+    store,
     records: Sequence[Record],
     glove,
     mode: str = "mean",
     chunk: int = 64,
     rng: np.random.Generator | None = None,
 ) -> Iterator[ProbeSentence]:
-    """Probe inputs of every stored sentence; with ``rng``, chunks and the sentences within
-    each chunk come in a random order."""
+    """Probe inputs of every sentence of ``store``: an :class:`AttentionStore` (word-level maps in ``mode``)
+    or word-level maps already reduced (:class:`headatlas.clark.syntax_reducers.WordMapSet`, in the mode they
+    were reduced with). With ``rng``, chunks and the sentences within each chunk come in a random order."""
     starts = np.arange(0, len(store), chunk)
     if rng is not None:
         starts = rng.permutation(starts)
     for a in starts:
         ks = np.arange(a, min(a + chunk, len(store)))
-        part = [
-            probe_sentence(wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]), glove)
-            for wm in iter_word_maps(store, mode, chunk, ks)
-        ]
+        maps = iter_word_maps(store, mode, chunk, ks) if isinstance(store, AttentionStore) else store.iter_word_maps(ks)
+        part = [probe_sentence(wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]), glove) for wm in maps]
         if rng is not None:
             part = [part[i] for i in rng.permutation(len(part))]
         yield from part
@@ -387,25 +388,35 @@ def history_table(history: dict[str, list[float]], model: str, n_train: int) -> 
 
 def run_probes(
     train_maps: Sequence[str], train_records: Sequence[Record], evals: dict[str, tuple[Sequence[str], Sequence[Record]]], glove, *,
-    settings: ProbeSettings, word_mode: str = "mean",
+    settings: ProbeSettings, word_mode: str = "mean", model: str = "",
 ) -> dict[str, pd.DataFrame]:  # fmt: skip
-    """Rule clark_syntax_probe: train every probe on the stored maps of ``train_maps`` (shard
-    directories) and score UAS on each split of ``evals`` (split -> shard directories, records).
-    Returns the tables uas, weights (the Attn probe's per-head weights) and history."""
+    """Rule clark_syntax_probe: train every probe on the word-level maps of ``train_maps`` (shard directories,
+    through :func:`headatlas.core.reduce.reduce_corpus`: replayed from a stored corpus, loaded from a fused one)
+    and score UAS on each split of ``evals`` (split -> shard directories, records), one split's maps in memory
+    at a time. Returns the tables uas, weights (the Attn probe's per-head weights) and history."""
     t0 = time.time()
     seed, epochs = settings.seed, settings.epochs
-    with AttentionStore(list(train_maps)) as store:
-        model, n_layers, n_heads = store.meta["model"], store.n_layers, store.n_heads
+    reducer = WordMapsReducer(word_mode)
+    train = reduce_corpus(list(train_maps), reducer, train_records)
+    n_layers, n_heads = train.n_layers, train.n_heads
+    log.info(
+        "%s: word-level maps of %d training sentences, %.1f MB (%.1f s)",
+        model,
+        len(train),
+        train.nbytes / 1e6,
+        time.time() - t0,
+    )
 
-        def sentences(epoch):
-            rng = np.random.default_rng([seed, epoch])
-            part = store_sentences(store, train_records, glove, word_mode, rng=rng)
-            return progress(part, f"{model}: probe training, epoch {epoch + 1}/{epochs}", len(store), "sentences")
+    def sentences(epoch):
+        rng = np.random.default_rng([seed, epoch])
+        part = store_sentences(train, train_records, glove, rng=rng)
+        return progress(part, f"{model}: probe training, epoch {epoch + 1}/{epochs}", len(train), "sentences")
 
-        probes, history = fit_probes(
-            sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed
-        )
-        n_train = len(store)
+    probes, history = fit_probes(
+        sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed
+    )
+    n_train = len(train)
+    del train
     log.info(
         "%s: trained %s on %d sentences x %d epochs in %.1f s; GloVe OOV rate %.3f",
         model,
@@ -418,11 +429,9 @@ def run_probes(
 
     def eval_sets():
         for split, (maps, records) in evals.items():
-            with AttentionStore(list(maps)) as st:
-                part = progress(
-                    store_sentences(st, records, glove, word_mode), f"{model}: UAS on {split}", len(st), "sentences"
-                )
-                yield split, len(st), part
+            ws = reduce_corpus(list(maps), reducer, records)
+            part = progress(store_sentences(ws, records, glove), f"{model}: UAS on {split}", len(ws), "sentences")
+            yield split, len(ws), part
 
     return {
         "uas": uas_table(probes, eval_sets(), model),

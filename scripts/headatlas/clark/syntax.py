@@ -24,6 +24,8 @@ one sentence are not independent), with a generator seeded per relation.
 
 from __future__ import annotations
 
+import logging
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -40,6 +42,8 @@ from ..core.store import word_level as store_word_level
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_OFFSETS = (-3, -2, -1, 0, 1, 2)
+log = logging.getLogger("headatlas.clark.syntax")
+
 POSS_RELATIONS = ("nmod:poss",)
 POSS_MARKERS = ("'s", "'", "s'", "\u2019s", "\u2019")
 ALL = "All"
@@ -119,7 +123,7 @@ class WordMaps:
 
 @dataclass(frozen=True)
 class WordBlock:
-    maps: np.ndarray  # [K, W, W] among the words that have units
+    maps: np.ndarray | None  # [K, W, W] among the words that have units (None: built from predictions)
     word: np.ndarray  # [W] record word index of each row
     position: np.ndarray  # [n_words] row of each record word, -1 for words without pieces
     unit: np.ndarray  # [W] unit index of each row in the full word-level maps
@@ -226,11 +230,18 @@ class Correctness:
 def sentence_correctness(wm: WordMaps, record: Record, n_words: int, offsets: Sequence[int], poss_rule: bool = True):
     """(relations [W], head correctness [W, 2, K], offset correctness [W, n_offsets]) of one sentence."""
     block = word_block(wm, n_words)
+    return block_correctness(head_predictions(block.maps), block, record, n_words, offsets, poss_rule)
+
+
+def block_correctness(
+    pred: np.ndarray, block: WordBlock, record: Record, n_words: int, offsets: Sequence[int], poss_rule: bool = True
+):
+    """:func:`sentence_correctness` from the heads' predictions ([2, K, W] word rows of ``block``, -1 = none;
+    the block's maps are not read)."""
     gold = np.asarray(record.head[:n_words])
     gold = np.where(gold >= n_words, -2, gold)  # a head past the kept words is never predicted
     gold_row = np.where(gold >= 0, block.position[np.clip(gold, 0, None)], -2)
     gold_row = np.where(gold_row < 0, -2, gold_row)  # ROOT, or a head without pieces: never right
-    pred = head_predictions(block.maps)
     if poss_rule:
         pred = apply_poss_rule(pred, record, block)
     dep = block.word
@@ -247,12 +258,27 @@ def collect_correctness(
     poss_rule: bool = True,
 ) -> Correctness:
     """Gather per-dependent correctness over (word maps, record, words kept) triples."""
+    blocks = ((word_block(wm, n_words), record, n_words) for wm, record, n_words in items)
+    return gather_correctness(
+        ((head_predictions(b.maps), b, record, n) for b, record, n in blocks), n_layers, n_heads, offsets, poss_rule
+    )
+
+
+def gather_correctness(
+    items: Iterable[tuple[np.ndarray, WordBlock, Record, int]],
+    n_layers: int,
+    n_heads: int,
+    offsets=DEFAULT_OFFSETS,
+    poss_rule: bool = True,
+) -> Correctness:
+    """Gather per-dependent correctness over (predictions [2, K, W], word block, record, words kept)
+    (:func:`block_correctness`): from maps (:func:`collect_correctness`) or from reduced predictions."""
     rel, sent, heads, base = [], [], [], []
     missing = 0
-    for s, (wm, record, n_words) in enumerate(items):
+    for s, (pred, block, record, n_words) in enumerate(items):
         if not record.head:
             raise ValueError(f"record {record.id!r} has no dependency heads; Table 1 needs a conllu corpus")
-        r, h, b = sentence_correctness(wm, record, n_words, offsets, poss_rule)
+        r, h, b = block_correctness(pred, block, record, n_words, offsets, poss_rule)
         missing += n_words - len(r)
         rel.append(r)
         sent.append(np.full(len(r), s))
@@ -446,3 +472,29 @@ def syntax_tables(c: Correctness, model: str, settings: HeadSettings = HeadSetti
         "relations": best[best["relation"].isin(list(masks))],
         "table1": table1(best, min_count),
     }
+
+
+def run_heads(
+    maps: Sequence[str], records: Sequence[Record], settings: HeadSettings = HeadSettings(), model: str = ""
+) -> dict[str, pd.DataFrame]:
+    """Rule clark_syntax_heads: :func:`syntax_tables` of every head's predictions on the corpus of ``maps``
+    (shard directories), from :func:`headatlas.core.reduce.reduce_corpus` (replayed from a stored corpus,
+    loaded from a fused one)."""
+    from ..core.reduce import reduce_corpus
+    from .syntax_reducers import HeadPredictionReducer
+
+    t0 = time.time()
+    pred = reduce_corpus(list(maps), HeadPredictionReducer(settings.word_mode), records)
+    c = pred.correctness(records, settings.offsets, settings.poss_rule)
+    log.info(
+        "%s: %d dependents in %d sentences, %d words without pieces; exact ties (first word taken) "
+        "dep->head %d, head->dep %d of %d predictions each (%.1f s)",
+        model,
+        len(c.relation),
+        len(pred),
+        c.n_missing,
+        *pred.ties.sum(1).tolist(),
+        pred.pred.shape[1] * pred.pred.shape[2],
+        time.time() - t0,
+    )
+    return syntax_tables(c, model, settings)

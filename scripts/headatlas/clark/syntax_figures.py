@@ -321,7 +321,8 @@ def example_panels(
     """Rule clark_syntax_examples: one :func:`syntax_example` panel per relation of ``show`` that is
     among the best heads' ``relations`` (syntax/relations.tsv; others are skipped with a log line),
     then the :func:`coref_example` of Table 2's best head (``table2``, scored on all anaphors).
-    ``syntax`` and ``coref`` are (store, records) pairs."""
+    ``syntax`` and ``coref`` are (store, records) pairs: the stored maps of a corpus, all of a ``maps: full``
+    corpus, the seeded sample of a ``maps: sample`` one (the tables themselves come from the reducers)."""
     best = relations.set_index("relation")
     panels: list[Panel | None] = []
     store, records = syntax

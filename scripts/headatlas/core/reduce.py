@@ -46,6 +46,7 @@ import numpy as np
 
 from .data import SPECIAL_NONE, Record, TokenizedRecord
 from .extract import length_batches, model_inputs, storage_windows
+from .progress import progress
 
 PAD_SPECIAL = -1  # special kind of padded positions in a ReduceBatch (matches no SPECIAL_* kind)
 REDUCED_DIR = "reduced"  # <store>/reduced/<reducer name>.h5: the results of a fused corpus
@@ -391,7 +392,9 @@ def replay(
     for r in reducers:
         r.start(info)
     per_cell = 4 * store.n_heads * (store.n_layers if all_layers else 1)
-    for start, stop in storage_windows(store.lengths, per_cell, budget_bytes):
+    windows = storage_windows(store.lengths, per_cell, budget_bytes)
+    what = f"replay {','.join(r.name for r in reducers)} on {info.model or '?'}/{info.corpus or '?'}"
+    for start, stop in progress(windows, what, len(store), "sequences", weight=lambda w: w[1] - w[0]):
         local = length_batches(store.lengths[start:stop], batch_size)
         batches = [ReduceBatch.from_store(store, start + pos, records) for pos in local]
         if not any(r.wants(b) for r in reducers for b in batches):
