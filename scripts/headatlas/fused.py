@@ -25,6 +25,8 @@ from .core.reduce import Reducer, reducer_from_spec
 PLANS: dict[str, str] = {
     "clark_surface": "headatlas.clark.reducers:fused_plan",
     "pande": "headatlas.pande.reducers:fused_plan",
+    "clark_syntax": "headatlas.clark.syntax_reducers:fused_plan",
+    "position": "headatlas.core.position:fused_plan",
 }
 
 

@@ -41,6 +41,10 @@ def clark_random_model(model):
 
 if analysis_active("clark_syntax"):
     _check_clark()
+    # the random-init baselines are helper models: their fused extractions run the syntax reducers too
+    FUSED_HELPERS["clark_syntax"] = lambda: [
+        m for m in CLARK_SYNTAX["random_baseline"].values() if m in MODELS
+    ]
 CLARK_SYNTAX_MODELS = analysis_models("clark_syntax")
 
 

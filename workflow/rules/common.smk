@@ -296,14 +296,18 @@ def extraction_params(wildcards):
 # --- fused reduction (headatlas.fused): the reducers of every active analysis on a non-full corpus -----------
 # analysis key -> function(model, corpus) -> files its reducers need as the extraction's `trees` input
 FUSED_TREES = {}
+# analysis key -> function() -> helper models whose maps it reads (e.g. Clark's random-init baseline)
+FUSED_HELPERS = {}
 
 
 def fused_sections(model):
-    """key -> section of every active analysis with a fused plan that covers the model."""
+    """key -> section of every active analysis with a fused plan that covers the model (or reads its maps
+    as a helper model)."""
     return {
         key: ANALYSES[key]
         for key in PLANS
-        if key in ANALYSES and model in analysis_models(key)
+        if key in ANALYSES
+        and (model in analysis_models(key) or model in FUSED_HELPERS.get(key, list)())
     }
 
 
