@@ -274,7 +274,7 @@ def test_tiny_workflow_ablation(tmp_path):
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), "--directory", str(tmp_path),
-         "--configfile", str(cfg), "--cores", "1", *targets],
+         "--configfile", str(cfg), "--cores", "2", *targets],
         capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]

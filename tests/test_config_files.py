@@ -136,7 +136,17 @@ def test_every_rule_has_a_benchmark_file(dags):
             if not b or not b.group(1).startswith(f"results/benchmarks/{m.group(1)}"):
                 missing.add(m.group(1))
     assert not missing, f"rules without a benchmark: file under results/benchmarks/<rule>/: {sorted(missing)}"
-    assert rules <= seen, f"rules in no tested DAG (add them to a config tested here): {sorted(rules - seen)}"
+    # rules of opt-in configs only (config/extended.yaml needs packages CI does not install): read from the files
+    blocks = {}
+    for f in (REPO / "workflow" / "rules").glob("*.smk"):
+        for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", f.read_text(), re.S | re.M):
+            blocks[m.group(1)] = m.group(2)
+    unseen = sorted(rules - seen)
+    assert set(unseen) <= {"assemble_model", "position_stats", "position_figure"}, (
+        f"rules in no tested DAG (add them to a config tested here): {unseen}"
+    )
+    no_file = [r for r in unseen if not re.search(rf'benchmark:\s*"results/benchmarks/{r}/', blocks.get(r, ""))]
+    assert not no_file, f"rules without a benchmark: file under results/benchmarks/<rule>/: {no_file}"
 
 
 def test_missing_local_model_directory_fails_at_parse_time(tmp_path):

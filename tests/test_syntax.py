@@ -316,6 +316,7 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
         "results/attention/bert-random/",
         "results/models/random_init/bert-random",
         "results/clark/bert-random/probes/",
+        "results/benchmarks/",  # every job's benchmark file
     )
     assert paths and not [p for p in paths if not p.startswith(allowed)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=work)

@@ -77,6 +77,8 @@ rule ablation_heads:
         ),
     log:
         "logs/ablation_heads/{model}.log",
+    benchmark:
+        "results/benchmarks/ablation_heads/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
@@ -115,6 +117,8 @@ rule ablation_roles:
         svg="results/ablation/{model}/pruning.svg",
     log:
         "logs/ablation_roles/{model}.log",
+    benchmark:
+        "results/benchmarks/ablation_roles/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]

@@ -120,6 +120,8 @@ rule atlas_page:
         ),
     log:
         "logs/atlas/page.log",
+    benchmark:
+        "results/benchmarks/atlas_page/page.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -67,6 +67,8 @@ rule detectors:
         inputs="results/detectors/{model}/inputs.tsv",
     log:
         "logs/detectors/{model}.log",
+    benchmark:
+        "results/benchmarks/detectors/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: DETECTORS["threads"]
@@ -97,6 +99,8 @@ rule detectors_figure:
         svg="results/detectors/{model}/detectors.svg",
     log:
         "logs/detectors_figure/{model}.log",
+    benchmark:
+        "results/benchmarks/detectors_figure/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -123,6 +127,8 @@ rule detectors_sinks_by_model:
         ),
     log:
         "logs/detectors/sinks_by_model.log",
+    benchmark:
+        "results/benchmarks/detectors_sinks_by_model/sinks_by_model.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -67,6 +67,8 @@ rule assemble_model:
         directory("results/models/assembled/{model}"),
     log:
         "logs/assemble_model/{model}.log",
+    benchmark:
+        "results/benchmarks/assemble_model/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -18,6 +18,8 @@ rule position_stats:
         "results/position/{model}/{corpus}/position.tsv",
     log:
         "logs/position_stats/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/position_stats/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -38,6 +40,8 @@ rule position_figure:
         svg="results/position/{model}/{corpus}/position.svg",
     log:
         "logs/position_figure/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/position_figure/{model}/{corpus}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

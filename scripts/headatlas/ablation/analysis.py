@@ -223,7 +223,9 @@ def role_sets(
         rel = syntax[syntax["relation"] != "All"]
         best = rel.sort_values("accuracy", ascending=False, kind="stable").drop_duplicates("relation")
         base = baselines.groupby("relation")["accuracy"].max()
-        best = best[best["accuracy"] > best["relation"].map(base).fillna(np.inf)]
+        # numeric even when the baselines table is empty (read as strings)
+        threshold = pd.to_numeric(best["relation"].map(base), errors="coerce").fillna(np.inf)
+        best = best[pd.to_numeric(best["accuracy"], errors="coerce") > threshold]
         if len(best):
             out["clark_syntax"] = ("clark_syntax", heads_of(best))
     return out

@@ -171,10 +171,12 @@ MODEL_FILE_PATTERNS = (
 
 def model_files(spec: ModelSpec) -> list[str]:
     """The local files a model is loaded from, sorted: for a ``path`` or ``package`` source its
-    config, weights and tokenizer files; for a ``gguf`` source the GGUF file; [] for a hub id and
+    config, weights and tokenizer files; for a ``gguf`` source the GGUF file; [] for a hub id, an assembled GGUF and
     for derived models (their directory is another rule's output). A missing directory, package,
     config.json or GGUF file raises ModelError naming the path and the config key."""
     kind = spec.source_kind
+    if kind == "gguf" and spec.source.get("assemble"):
+        return []  # the package's assemble() writes the GGUF in rule cache_model (check_installed checks the package)
     if kind == "gguf":
         return [str(gguf_file(spec))]
     if kind not in ("path", "package"):
