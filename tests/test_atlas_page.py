@@ -417,3 +417,125 @@ def test_page_in_chromium_tiny_run(golden_results):
     ]
     (_artifacts() / "tiny_index.html").write_bytes(html.read_bytes())
     drive_page(html, {m: results / "atlas" / m / "atlas.tsv" for m in models}, "tiny")
+
+
+FIREFOX = shutil.which("firefox-esr") or shutil.which("firefox")
+
+
+class Marionette:
+    """The few commands of Firefox's Marionette protocol (length-prefixed JSON over TCP) the check below needs:
+    no driver package, no browser download."""
+
+    def __init__(self, port: int, timeout: float = 60.0):
+        import socket
+        import time
+
+        deadline = time.time() + timeout
+        while True:
+            try:
+                self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        self.id = 0
+        self._read()  # the server's greeting
+        self.call("WebDriver:NewSession", {"capabilities": {}})
+
+    def _read(self):
+        head = b""
+        while not head.endswith(b":"):
+            head += self.sock.recv(1)
+        n, body = int(head[:-1]), b""
+        while len(body) < n:
+            body += self.sock.recv(n - len(body))
+        return json.loads(body)
+
+    def call(self, name: str, params: dict):
+        self.id += 1
+        msg = json.dumps([0, self.id, name, params]).encode()
+        self.sock.sendall(str(len(msg)).encode() + b":" + msg)
+        _, _, error, result = self._read()
+        assert error is None, (name, error)
+        return result
+
+    def js(self, script: str, *args):
+        return self.call("WebDriver:ExecuteScript", {"script": script, "args": list(args)})["value"]
+
+    def element(self, css: str, index: int = 0) -> str:
+        found = self.call("WebDriver:FindElements", {"using": "css selector", "value": css})
+        return next(iter(found[index].values()))
+
+    def click(self, css: str, index: int = 0) -> None:
+        self.call("WebDriver:ElementClick", {"id": self.element(css, index)})
+
+    def keys(self, css: str, text: str, index: int = 0) -> None:
+        """Real key presses into an element (WebDriver key codes: Enter \\ue007, Escape \\ue00c)."""
+        self.call("WebDriver:ElementSendKeys", {"id": self.element(css, index), "text": text})
+
+
+def test_page_in_firefox_hand_made_run(run, tmp_path):
+    """The same page in headless Firefox: it renders every head, a click opens the card with the TSV's
+    values, Enter on a focused cell opens it, the role filter highlights the heads the TSV says, and no
+    script error was raised (window.onerror, installed before the page's own script runs)."""
+    import socket
+    import subprocess
+
+    if FIREFOX is None:
+        pytest.skip("no firefox on this machine (apt-get install -y firefox-esr)")
+    out = tmp_path / "index.html"
+    pg.build_page(_sources(run), str(run["corpus"]), SETTINGS, out)
+    html = out.read_text(encoding="utf-8")
+    # record script errors from the first line on
+    out.write_text(
+        html.replace(
+            "<head>",
+            "<head><script>window.__errors=[];window.onerror=function(m){window.__errors.push(String(m));};</script>",
+            1,
+        ),
+        encoding="utf-8",
+    )
+    atlas = pd.read_csv(run["atlas"], sep="\t").sort_values(["layer", "head"]).reset_index(drop=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "user.js").write_text(f'user_pref("marionette.port", {port});\n')
+    proc = subprocess.Popen([FIREFOX, "--headless", "--marionette", "--no-remote", "-profile", str(profile)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        m = Marionette(port)
+        m.call("WebDriver:Navigate", {"url": out.resolve().as_uri()})
+        assert m.js("return document.querySelectorAll('.panel[data-model=\"m\"] .cell').length") == len(atlas)
+        i = len(atlas) // 2 + 1
+        cells = '.panel[data-model="m"] .cell'
+        m.click(cells, i)
+        visible = "const c = document.getElementById('card'), r = c.getBoundingClientRect(); return !c.hidden && getComputedStyle(c).display !== 'none' && r.width > 0"
+        assert m.js(visible)
+        assert f"head {atlas['label'][i]} " in m.js("return document.getElementById('card-title').textContent")
+        shown = m.js(
+            "return [...document.querySelectorAll('#card tr[data-col]')].map(r => [r.dataset.col, r.querySelector('td.value').dataset.value])"
+        )
+        for col, value in shown:
+            want, got = atlas[col][i], json.loads(value)
+            if isinstance(got, float) and not isinstance(got, bool):
+                assert got == float(want), col
+        m.keys("#card", "\ue00c")  # Escape closes the card
+        assert not m.js(visible)
+        m.keys(cells, "\ue007", 0)  # Enter on the first cell opens its card
+        assert m.js(visible) and f"head {atlas['label'][0]} " in m.js(
+            "return document.getElementById('card-title').textContent"
+        )
+        role_col = next(c for c in atlas.columns if c.endswith("_sig_fdr"))
+        m.js(
+            "const s = document.getElementById('role-filter'); s.value = arguments[0]; s.dispatchEvent(new Event('change', {bubbles: true}))",
+            role_col[: -len("_sig_fdr")],
+        )
+        want = int(atlas[role_col].map(lambda v: str(v) == "True").sum())
+        assert m.js("return document.querySelectorAll('.panel[data-model=\"m\"] .cell.match').length") == want
+        assert m.js("return window.__errors") == []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

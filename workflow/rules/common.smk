@@ -108,9 +108,7 @@ def _check_packages():
     for name, m in MODELS.items():
         if "gguf" in m["source"] or "zip_parts" in m["source"]:
             written = Path(
-                "results/models/"
-                + ("gguf" if "gguf" in m["source"] else "assembled")
-                + f"/{name}"
+                "results/models", "gguf" if "gguf" in m["source"] else "assembled", name
             )
             if written.is_dir():
                 continue
