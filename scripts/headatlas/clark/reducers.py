@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+from ..core.patterns import prev_token_score
 from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses
 from .surface import STATS, SurfaceSettings, punct_mask
 
@@ -34,10 +35,13 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     bsz, h, n, _ = a.shape
     col_mass = a.sum(2).double()  # [B, H, n]
     shares = col_mass @ f["keys"]  # [B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
-    # next, prev, self: three diagonals read at once from the flattened maps
-    diag = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 3, n) * f["diag_w"]).sum(
+    # next and self: two diagonals read at once from the flattened maps; prev: the one definition shared with
+    # the previous-token detector (core.patterns.prev_token_score)
+    next_self = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 2, n) * f["diag_w"]).sum(
         -1
     ).double() / f["n"]
+    prev = prev_token_score(a, f["n"][:, :, 0]).double()
+    diag = torch.stack([next_self[..., 0], prev, next_self[..., 1]], -1)  # next, prev, self
     to_sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0].double()  # [B, H, n]
     # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
@@ -107,7 +111,7 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     defined[:, COL["cls_entropy_uniform"]] = has_summary
     rows = torch.arange(n, device=dev)
     diag_idx, diag_w = [], []
-    for off in (1, -1, 0):  # next, prev, self: cell (i, i + off) of the flattened n x n map
+    for off in (1, 0):  # next, self: cell (i, i + off) of the flattened n x n map
         ok = (rows + off >= 0) & (rows + off < n)
         diag_idx.append(torch.where(ok, rows * (n + 1) + off, 0))
         diag_w.append(ok.float())
@@ -118,7 +122,7 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
         "n": nf[:, None, None],
         "keys": torch.stack([first, sep, punct], -1).double() / nf[:, None, None],  # [B, n, 3]
         "diag_idx": torch.cat(diag_idx),
-        "diag_w": torch.stack(diag_w),  # [3, n]
+        "diag_w": torch.stack(diag_w),  # [2, n]
         "sep_w": torch.stack(
             [sep.double() / sep.sum(1).clamp(min=1)[:, None], other.double() / other.sum(1).clamp(min=1)[:, None]], -1
         ),  # [B, n, 2]
