@@ -31,7 +31,7 @@ import numpy as np
 
 from ..core.data import SPECIAL_NONE, Record
 from ..core.reduce import ReduceBatch, Reducer, clean_maps
-from ..core.store import word_units
+from ..core.store import unit_pooling, word_units
 from .coref import Anaphors, CorefResult, baseline_correct, document_anaphors
 from .syntax import Correctness, WordBlock, WordMaps, gather_correctness
 
@@ -82,15 +82,7 @@ def batch_units(batch: ReduceBatch, mode: str) -> BatchUnits:
     rows = []
     for b, (unit, uw, us) in enumerate(per):
         m, u = len(unit), len(uw)
-        t = np.zeros((m, u), dtype=np.float32)
-        t[np.arange(m), unit] = 1.0
-        if mode == "mean":
-            f = t.T / t.sum(axis=0)[:, None]
-        else:
-            f = np.zeros((u, m), dtype=np.float32)
-            first = np.full(u, m)
-            np.minimum.at(first, unit, np.arange(m))
-            f[np.arange(u), first] = 1.0
+        f, t = unit_pooling(unit, u, mode, np.float32)
         frm[b, :u, :m] = f
         to[b, :m, :u] = t
         unit_word[b, :u] = uw

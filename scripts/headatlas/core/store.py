@@ -965,14 +965,21 @@ def word_level(maps: np.ndarray, word: np.ndarray, special: np.ndarray, mode: st
     if mode not in ("mean", "first"):
         raise ValueError(f"mode must be 'mean' or 'first', not {mode!r}")
     unit, unit_word, unit_special = word_units(word, special)
-    n, u = len(unit), len(unit_word)
-    to = np.zeros((n, u), dtype=maps.dtype)
+    frm, to = unit_pooling(unit, len(unit_word), mode, maps.dtype)
+    return frm @ maps @ to, unit_word, unit_special
+
+
+def unit_pooling(unit: np.ndarray, u: int, mode: str, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(frm [u, n], to [n, u]) such that ``frm @ maps @ to`` is the unit-level map of :func:`word_level`: ``to``
+    sums a unit's key columns, ``frm`` averages its query rows (``mean``) or takes its first one (``first``)."""
+    n = len(unit)
+    to = np.zeros((n, u), dtype=dtype)
     to[np.arange(n), unit] = 1.0
     if mode == "mean":
         frm = to.T / to.sum(axis=0)[:, None]
     else:
-        frm = np.zeros((u, n), dtype=maps.dtype)
+        frm = np.zeros((u, n), dtype=dtype)
         first = np.full(u, n)
         np.minimum.at(first, unit, np.arange(n))
         frm[np.arange(u), first] = 1.0
-    return frm @ maps @ to, unit_word, unit_special
+    return frm, to
