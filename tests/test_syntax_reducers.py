@@ -25,6 +25,8 @@ from headatlas.clark.syntax_reducers import (
     batch_word_maps,
     coref_result,
     fused_plan,
+    pack_lower,
+    unpack_lower,
     word_predictions,
 )
 from headatlas.core.align import bos_id
@@ -370,3 +372,32 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys, gum_docs):
         assert diff <= int(replayed[0].ties.sum() + fused[0].ties.sum())
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_word_maps_of_decoders_keep_the_lower_triangle(name, syntax_runs):
+    store, replayed, fused = syntax_runs[name]
+    causal = name in ("gpt2", "llama")
+    for got in (replayed[1], fused[1]):
+        assert got.lower == int(causal)
+        units = np.diff(got.unit_offset)
+        cells = units * (units + 1) // 2 if causal else units * units
+        np.testing.assert_array_equal(np.diff(got.map_offset), cells * got.n_layers * got.n_heads)
+        if causal:  # unpacked: zero above the diagonal
+            assert all(not np.triu(wm.maps, 1).any() for wm in got.iter_word_maps())
+    # a file written before the field existed reads as full maps
+    arrays = fused[1].to_arrays()
+    if not causal:
+        del arrays["lower"]
+        assert WordMapSet.from_arrays(arrays).lower == 0
+
+
+def test_pack_lower_round_trip_and_refuses_look_ahead():
+    rng = np.random.default_rng(0)
+    maps = np.tril(rng.random((3, 5, 5), dtype=np.float32))
+    packed = pack_lower(maps)
+    assert packed.shape == (3, 15)
+    np.testing.assert_array_equal(unpack_lower(packed, 5), maps)
+    maps[1, 0, 3] = 0.25
+    with pytest.raises(ValueError, match="above the diagonal.*arch: encoder"):
+        pack_lower(maps, "word maps of model 'x'")

@@ -24,7 +24,7 @@ Results hold one entry per sequence in feed order (record_index, n_words), so th
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -167,6 +167,9 @@ class _Arrays:
     def from_arrays(cls, arrays: dict):
         kw = {}
         for f in fields(cls):
+            if f.name not in arrays and f.default is not MISSING:  # a field added later, e.g. WordMapSet.lower
+                kw[f.name] = f.default
+                continue
             a = np.asarray(arrays[f.name])
             kw[f.name] = int(a) if a.ndim == 0 else a
         return cls(**kw)
@@ -300,7 +303,9 @@ def coref_result(splits: dict[str, tuple["CorefPredictions", Sequence[Record]]])
 @dataclass(frozen=True)
 class WordMapSet(_Arrays):
     """Every head's word-level maps of every sequence (feed order): sequence i's [L*H, U, U] float32 maps
-    over its units (words and special tokens, :func:`headatlas.core.store.word_level`'s), flattened."""
+    over its units (words and special tokens, :func:`headatlas.core.store.word_level`'s), flattened. With
+    ``lower`` (a causal model: no word attends to a later one) only each map's lower triangle is kept, row
+    by row (:func:`pack_lower`), as the store keeps a decoder's maps; :meth:`word_maps` unpacks it."""
 
     record_index: np.ndarray  # [N]
     n_words: np.ndarray  # [N]
@@ -308,14 +313,16 @@ class WordMapSet(_Arrays):
     unit_word: np.ndarray  # [sum U]
     unit_special: np.ndarray  # [sum U]
     map_offset: np.ndarray  # [N + 1] into ``maps``
-    maps: np.ndarray  # [sum L*H*U*U] float32
+    maps: np.ndarray  # [sum L*H*U*U] float32, or [sum L*H*U*(U+1)/2] with ``lower``
     n_layers: int
     n_heads: int
+    lower: int = 0
 
     def word_maps(self, i: int) -> WordMaps:
         a, b = self.unit_offset[i], self.unit_offset[i + 1]
         u = int(b - a)
-        maps = self.maps[self.map_offset[i] : self.map_offset[i + 1]].reshape(self.n_layers * self.n_heads, u, u)
+        flat = self.maps[self.map_offset[i] : self.map_offset[i + 1]].reshape(self.n_layers * self.n_heads, -1)
+        maps = unpack_lower(flat, u) if self.lower else flat.reshape(-1, u, u)
         return WordMaps(i, maps, self.unit_word[a:b], self.unit_special[a:b])
 
     def iter_word_maps(self, ks=None) -> Iterator[WordMaps]:
@@ -330,6 +337,8 @@ class WordMapSet(_Arrays):
     @classmethod
     def combine(cls, parts: Sequence["WordMapSet"]) -> "WordMapSet":
         _check_heads(parts, "clark_syntax_word_maps")
+        if len({int(p.lower) for p in parts}) != 1:
+            raise ValueError("clark_syntax_word_maps: shards with and without lower-triangle maps")
         return cls(
             np.concatenate([p.record_index for p in parts]),
             np.concatenate([p.n_words for p in parts]),
@@ -340,7 +349,28 @@ class WordMapSet(_Arrays):
             np.concatenate([p.maps for p in parts]),
             parts[0].n_layers,
             parts[0].n_heads,
+            int(parts[0].lower),
         )
+
+
+def pack_lower(maps: np.ndarray, what: str = "word-level maps") -> np.ndarray:
+    """``[K, U, U]`` maps -> ``[K, U*(U+1)/2]``, each map's lower triangle row by row; every dropped cell
+    must be 0 (a causal model's maps), else the model looks ahead and is no decoder."""
+    u = maps.shape[-1]
+    if np.any(np.triu(maps, 1)):
+        raise ValueError(
+            f"{what}: nonzero attention above the diagonal of a decoder's maps (set the model's arch: encoder)"
+        )
+    rows, cols = np.tril_indices(u)
+    return maps[:, rows, cols]
+
+
+def unpack_lower(packed: np.ndarray, u: int) -> np.ndarray:
+    """Inverse of :func:`pack_lower`: ``[K, U*(U+1)/2]`` -> ``[K, U, U]`` with zeros above the diagonal."""
+    out = np.zeros((packed.shape[0], u, u), dtype=packed.dtype)
+    rows, cols = np.tril_indices(u)
+    out[:, rows, cols] = packed
+    return out
 
 
 # --- reducers ----------------------------------------------------------------------------------------------
@@ -549,14 +579,17 @@ class WordMapsReducer(_WordReducer):
 
     def _new(self, b, batch, units):
         u = int(units.n_units[b])
-        return units.unit_word[b, :u], units.unit_special[b, :u], np.zeros((self.k, u, u), dtype=np.float32)
+        cells = u * (u + 1) // 2 if self.info.causal else u * u
+        return units.unit_word[b, :u], units.unit_special[b, :u], np.zeros((self.k, cells), dtype=np.float32)
 
     def _reduce(self, w, batch, units):
         return (w,)
 
     def _store(self, seq, heads, b, host) -> None:
         u = len(seq[0])
-        seq[2][heads] = host[0][b, :, :u, :u]
+        maps = host[0][b, :, :u, :u]
+        what = f"{self.name} of model {self.info.model!r} on corpus {self.info.corpus!r}"
+        seq[2][heads] = pack_lower(maps, what) if self.info.causal else maps.reshape(len(maps), -1)
 
     def result(self) -> WordMapSet:
         seqs = self._sequences()
@@ -571,6 +604,7 @@ class WordMapsReducer(_WordReducer):
             np.concatenate([s[2].reshape(-1) for s in seqs]) if seqs else np.zeros(0, dtype=np.float32),
             self.info.n_layers,
             self.info.n_heads,
+            int(self.info.causal),
         )
 
 
