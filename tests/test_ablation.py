@@ -49,7 +49,7 @@ def test_shared_projection_is_patched_in_the_right_layer():
     proj = torch.nn.Linear(2, 2, bias=False)
     with torch.no_grad():
         proj.weight.copy_(torch.eye(2))
-    mask = np.array([[False, False], [True, False]])  # layer 1, head 0 only
+    mask = np.array([[False, False], [True, False]])  # head 2-1 only (layer index 1, head index 0)
     values = np.full((2, H, d), 5.0, np.float32)
     x = torch.ones(1, 1, 2)
     with HeadPatch([proj, proj], H) as patch, patch.ablated(mask, values):  # one module serves two layers (ALBERT)

@@ -148,7 +148,7 @@ def test_check_attentions_empty(tiny_loaded):
 
 def test_check_attentions_wrong_shape(tiny_loaded):
     att = _real_attentions(tiny_loaded)
-    with pytest.raises(ModelError, match="tiny-bert.*layer 0"):
+    with pytest.raises(ModelError, match="'tiny-bert': layer 1 attention has shape"):
         check_attentions(att, 2, 5, "tiny-bert")  # 4 heads returned, 5 expected
     with pytest.raises(ModelError, match="tiny-bert"):
         check_attentions(att, 3, 4, "tiny-bert")  # 2 layers returned, 3 expected

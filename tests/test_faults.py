@@ -65,7 +65,7 @@ def test_random_bytes_in_the_maps_fail_every_reader_and_verify(store_dir, ewt_re
     path = layer_file(store_dir, 1)
     scribble(path, attn_offset(path) + 4 * 1000, 64)
     assert store_problem(store_dir) is None  # same size: the cheap checks cannot see it ...
-    named = r"layer_01.h5: invalid attention map at layer 1, head \d, sequence \d+ \(record [^)]+\)"
+    named = r"layer_01.h5: invalid attention map at head 2-\d+, sequence \d+ \(record [^)]+\)"
     with AttentionStore(store_dir) as st:
         st.maps(0, 0)  # ... the other layer reads fine
         # ... but no analysis that reads these maps returns
@@ -80,7 +80,7 @@ def test_random_bytes_in_the_maps_fail_every_reader_and_verify(store_dir, ewt_re
                 analysis()
     faults = verify_store(store_dir)
     assert any("layer_01.h5: sha256 checksum differs" in f for f in faults)
-    assert any(f.startswith(f"{path}: layer 1, head") for f in faults)
+    assert any(f.startswith(f"{path}: head 2-") for f in faults)
     proc = run_cli("store", "verify", str(store_dir))
     assert proc.returncode == 1 and "FAULT" in proc.stdout and "layer_01.h5: sha256 checksum differs" in proc.stdout
 
@@ -217,7 +217,7 @@ def test_random_bytes_in_the_representations_fail_their_readers(store_dir):
     scribble(path, offset + 40, 8)
     with AttentionStore(store_dir) as st:
         st.hidden(0), st.head_vectors(1)
-        with pytest.raises(StoreError, match=rf"{path}: head_vectors of layer 0 differ from their sha256"):
+        with pytest.raises(StoreError, match=rf"{path}: head_vectors differ from their sha256"):
             st.head_vectors(0)
     assert any("layer_00.h5: sha256 checksum differs" in f for f in verify_store(store_dir))
 
@@ -228,12 +228,13 @@ def test_extraction_refuses_maps_that_are_not_distributions(tmp_path, tiny_loade
     spec, model, tokenizer, config = tiny_loaded("bert")
 
     def zero_row(module, args, output):
-        output.attentions[1][0, 2, 3, :] = 0.0  # layer 1, head 2, query row 3 of the batch's first sequence
+        # layer index 1, head index 2 (head 2-3), query row 3 of the batch's first sequence
+        output.attentions[1][0, 2, 3, :] = 0.0
 
     handle = model.register_forward_hook(zero_row)
     try:
         with pytest.raises(
-            ModelError, match=r"model 'bert': layer 1, head 2, record .+, query row 3: attention row sums to 0"
+            ModelError, match=r"model 'bert': head 2-3, record .+, query row 3: attention row sums to 0"
         ):
             extract(ewt_records[:4], spec, model, tokenizer, config, tmp_path / "out")
     finally:

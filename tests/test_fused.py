@@ -253,7 +253,7 @@ def test_failed_fused_extraction_leaves_nothing(where, tiny_loaded, records, tmp
         run_extract(tiny_loaded("bert"), records, out, fused=True, sample=[0, 1], reds=reducers() + [_Boom(where)])
     if where == "update":  # names the analysis, reducer, model, corpus and sequences
         assert re_search(
-            r"analysis voita, reducer boom failed on model bert, corpus t, layer 1, sequences \['", str(e.value)
+            r"analysis voita, reducer boom failed on model bert, corpus t, layer 2, sequences \['", str(e.value)
         )
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no temporary left either

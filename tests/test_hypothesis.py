@@ -205,7 +205,7 @@ def test_settings_reject_bad_values():
 
 
 def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
-    """The real MiniLM's previous-token head (layer 0, head 2) is local-significant."""
+    """The real MiniLM's previous-token head 1-3 (layer index 0, head index 2) is local-significant."""
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, load

@@ -14,7 +14,7 @@ S = {name: i for i, name in enumerate(STATS)}
 
 @pytest.mark.slow
 def test_minilm_layer0_head2_attends_to_previous_token(tmp_path):
-    """all-MiniLM-L6-v2's layer 0 head 2 is a previous-token head on EWT dev."""
+    """all-MiniLM-L6-v2's head 1-3 (layer index 0, head index 2) is a previous-token head on EWT dev."""
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, load

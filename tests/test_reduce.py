@@ -282,7 +282,7 @@ def test_failing_reducer_names_model_corpus_and_sequence(tiny_loaded, records):
     spec, model, tokenizer, config = tiny_loaded("bert")
     tokenized, _ = tokenize_records(records[:2], tokenizer, "encoder", spec.max_length, "truncate")
     with pytest.raises(
-        ReduceError, match=r"reducer boom failed on model m, corpus c, layer 1, sequences \['(weblog|[^']+)"
+        ReduceError, match=r"reducer boom failed on model m, corpus c, layer 2, sequences \['(weblog|[^']+)"
     ):
         fused_reduce(
             model, tokenized, [_Boom()], 2, "encoder", name="m", corpus="c", record_id=[r.id for r in records[:2]]

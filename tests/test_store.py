@@ -189,7 +189,7 @@ def test_writer_error_leaves_nothing(tmp_path, corpus):
 def test_incomplete_writer_leaves_nothing(tmp_path, corpus):
     tokenized, maps, ids = corpus
     out = tmp_path / "results" / "shard0of1"
-    with pytest.raises(RuntimeError, match="missing"):
+    with pytest.raises(RuntimeError, match=r"maps missing for layer 2, sequence 0; layer 2, sequence 1"):
         with AttentionWriter(out, tokenized, ids, N_LAYERS, N_HEADS) as w:
             for k in range(len(tokenized)):
                 w.write(k, 0, maps[0][k])  # layer 1 never written
@@ -199,7 +199,7 @@ def test_incomplete_writer_leaves_nothing(tmp_path, corpus):
 
 def test_writer_rejects_wrong_block_shape(tmp_path, corpus):
     tokenized, maps, ids = corpus
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match=r"sequence 0, layer 1: block shape"):
         with AttentionWriter(tmp_path / "x", tokenized, ids, N_LAYERS, N_HEADS) as w:
             w.write(0, 0, maps[0][1])
     assert not (tmp_path / "x").exists()
@@ -330,9 +330,10 @@ def _bad_store(tmp_path, corpus, layer, k, head, row, value, storage_dtype="floa
 @pytest.mark.parametrize(
     "value, what", [(0.0, "row sums to 0"), (np.nan, "value nan"), (-0.25, "value -0.25"), (2.0, "value 2 outside")]
 )
-def test_every_read_checks_values_and_names_file_layer_head_record(tmp_path, corpus, value, what):
+def test_every_read_checks_values_and_names_file_head_record(tmp_path, corpus, value, what):
     out = _bad_store(tmp_path, corpus, layer=1, k=2, head=2, row=1, value=value)
-    where = rf"layer_01.h5: invalid attention map at layer 1, head 2, sequence 2 \(record rec-2\), query row 1: {what}"
+    # the file keeps its own 0-based name; the head is named 1-based (layer index 1, head index 2: head 2-3)
+    where = rf"layer_01.h5: invalid attention map at head 2-3, sequence 2 \(record rec-2\), query row 1: {what}"
     with AttentionStore(out) as st:
         st.maps(1, 1), st.maps(0, 2), st.maps(1, 2, heads=0)  # other sequences, layers and heads are fine
         for read in (
@@ -349,6 +350,21 @@ def test_every_read_checks_values_and_names_file_layer_head_record(tmp_path, cor
                 read()
     with AttentionStore(out, check_values=False) as st:
         assert st.maps(1, 2).shape == (N_HEADS, 3, 3)
+
+
+def test_store_errors_name_the_head_1_based_and_the_file_by_its_own_name(tmp_path, corpus):
+    """README "Conventions": a corrupted map at layer index 1, head index 2 is head 2-3 in every message;
+    the layer file keeps its own name (layer_01.h5)."""
+    from headatlas.core.store import verify_store
+
+    out = _bad_store(tmp_path, corpus, layer=1, k=2, head=2, row=1, value=0.0)
+    with AttentionStore(out) as st, pytest.raises(StoreError) as err:
+        st.head(1, 2)
+    msg = str(err.value).split(str(out))[1]  # not the temporary directory's name
+    assert msg.startswith("/layer_01.h5: invalid attention map at head 2-3, sequence 2 (record rec-2), query row 1")
+    assert "1-2" not in msg and "layer 1" not in msg
+    (fault,) = verify_store(out)
+    assert fault.startswith(f"{layer_file(out, 1)}: head 2-3, sequence 2 (record rec-2), query row 1: row sums to 0")
 
 
 def test_checked_maps_are_not_checked_again_but_unchecked_ones_are(tmp_path, corpus, monkeypatch):
@@ -370,13 +386,14 @@ def test_checked_maps_are_not_checked_again_but_unchecked_ones_are(tmp_path, cor
         assert len(calls) == 3
         for _ in range(2):  # ... head 2 is not, whichever read comes first, and stays so
             with pytest.raises(
-                StoreError, match=r"layer 1, head 2, sequence 2 \(record rec-2\), query row 1: value nan"
+                StoreError,
+                match=r"layer_01.h5: invalid attention map at head 2-3, sequence 2 \(record rec-2\), query row 1: value nan",
             ):
                 st.layer_cells(1, 1, 4)
-            with pytest.raises(StoreError, match=r"layer 1, head 2, sequence 2"):
+            with pytest.raises(StoreError, match=r"head 2-3, sequence 2"):
                 st.maps(1, 2, heads=2)
     with AttentionStore(out) as st:  # a new object checks again
-        with pytest.raises(StoreError, match=r"layer 1, head 2, sequence 2"):
+        with pytest.raises(StoreError, match=r"head 2-3, sequence 2"):
             st.head(1, 2)
 
 
@@ -572,8 +589,7 @@ def test_verify_finds_changed_bytes_and_bad_values(tmp_path, corpus):
     man = json.loads((bad / "manifest.json").read_text())
     faults = verify_store(bad)
     assert (
-        len(faults) == 1
-        and "layer_00.h5: layer 0, head 1, sequence 3 (record rec-3), query row 0: row sums to 0" in faults[0]
+        len(faults) == 1 and "layer_00.h5: head 1-2, sequence 3 (record rec-3), query row 0: row sums to 0" in faults[0]
     )
     with open(bad / "meta.json", "r+b") as fh:  # same size, other bytes
         fh.seek(2)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .align import encode_record
 from .data import Counts, Record, TokenizedRecord
+from .figures import head_label
 from .models import ModelError, ModelSpec, architecture, decoder_bos, model_kind, package_versions
 from .progress import Progress
 from .store import AttentionWriter, budget_runs, map_faults, row_sum_tolerance
@@ -82,7 +83,7 @@ def check_attentions(attentions, n_layers: int, n_heads: int, model_name: str) -
         if a is None or a.dim() != 4 or a.shape[1] != n_heads:
             shape = None if a is None else tuple(a.shape)
             raise ModelError(
-                f"model {model_name!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]"
+                f"model {model_name!r}: layer {layer + 1} attention has shape {shape}, expected [batch, {n_heads}, n, n]"
             )
 
 
@@ -307,7 +308,7 @@ def extract(
                 # the readers' value check, at the source: a model whose maps are not distributions fails here
                 for head, k, q, what in map_faults(buf[layer], lengths[start:stop], tol):
                     raise ModelError(
-                        f"model {spec.name!r}: layer {layer}, head {head}, record {ids[start + k]}, query row {q}: attention {what}"
+                        f"model {spec.name!r}: head {head_label(layer, head)}, record {ids[start + k]}, query row {q}: attention {what}"
                     )
                 writer.write_cells(start, stop, layer, buf[layer])
             if reps:

@@ -46,6 +46,7 @@ import numpy as np
 
 from .data import SPECIAL_NONE, Record, TokenizedRecord
 from .extract import length_batches, model_inputs, storage_windows
+from .figures import head_label
 from .progress import progress
 
 PAD_SPECIAL = -1  # special kind of padded positions in a ReduceBatch (matches no SPECIAL_* kind)
@@ -319,7 +320,7 @@ def reducer_from_spec(spec: dict) -> Reducer:
 def _fail(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exception) -> ReduceError:
     ids = batch.seq[:5].tolist() if info.record_id is None else [str(info.record_id[k]) for k in batch.seq[:5]]
     more = "" if len(batch) <= 5 else f" and {len(batch) - 5} more"
-    where = "all layers" if layer is None else f"layer {layer}"
+    where = "all layers" if layer is None else f"layer {layer + 1}"
     analysis = f"analysis {reducer.analysis}, " if reducer.analysis else ""
     return ReduceError(
         f"{analysis}reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}"
@@ -482,7 +483,7 @@ class FusedFeed:
                 if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
                     shape = None if attn is None else tuple(attn.shape)
                     raise ModelError(
-                        f"model {info.model!r}: layer {layer} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'"
+                        f"model {info.model!r}: layer {layer + 1} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'"
                     )
                 n = self.batch.n
                 a = (
@@ -543,7 +544,7 @@ class SampleMaps(Reducer):
             for head, _, q, what in map_faults(block.reshape(block.shape[0], n * n), np.array([n]), self.tol):
                 rid = k if self.info.record_id is None else self.info.record_id[k]
                 raise ModelError(
-                    f"model {self.info.model!r}: layer {layer}, head {head}, record {rid}, query row {q}: attention {what}"
+                    f"model {self.info.model!r}: head {head_label(layer, head)}, record {rid}, query row {q}: attention {what}"
                 )
             self.writer.write(i, layer, block)
 

@@ -58,6 +58,7 @@ import h5py
 import numpy as np
 
 from .data import SPECIAL_NAMES, SPECIAL_NONE, TokenizedRecord
+from .figures import head_label
 
 log = logging.getLogger("headatlas.core.store")
 
@@ -371,7 +372,7 @@ class AttentionWriter:
         """Store the [heads, n, n] block of sequence ``seq`` (its position in this store)."""
         n = int(self.lengths[seq])
         if block.shape != (self.n_heads, n, n):
-            raise ValueError(f"sequence {seq}, layer {layer}: block shape {block.shape} != {(self.n_heads, n, n)}")
+            raise ValueError(f"sequence {seq}, layer {layer + 1}: block shape {block.shape} != {(self.n_heads, n, n)}")
         self.write_cells(seq, seq + 1, layer, block.reshape(self.n_heads, n * n))
 
     def write_cells(self, start: int, stop: int, layer: int, cells: np.ndarray) -> None:
@@ -379,9 +380,9 @@ class AttentionWriter:
         a, b = self.cell_offsets[start], self.cell_offsets[stop]
         if cells.shape != (self.n_heads, b - a):
             raise ValueError(
-                f"sequences {start}..{stop}, layer {layer}: block shape {cells.shape} != {(self.n_heads, b - a)}"
+                f"sequences {start}..{stop}, layer {layer + 1}: block shape {cells.shape} != {(self.n_heads, b - a)}"
             )
-        where = f"{self.out_dir}: layer {layer}, sequences {start}..{stop - 1}"
+        where = f"{self.out_dir}: layer {layer + 1}, sequences {start}..{stop - 1}"
         stored = encode_cells(cells, self.lengths[start:stop], self.map_layout, where)
         a, b = self.stored_offsets[start], self.stored_offsets[stop]
         self.files[layer]["attn"][:, a:b] = stored.astype(self.dtype, copy=False)
@@ -404,8 +405,8 @@ class AttentionWriter:
             ("representations", self.reps_written, self.rep_shapes is not None),
         ):
             if wanted and not done.all():
-                missing = np.argwhere(~done)[:3].tolist()
-                raise RuntimeError(f"{self.out_dir}: {what} missing for (layer, sequence) {missing}")
+                missing = "; ".join(f"layer {la + 1}, sequence {k}" for la, k in np.argwhere(~done)[:3].tolist())
+                raise RuntimeError(f"{self.out_dir}: {what} missing for {missing}")
         meta = dict(
             self.meta,
             n_layers=self.n_layers,
@@ -491,7 +492,7 @@ def _index(value, size: int, what: str) -> int:
         raise TypeError(f"{what} index must be an integer, not {type(value).__name__} {value!r}")
     value = operator.index(value)
     if not 0 <= value < size:
-        raise IndexError(f"{what} {value} outside 0..{size - 1} (negative indices are not accepted)")
+        raise IndexError(f"{what} index {value} outside 0..{size - 1} (0-based; negative indices are not accepted)")
     return value
 
 
@@ -739,7 +740,7 @@ class AttentionStore:
             head = heads if isinstance(heads, int) else range(self.n_heads)[heads][row]
             k += k0
             raise StoreError(
-                f"{layer_file(self.dirs[shard], layer)}: invalid attention map at layer {layer}, head {head}, sequence {k} "
+                f"{layer_file(self.dirs[shard], layer)}: invalid attention map at head {head_label(layer, head)}, sequence {k} "
                 f"(record {self.record_id[k]}), query row {q}: {what}; the file is damaged: {REBUILD}"
             )
         if heads == slice(None):  # kept for row_sums: the reading analysis often needs exactly these
@@ -827,7 +828,7 @@ class AttentionStore:
             want = self.manifests[s]["layers"].get(Path(f.filename).name, {}).get("data_" + CHECKSUM, {}).get(key)
             if self.check_values and want is not None and data_checksum(x) != want:
                 raise StoreError(
-                    f"{f.filename}: {key} of layer {layer} differ from their {CHECKSUM} in the manifest; the file is damaged: {REBUILD}"
+                    f"{f.filename}: {key} differ from their {CHECKSUM} in the manifest; the file is damaged: {REBUILD}"
                 )
             parts.append(x)
         return np.concatenate(parts)
@@ -897,7 +898,7 @@ def verify_store(directory: str | Path) -> list[str]:
                     for row, k, q, what in map_faults(cells, store.lengths[k0:k1], store.tolerance, stop_at=20):
                         k += k0
                         faults.append(
-                            f"{f.filename}: layer {layer}, head {row}, sequence {k} (record {store.record_id[k]}), query row {q}: {what}"
+                            f"{f.filename}: head {head_label(layer, row)}, sequence {k} (record {store.record_id[k]}), query row {q}: {what}"
                         )
             for key in ("head_vectors", "hidden"):
                 if key in f:
@@ -905,7 +906,7 @@ def verify_store(directory: str | Path) -> list[str]:
                     if bad.any():
                         k = int(np.argwhere(bad)[0][0])
                         faults.append(
-                            f"{f.filename}: layer {layer}: {int(bad.sum())} non-finite values in {key}, first at sequence {k} (record {store.record_id[k]})"
+                            f"{f.filename}: {int(bad.sum())} non-finite values in {key}, first at sequence {k} (record {store.record_id[k]})"
                         )
     return faults
 
