@@ -119,6 +119,7 @@ def test_fused_store_keeps_tokens_reps_and_the_sample(name, stores):
     (sample,) = map_dirs(fused)
     with AttentionStore(full) as a, AttentionStore(sample) as s:
         assert s.record_index.tolist() == [0, 5, 13]
+        assert s.map_layout == a.map_layout == ("lower" if name == "gpt2" else "full")  # a decoder's sample too
         for i, k in enumerate(s.record_index):
             for layer in range(a.n_layers):
                 np.testing.assert_allclose(s.maps(layer, i), a.maps(layer, int(k)), rtol=0, atol=1e-6)

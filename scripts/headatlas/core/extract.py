@@ -333,6 +333,7 @@ def extract(
         )
     # A window is written by a background thread while the next one is computed (at most one
     # write in flight, so two windows in memory); the writer's exit still sees every write.
+    map_layout = "lower" if kind == "decoder" else "full"  # causal maps: their lower triangle (also the sample's)
     with (
         AttentionWriter(
             out_dir,
@@ -344,7 +345,7 @@ def extract(
             full_meta,
             maps=maps,
             rep_shapes=shapes,
-            map_layout="lower" if kind == "decoder" else "full",  # causal maps: their lower triangle
+            map_layout=map_layout,
         ) as writer,
         ThreadPoolExecutor(1) as io,
         contextlib.ExitStack() as stack,
@@ -365,6 +366,7 @@ def extract(
                         storage_dtype,
                         dict(full_meta, maps_mode="full", sample_of=len(tokenized), reps=False, rep_position=None),
                         maps=True,
+                        map_layout=map_layout,
                     )
                 )
                 keep = [SampleMaps(keep_pos, sample_writer, tol)]
