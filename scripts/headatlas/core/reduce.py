@@ -17,7 +17,9 @@ Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`fee
 - :func:`replay` reads a stored store in windows of consecutive sequences that fit a byte budget, buckets
   each window by length, and builds the padded tensor per layer;
 - :func:`fused_reduce` runs the model with forward hooks on its attention modules (the modules transformers
-  itself records ``attentions`` from, ``_can_record_outputs``), without ``output_attentions``: each
+  itself records ``attentions`` from, ``_can_record_outputs``; for a model without them, e.g. MPNet, the
+  architecture table's ``attention`` module, asked alone for its probabilities, which the hook strips from
+  its output again), without ``output_attentions``: each
   layer's probabilities go to the reducers as soon as they exist and are dropped after, so at most one
   layer's maps are alive (reducers with ``needs_all_layers = True`` get all layers of the batch at the end
   of its forward pass, which keeps them alive for that batch: say so where it matters).
@@ -418,19 +420,31 @@ def replay(
     return [r.result() for r in reducers]
 
 
-def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object, int]]:
-    """(module, index of the attention probabilities in its output tuple) per layer, from the model's own
-    ``_can_record_outputs['attentions']`` (what ``output_attentions`` records), matched as transformers does."""
+def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object, int, bool]]:
+    """(module, index of the attention probabilities in its output tuple, asked) per layer: the modules
+    transformers itself records ``attentions`` from (the model's ``_can_record_outputs['attentions']``,
+    matched as transformers does), else the architecture table's ``attention`` modules (MPNet), which return
+    the probabilities only when called with ``output_attentions=True``: ``asked`` is True for those, and
+    :class:`FusedFeed` asks each of them alone and strips the probabilities from its output."""
     from transformers.utils.output_capturing import OutputRecorder
 
-    from .models import ModelError
+    from .models import ARCHITECTURES, ModelError, architecture_module
 
     specs = getattr(model, "_can_record_outputs", None) or {}
     spec = specs.get("attentions")
     if spec is None:
-        raise ModelError(
-            f"model {name!r} ({type(model).__name__}) declares no attention modules (_can_record_outputs); it cannot be reduced fused"
-        )
+        arch = ARCHITECTURES.get(getattr(model.config, "model_type", ""))
+        if arch is None or arch.attention is None:
+            raise ModelError(
+                f"model {name!r} ({type(model).__name__}) declares no attention modules (_can_record_outputs) and its "
+                "architecture names none (core.models.ARCHITECTURES, attention); it cannot be reduced fused"
+            )
+        found = [architecture_module(model, arch.attention.format(layer=i)) for i in range(n_layers)]
+        if any(m is None for m in found):
+            raise ModelError(
+                f"model {name!r}: no module {arch.attention!r} for every layer; it cannot be reduced fused"
+            )
+        return [(m, 1, True) for m in found]
     specs = spec if isinstance(spec, list) else [spec]
     specs = [
         s
@@ -447,7 +461,7 @@ def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object
                 s.class_name is not None and mod_name.endswith(s.class_name)
             )
             if hit and (s.layer_name is None or "." + s.layer_name.strip(".") + "." in "." + mod_name + "."):
-                found.append((module, s.index))
+                found.append((module, s.index, False))
                 break
     if len(found) != n_layers:
         raise ModelError(f"model {name!r}: found {len(found)} attention modules, expected one per layer ({n_layers})")
@@ -466,6 +480,7 @@ class FusedFeed:
         self.model, self.reducers, self.info = model, list(reducers), info
         self.batch, self.layers, self.keep = None, [], False
         self.hooks: list = []
+        self.stripped: dict[int, bool] = {}  # layer -> its probabilities were asked for by the feed alone
 
     def __enter__(self):
         from .models import ModelError
@@ -474,11 +489,12 @@ class FusedFeed:
         for r in self.reducers:
             r.start(info)
 
-        def make_hook(layer: int, index: int):
+        def make_hook(layer: int, index: int, asked: bool):
             def hook(module, args, output):
                 if self.batch is None:
                     return
-                attn = output[index] if isinstance(output, tuple) else output
+                strip = asked and self.stripped.pop(layer, False)
+                attn = output[index] if isinstance(output, (tuple, list)) else output
                 if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
                     shape = None if attn is None else tuple(attn.shape)
                     raise ModelError(
@@ -491,13 +507,25 @@ class FusedFeed:
                 feed_layer(self.reducers, info, layer, a, self.batch)
                 if self.keep:
                     self.layers.append(a)
+                if strip:  # the caller did not ask for them: its output as without output_attentions
+                    return output[:index] + output[index + 1 :]
 
             return hook
 
-        self.hooks = [
-            m.register_forward_hook(make_hook(i, idx))
-            for i, (m, idx) in enumerate(attention_modules(self.model, info.n_layers, info.model))
-        ]
+        def make_ask(layer: int):
+            def ask(module, args, kwargs):  # this module alone returns its probabilities
+                if self.batch is None or kwargs.get("output_attentions"):
+                    return None
+                self.stripped[layer] = True
+                return args, {**kwargs, "output_attentions": True}
+
+            return ask
+
+        self.hooks = []
+        for i, (m, idx, asked) in enumerate(attention_modules(self.model, info.n_layers, info.model)):
+            if asked:
+                self.hooks.append(m.register_forward_pre_hook(make_ask(i), with_kwargs=True))
+            self.hooks.append(m.register_forward_hook(make_hook(i, idx, asked)))
         return self
 
     def begin(self, batch: ReduceBatch) -> None:
