@@ -37,6 +37,7 @@ stored maps.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -107,7 +108,7 @@ class ReduceBatch:
     def __len__(self) -> int:
         return len(self.seq)
 
-    @property
+    @functools.cached_property
     def n(self) -> int:
         return int(self.lengths.max()) if len(self.lengths) else 0
 
