@@ -495,7 +495,9 @@ def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object
                 found.append((module, s.index, False))
                 break
     if len(found) != n_layers:
-        raise ModelError(f"model {name!r}: found {len(found)} attention modules, expected one per layer ({n_layers})")
+        raise ModelError(
+            f"model {name!r}: found {len(found)} attention modules, expected one per layer ({n_layers}); it cannot be reduced fused"
+        )
     return found
 
 
