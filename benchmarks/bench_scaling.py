@@ -252,7 +252,7 @@ def table(rows: list[dict]) -> str:
         x = f or b
         bt = f"{b['tokens'] / b['cpu_seconds']:.0f}" if b else ""
         ratio = f"{b['cpu_seconds'] / f['cpu_seconds']:.2f}" if b and f else ""
-        ft = f"{f['tokens'] / f['cpu_seconds']:.0f}" if f else "not fusable"
+        ft = f"{f['tokens'] / f['cpu_seconds']:.0f}" if f else "not run"
         rss = f"{f['peak_rss_mb']:.0f}" if f else ""
         res = f"{f['result_bytes'] / f['tokens']:,.0f}" if f else ""
         lower = f"{x['store_bytes_lower'] / x['tokens']:,.0f}" if x["kind"] == "decoder" else "(encoder: full)"

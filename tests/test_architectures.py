@@ -382,3 +382,44 @@ def test_readme_table_matches_architectures():
     )
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == list(ARCHITECTURES)
+
+
+# types that cannot be reduced fused (README "Scale"): ALBERT shares one attention module between layers,
+# DeBERTa declares no attention modules and passes output_attentions positionally
+NOT_FUSABLE = {"albert": "found 2 attention modules", "deberta": "declares no", "deberta-v2": "declares no"}
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records):
+    """Every type reduces fused (its attention modules from transformers' _can_record_outputs or the table's
+    ``attention``, MPNet) to what a replay of its stored maps gives, and leaves the model's outputs as they were."""
+    from headatlas.clark.reducers import SurfaceReducer
+    from headatlas.core.extract import model_inputs, tokenize_records
+    from headatlas.core.position import PositionReducer
+    from headatlas.core.reduce import fused_reduce, replay
+    from headatlas.pande.reducers import SieveReducer
+
+    spec, model, tok, config, _ = arch_model(model_type)
+    kind = model_kind(config, spec)
+    reducers = lambda: [SurfaceReducer(), SieveReducer(), PositionReducer(2, (0, 1, 4, 16))]  # noqa: E731
+    with AttentionStore(arch_store(model_type)) as store:
+        replayed = replay(store, reducers(), batch_size=2, records=arch_records)
+    tokenized, _ = tokenize_records(
+        arch_records, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec)
+    )  # as extraction tokenizes
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    if model_type in NOT_FUSABLE:
+        with pytest.raises(ModelError, match=NOT_FUSABLE[model_type]):
+            fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type)
+        return
+    fused = fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type)
+    for a, b in zip(fused[::2], replayed[::2]):  # surface and position tables
+        for col in a.columns:
+            if a[col].dtype.kind == "f":
+                np.testing.assert_allclose(a[col], b[col], rtol=0, atol=1e-6, equal_nan=True, err_msg=col)
+    np.testing.assert_allclose(fused[1]["scores"], replayed[1]["scores"], rtol=1e-6, atol=1e-6, equal_nan=True)
+    # the hooks are gone and the model returns what it returned before
+    inputs = model_inputs(tokenized[:2], getattr(config, "type_vocab_size", 0) > 1, pad, "cpu")
+    with torch.inference_mode():
+        out = model(**inputs)
+    assert out.attentions is None and not model._forward_hooks

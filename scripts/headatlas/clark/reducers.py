@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 from ..core.patterns import prev_token_score
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses, scratch
 from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -48,9 +48,12 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     # Sequences are taken in chunks of at most ENTROPY_CHUNK_BYTES of maps, so the two temporaries stay small
     # next to the layer's maps (long inputs).
     step = max(1, ENTROPY_CHUNK_BYTES // max(1, 4 * h * n * n))
-    ent = torch.cat(
-        [row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]
-    ).double()  # [B, H, n]
+    if step >= bsz:
+        ent = row_entropy(a, f["offset"], smoothing).double()  # [B, H, n]
+    else:
+        ent = torch.cat(
+            [row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]
+        ).double()
     # [next, prev, self, cls, sep, punct, sep_to_sep, other_to_sep, entropy, cls_entropy, 0] -> STATS order
     core = torch.cat([diag, shares, to_sep @ f["sep_w"], ent @ f["ent_w"], torch.zeros_like(diag[..., :1])], -1)
     out = core.index_select(2, f["order"]) + f["constant"][:, None, :]  # [B, H, S]
@@ -58,13 +61,14 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
 
 
 def row_entropy(a, offset, smoothing: float):
-    """[B, H, n] float32 entropies of the smoothed rows, ``offset`` from :func:`_float_masks`."""
+    """[B, H, n] float32 entropies of the smoothed rows, ``offset`` from :func:`_float_masks` (the two
+    temporaries in :func:`~headatlas.core.reduce.scratch` buffers)."""
     import torch
 
-    smooth = torch.add(offset, a, alpha=1 - smoothing)
-    if smoothing > 0:
-        return -smooth.log().mul_(smooth).sum(-1)
-    return -torch.special.xlogy(smooth, smooth).sum(-1)  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
+    smooth = torch.add(offset, a, alpha=1 - smoothing, out=scratch("surface_smooth", a.shape, a.device))
+    if smoothing > 0:  # the vectorised log is 1.5x faster than entr / xlogy on a CPU
+        return -torch.log(smooth, out=scratch("surface_log", a.shape, a.device)).mul_(smooth).sum(-1)
+    return torch.special.entr(smooth).sum(-1)  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
 
 
 def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dict:

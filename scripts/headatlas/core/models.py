@@ -63,6 +63,9 @@ class Architecture:
     bos_field: str = "bos_token_id"
     kv_heads_field: str | None = None  # grouped-query attention: config field with the number of key/value heads
     shared_layers: bool = False  # ALBERT: {layer} is a layer GROUP whose one projection serves consecutive layers
+    # models that declare no attention modules (_can_record_outputs): the self-attention module ({layer}) that
+    # returns (output, probabilities) when called with output_attentions=True; fused reduction asks it alone
+    attention: str | None = None
 
     @property
     def rep_position(self) -> str:
@@ -90,7 +93,13 @@ ARCHITECTURES: dict[str, Architecture] = {
     "xlm-roberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("lm_head",)),
     "deberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
     "deberta-v2": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
-    "mpnet": Architecture("encoder", "encoder.layer.{layer}.attention.attn.o", _BERT_EMB, ("lm_head",)),
+    "mpnet": Architecture(
+        "encoder",
+        "encoder.layer.{layer}.attention.attn.o",
+        _BERT_EMB,
+        ("lm_head",),
+        attention="encoder.layer.{layer}.attention.attn",
+    ),
     "distilbert": Architecture(
         "encoder",
         "transformer.layer.{layer}.attention.out_lin",
@@ -106,7 +115,12 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "gpt2": Architecture("decoder", "h.{layer}.attn.c_proj", ("wte", "wpe"), ("lm_head",), conv1d=True, bos=True),
     "openai-gpt": Architecture(
-        "decoder", "h.{layer}.attn.c_proj", ("tokens_embed", "positions_embed"), ("lm_head",), conv1d=True
+        "decoder",
+        "h.{layer}.attn.c_proj",
+        ("tokens_embed", "positions_embed"),
+        ("lm_head",),
+        conv1d=True,
+        attention="h.{layer}.attn",
     ),
     "gptj": Architecture("decoder", "h.{layer}.attn.out_proj", ("wte",), ("lm_head",), bos=True),
     "gpt_neox": Architecture("decoder", "layers.{layer}.attention.dense", ("embed_in",), ("lm_head",), bos=True),

@@ -15,5 +15,7 @@ import numpy as np
 
 def prev_token_score(maps, n):
     """``(1/n) sum_{i >= 1} maps[..., i, i-1]`` over the last two axes (queries, keys)."""
+    if not isinstance(maps, np.ndarray):  # torch: the same cells as below, as one strided copy (no index tensors)
+        return maps.diagonal(-1, -2, -1).contiguous().sum(-1) / n
     rows = np.arange(1, maps.shape[-1])
     return maps[..., rows, rows - 1].sum(-1) / n

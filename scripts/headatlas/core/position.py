@@ -19,12 +19,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .reduce import ReduceBatch, Reducer, clean_maps
+from .reduce import ReduceBatch, Reducer, clean_maps, scratch
 
 STATS = ("sink", "local", "entropy", "distance")
 UNITS = {"sink": "fraction", "local": "fraction", "entropy": "nats", "distance": "tokens"}
 DEFAULT_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's and distance's temporaries
+CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's temporary
+TINY = float(np.finfo(np.float32).tiny)
 
 
 def bucket_of(positions: np.ndarray, edges) -> np.ndarray:
@@ -63,8 +64,11 @@ def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
     ent, dis = [], []
     for i in range(0, bsz, step):  # chunks of sequences: the temporaries stay small next to the layer's maps
         c = a[i : i + step]
-        ent.append(-torch.special.xlogy(c, c).sum(-1))
-        dis.append((c * dist).sum(-1))
+        # -sum A ln A with 0 ln 0 = 0 (ln of the clamp is finite, times A = 0): the vectorised log, one temporary
+        ent.append(torch.clamp(c, min=TINY, out=scratch("position", c.shape, dev)).log_().mul_(c).sum(-1).neg_())
+        dis.append(torch.einsum("bhij,ij->bhi", c, dist))  # sum_j A_ij |i - j| as a batched product, no temporary
+    if len(ent) == 1:
+        return torch.stack([sink, local, ent[0], dis[0]], -1)
     return torch.stack([sink, local, torch.cat(ent), torch.cat(dis)], -1)
 
 

@@ -17,7 +17,9 @@ Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`fee
 - :func:`replay` reads a stored store in windows of consecutive sequences that fit a byte budget, buckets
   each window by length, and builds the padded tensor per layer;
 - :func:`fused_reduce` runs the model with forward hooks on its attention modules (the modules transformers
-  itself records ``attentions`` from, ``_can_record_outputs``), without ``output_attentions``: each
+  itself records ``attentions`` from, ``_can_record_outputs``; for a model without them, e.g. MPNet, the
+  architecture table's ``attention`` module, asked alone for its probabilities, which the hook strips from
+  its output again), without ``output_attentions``: each
   layer's probabilities go to the reducers as soon as they exist and are dropped after, so at most one
   layer's maps are alive (reducers with ``needs_all_layers = True`` get all layers of the batch at the end
   of its forward pass, which keeps them alive for that batch: say so where it matters).
@@ -35,8 +37,10 @@ stored maps.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +109,7 @@ class ReduceBatch:
     def __len__(self) -> int:
         return len(self.seq)
 
-    @property
+    @functools.cached_property
     def n(self) -> int:
         return int(self.lengths.max()) if len(self.lengths) else 0
 
@@ -192,24 +196,52 @@ class ReduceBatch:
         return self._cache[key]
 
 
+_SCRATCH: dict = {}  # (slot, device) -> a reusable float32 buffer (:func:`scratch`)
+_CLEAN: list = []  # the last clean_maps copy: [weakref(attn), weakref(batch), causal, tensor]
+
+
+def scratch(slot: str, shape, device) -> "torch.Tensor":  # noqa: F821
+    """A float32 buffer of ``shape`` on ``device`` whose contents are garbage, the same memory every time the
+    same ``slot`` is asked for: the reducers' large temporaries reuse one allocation instead of taking a fresh
+    one per layer, whose page faults cost a CPU more than the arithmetic on it (a fresh 300 MB tensor: 2 ns
+    per cell, the log of it: 0.9 ns). The caller must be done with a slot's buffer before it asks for that
+    slot again. :func:`release_scratch` frees them (a fused feed does at its end)."""
+    import torch
+
+    n = math.prod(shape)
+    key = (slot, str(device))
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < n:
+        _SCRATCH.pop(key, None)
+        buf = _SCRATCH[key] = torch.empty(n, dtype=torch.float32, device=device)
+    return buf[:n].view(shape)
+
+
+def release_scratch() -> None:
+    _SCRATCH.clear()
+    _CLEAN.clear()
+
+
 def clean_maps(attn, batch: ReduceBatch, causal: bool):
     """``attn`` as float32 with every cell outside a real query's visible keys set to 0 (padded rows and
     columns; above the diagonal under a causal mask, where softmax already gives 0). Shared by the reducers
-    of one layer: the copy is cached on the batch for the tensor it was made from; treat it as read-only.
+    of one layer: the copy is kept for the tensor it was made from (in a :func:`scratch` buffer that the
+    next layer's copy reuses); treat it as read-only and do not keep it past the layer.
 
     Padded cells must be finite (they are: padded keys are 0 and a padded query's row is a distribution
     over the real keys; replay pads with 0): they are multiplied by 0, which is 20 times faster on a CPU
     than a masked fill with a broadcast boolean mask."""
     import weakref
 
-    hit = batch._cache.get("clean")
-    if hit is not None and hit[0]() is attn and hit[1] == causal:
-        return hit[2]
+    import torch
+
+    if _CLEAN and _CLEAN[0]() is attn and _CLEAN[1]() is batch and _CLEAN[2] == causal:
+        return _CLEAN[3]
     key = ("allowed_f", str(attn.device), causal)
     if key not in batch._cache:
         batch._cache[key] = batch.masks(attn.device, causal)["allowed"].float()[:, None]
-    a = attn.float() * batch._cache[key]
-    batch._cache["clean"] = (weakref.ref(attn), causal, a)
+    a = torch.mul(attn.float(), batch._cache[key], out=scratch("clean", attn.shape, attn.device))
+    _CLEAN[:] = [weakref.ref(attn), weakref.ref(batch), causal, a]
     return a
 
 
@@ -416,22 +448,35 @@ def replay(
                 kept[b] = []
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
+    release_scratch()
     return [r.result() for r in reducers]
 
 
-def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object, int]]:
-    """(module, index of the attention probabilities in its output tuple) per layer, from the model's own
-    ``_can_record_outputs['attentions']`` (what ``output_attentions`` records), matched as transformers does."""
+def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object, int, bool]]:
+    """(module, index of the attention probabilities in its output tuple, asked) per layer: the modules
+    transformers itself records ``attentions`` from (the model's ``_can_record_outputs['attentions']``,
+    matched as transformers does), else the architecture table's ``attention`` modules (MPNet), which return
+    the probabilities only when called with ``output_attentions=True``: ``asked`` is True for those, and
+    :class:`FusedFeed` asks each of them alone and strips the probabilities from its output."""
     from transformers.utils.output_capturing import OutputRecorder
 
-    from .models import ModelError
+    from .models import ARCHITECTURES, ModelError, architecture_module
 
     specs = getattr(model, "_can_record_outputs", None) or {}
     spec = specs.get("attentions")
     if spec is None:
-        raise ModelError(
-            f"model {name!r} ({type(model).__name__}) declares no attention modules (_can_record_outputs); it cannot be reduced fused"
-        )
+        arch = ARCHITECTURES.get(getattr(model.config, "model_type", ""))
+        if arch is None or arch.attention is None:
+            raise ModelError(
+                f"model {name!r} ({type(model).__name__}) declares no attention modules (_can_record_outputs) and its "
+                "architecture names none (core.models.ARCHITECTURES, attention); it cannot be reduced fused"
+            )
+        found = [architecture_module(model, arch.attention.format(layer=i)) for i in range(n_layers)]
+        if any(m is None for m in found):
+            raise ModelError(
+                f"model {name!r}: no module {arch.attention!r} for every layer; it cannot be reduced fused"
+            )
+        return [(m, 1, True) for m in found]
     specs = spec if isinstance(spec, list) else [spec]
     specs = [
         s
@@ -448,10 +493,12 @@ def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object
                 s.class_name is not None and mod_name.endswith(s.class_name)
             )
             if hit and (s.layer_name is None or "." + s.layer_name.strip(".") + "." in "." + mod_name + "."):
-                found.append((module, s.index))
+                found.append((module, s.index, False))
                 break
     if len(found) != n_layers:
-        raise ModelError(f"model {name!r}: found {len(found)} attention modules, expected one per layer ({n_layers})")
+        raise ModelError(
+            f"model {name!r}: found {len(found)} attention modules, expected one per layer ({n_layers}); it cannot be reduced fused"
+        )
     return found
 
 
@@ -467,6 +514,7 @@ class FusedFeed:
         self.model, self.reducers, self.info = model, list(reducers), info
         self.batch, self.layers, self.keep = None, [], False
         self.hooks: list = []
+        self.stripped: dict[int, bool] = {}  # layer -> its probabilities were asked for by the feed alone
 
     def __enter__(self):
         from .models import ModelError
@@ -475,11 +523,12 @@ class FusedFeed:
         for r in self.reducers:
             r.start(info)
 
-        def make_hook(layer: int, index: int):
+        def make_hook(layer: int, index: int, asked: bool):
             def hook(module, args, output):
                 if self.batch is None:
                     return
-                attn = output[index] if isinstance(output, tuple) else output
+                strip = asked and self.stripped.pop(layer, False)
+                attn = output[index] if isinstance(output, (tuple, list)) else output
                 if attn is None or attn.dim() != 4 or attn.shape[1] != n_heads:
                     shape = None if attn is None else tuple(attn.shape)
                     raise ModelError(
@@ -492,13 +541,25 @@ class FusedFeed:
                 feed_layer(self.reducers, info, layer, a, self.batch)
                 if self.keep:
                     self.layers.append(a)
+                if strip:  # the caller did not ask for them: its output as without output_attentions
+                    return output[:index] + output[index + 1 :]
 
             return hook
 
-        self.hooks = [
-            m.register_forward_hook(make_hook(i, idx))
-            for i, (m, idx) in enumerate(attention_modules(self.model, info.n_layers, info.model))
-        ]
+        def make_ask(layer: int):
+            def ask(module, args, kwargs):  # this module alone returns its probabilities
+                if self.batch is None or kwargs.get("output_attentions"):
+                    return None
+                self.stripped[layer] = True
+                return args, {**kwargs, "output_attentions": True}
+
+            return ask
+
+        self.hooks = []
+        for i, (m, idx, asked) in enumerate(attention_modules(self.model, info.n_layers, info.model)):
+            if asked:
+                self.hooks.append(m.register_forward_pre_hook(make_ask(i), with_kwargs=True))
+            self.hooks.append(m.register_forward_hook(make_hook(i, idx, asked)))
         return self
 
     def begin(self, batch: ReduceBatch) -> None:
@@ -517,6 +578,7 @@ class FusedFeed:
         for h in self.hooks:
             h.remove()
         self.hooks, self.batch, self.layers = [], None, []
+        release_scratch()
         return False
 
 

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses, scratch
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -113,7 +113,25 @@ class _BatchSieves:
             sieve = key[p_idx] & self.allowed[b_idx, row]  # [G, n] visible key pieces
             cnt = sieve.sum(-1).double()
             use = cnt > 0
-            self.groups.append({"pair": p_idx, "b": b_idx, "row": row, "sieve": sieve, "cnt": cnt, "use": use})
+            # per pair: query pieces that score it (layer-independent)
+            c = torch.zeros(self.n_pairs, dtype=torch.float64, device=device).index_add_(0, p_idx, use.double())
+            self.groups.append(
+                {"pair": p_idx, "b": b_idx, "row": row, "sieve": sieve.float(), "cnt": cnt, "use": use, "c": c}
+            )
+        # which pairs a direction scores, and the pairs per (sequence, relation) and per sequence: layer-independent
+        if len(self.groups) == 1:
+            self.live = self.groups[0]["c"] > 0
+        else:
+            l0, l1 = (g["c"] > 0 for g in self.groups)
+            self.live, self.k_dir = l0 | l1, l0.double() + l1.double()
+        n_rel = len(settings.relations)
+        w = self.live.double()
+        key = self.pb * (n_rel + 1)
+        self.rel_keys = (key + n_rel, key + self.pr)  # union, then per relation
+        self.rel_count = [
+            torch.zeros(len(batch) * (n_rel + 1), dtype=torch.float64, device=device).index_add_(0, k, w)
+            for k in self.rel_keys
+        ]
 
     def scores(self, attn, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
         """[B, H, roles] float64 sentence scores of one layer's padded maps, NaN where a role has no query or pair."""
@@ -130,11 +148,16 @@ class _BatchSieves:
         # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
         local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
         cls, sep = key_masses(a, self.batch, [(SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,)]).unbind(-1)
-        block = (a * self.block_f).sum(-1) if self.block_f is not None else torch.zeros_like(local)
+        block = (
+            torch.mul(a, self.block_f, out=scratch("sieve_block", a.shape, a.device)).sum(-1)
+            if self.block_f is not None
+            else local.new_zeros(()).expand_as(local)  # no pair in the batch: no block sieve (NaN below)
+        )
         mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, B, H, n]
         b = mass * self.inv_cnt * scale[None]
         if self.any_block and settings.block_entropy:
-            xlogx = (a * torch.log(a.clamp(min=np.finfo(np.float32).tiny))).sum(-1).double()
+            logs = torch.clamp(a, min=np.finfo(np.float32).tiny, out=scratch("sieve_block", a.shape, a.device)).log_()
+            xlogx = logs.mul_(a).sum(-1).double()
             rs = rowsum + self.pad_rows
             b[4] = b[4] * (torch.log(rs) - xlogx / rs)  # entropy (nats) of the renormalised row
         out[..., : len(TOKEN_ROLES)] = ((b * self.use_w).sum(-1) + self.no_query).permute(1, 2, 0)  # [B, H, 5]
@@ -149,25 +172,19 @@ class _BatchSieves:
             s = torch.zeros((self.n_pairs, h), dtype=torch.float64, device=a.device).index_add_(
                 0, g["pair"], torch.where(g["use"][:, None], m, 0.0)
             )
-            c = torch.zeros(self.n_pairs, dtype=torch.float64, device=a.device).index_add_(
-                0, g["pair"], g["use"].double()
-            )
-            per_dir.append((s / c.clamp(min=1)[:, None], c > 0))
+            per_dir.append(s / g["c"].clamp(min=1)[:, None])
         if len(per_dir) == 1:
-            ps, live = per_dir[0]
+            ps = per_dir[0]
         else:  # the mean of the directions that score the pair (sieves._nanmean2)
-            (s0, l0), (s1, l1) = per_dir
-            k = l0.double() + l1.double()
-            ps = (torch.where(l0[:, None], s0, 0.0) + torch.where(l1[:, None], s1, 0.0)) / k.clamp(min=1)[:, None]
-            live = l0 | l1
-        self.live = live
-        w = live.double()
-        key = self.pb * (n_rel + 1)
-        for col, keys in ((None, key + n_rel), ("rel", key + self.pr)):  # union, then per relation
+            (s0, s1), (g0, g1) = per_dir, self.groups
+            ps = (torch.where((g0["c"] > 0)[:, None], s0, 0.0) + torch.where((g1["c"] > 0)[:, None], s1, 0.0)) / (
+                self.k_dir.clamp(min=1)[:, None]
+            )
+        live = self.live
+        for col, keys, c in zip((None, "rel"), self.rel_keys, self.rel_count):  # union, then per relation
             s = torch.zeros((bsz * (n_rel + 1), h), dtype=torch.float64, device=a.device).index_add_(
                 0, keys, torch.where(live[:, None], ps, 0.0)
             )
-            c = torch.zeros(bsz * (n_rel + 1), dtype=torch.float64, device=a.device).index_add_(0, keys, w)
             mean = torch.where(c[:, None] > 0, s / c.clamp(min=1)[:, None], math.nan).reshape(bsz, n_rel + 1, h)
             if col is None:
                 out[..., len(TOKEN_ROLES)] = mean[:, n_rel]
