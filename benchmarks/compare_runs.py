@@ -79,15 +79,23 @@ def main(argv=None) -> int:
         report[str(rel)] = r
         if "shape" in r or r["text_diff"]:
             bad += 1
-            print(f"{rel}: {r.get('shape') or str(r['text_diff']) + ' text cells differ, first ' + r['first_text_diff']}")
+            print(
+                f"{rel}: {r.get('shape') or str(r['text_diff']) + ' text cells differ, first ' + r['first_text_diff']}"
+            )
         elif r["columns"]:
             worst = max(r["columns"].items(), key=lambda kv: kv[1]["max_abs"])
             print(
                 f"{rel}: {sum(c['cells'] for c in r['columns'].values())} numeric cells differ; "
                 f"largest in {worst[0]!r}: {worst[1]['max_abs']:.3g} abs, {worst[1]['max_rel']:.3g} rel"
             )
-    same = sum(1 for r in report.values() if not r.get("missing") and "shape" not in r and not r["text_diff"] and not r["columns"])
-    print(f"{len(tables)} tables: {same} identical, {len(tables) - same - bad} numerically different only, {bad} differ in shape or text")
+    same = sum(
+        1
+        for r in report.values()
+        if not r.get("missing") and "shape" not in r and not r["text_diff"] and not r["columns"]
+    )
+    print(
+        f"{len(tables)} tables: {same} identical, {len(tables) - same - bad} numerically different only, {bad} differ in shape or text"
+    )
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     return 1 if bad else 0
