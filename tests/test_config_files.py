@@ -117,6 +117,31 @@ def test_quick_config_runs_every_rule_of_the_default(dags):
     default, _, _ = dags["default"]
     assert set(quick) == set(default)
     assert {w["model"] for _, w in jobs if "model" in w} == {"minilm", "smollm2", "minilm-sst2", "minilm-random"}
+    # every analysis on both default models; the helpers only where an analysis needs them (the
+    # fine-tuned model for Pande's comparison, the random one for Table 3's baseline)
+    per_rule = {}
+    for rule, w in jobs:
+        per_rule.setdefault(rule, set()).add(w.get("model"))
+    for rule, models in per_rule.items():
+        if rule.startswith(("clark_", "pande_test", "jomyaeng_probe", "detectors", "ablation_", "atlas")):
+            assert {"minilm", "smollm2"} <= models or models == {None}, (rule, models)
+    assert per_rule["pande_test"] == {"minilm", "smollm2", "minilm-sst2"}
+    assert per_rule["atlas"] == {"minilm", "smollm2"}
+    # Jo & Myaeng's probes: one job per model there (probe_jobs: model), one per model x task here
+    assert quick["jomyaeng_probe"] == 2 and default["jomyaeng_probe"] == 13 * 3
+    assert sum(quick.values()) < 120
+
+
+def test_jomyaeng_probe_jobs_schema():
+    from snakemake.utils import validate
+
+    schema = str(REPO / "workflow" / "schemas" / "jomyaeng.schema.yaml")
+    section = {}
+    validate(section, schema)
+    assert section["probe_jobs"] == "task"
+    validate({"probe_jobs": "model"}, schema)
+    with pytest.raises(Exception, match="probe_jobs|corpus"):
+        validate({"probe_jobs": "corpus"}, schema)
 
 
 def test_every_rule_has_a_benchmark_file(dags):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -329,3 +330,14 @@ def test_workflow_end_to_end(tmp_path, tiny_models):
     # a second run has nothing to do
     again = subprocess.run(cmd + ["-n"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr
+    # probe_jobs: model (one job for the model's four tasks) writes the same files, byte for byte
+    tasks = res / "jomyaeng/bert/tasks"
+    per_task = {p.name: p.read_bytes() for p in tasks.glob("*.tsv")}
+    assert len(per_task) == 4
+    shutil.rmtree(tasks)
+    config["analysis"]["jomyaeng"]["probe_jobs"] = "model"
+    cfg.write_text(yaml.safe_dump(config), encoding="utf-8")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in tasks.glob("*.tsv")} == per_task
+    assert (res / "benchmarks/jomyaeng_probe/bert.tsv").exists()  # one job, not four

@@ -102,39 +102,83 @@ rule jomyaeng_downstream_tasks:
         "../../scripts/jomyaeng_downstream_tasks.py"
 
 
-rule jomyaeng_probe:
-    input:
-        shards=lambda wc: shard_dirs(
-            wc.model,
-            JM["probing_corpus"] if wc.task in JM_PROBING else JM["downstream_corpus"],
-        ),
-        table=lambda wc: (
-            "results/probing/tasks.tsv.gz"
-            if wc.task in JM_PROBING
-            else "results/probing/downstream_tasks.tsv.gz"
-        ),
-    output:
-        "results/jomyaeng/{model}/tasks/{task}.tsv",
-    log:
-        "logs/jomyaeng/probe/{model}/{task}.log",
-    benchmark:
-        "results/benchmarks/jomyaeng_probe/{model}/{task}.tsv"
-    wildcard_constraints:
-        task="|".join(JM_TASKS) or "-",
-    conda:
-        "../../envs/headatlas.yaml"
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=60,
-    params:
-        probe=JM["probe"],
-        top={k: JM[k] for k in ("top_n", "n_curve")},
-        task=lambda wc: (
-            {"kind": "probing"} if wc.task in JM_PROBING else JM["downstream"][wc.task]
-        ),
-    script:
-        "../../scripts/jomyaeng_probe.py"
+# Jo & Myaeng's probes: one job per model x task, or (probe_jobs: model) one job per model
+# running every task in turn; the same files and numbers either way
+if JM["probe_jobs"] == "task":
+
+    rule jomyaeng_probe:
+        input:
+            shards=lambda wc: shard_dirs(
+                wc.model,
+                (
+                    JM["probing_corpus"]
+                    if wc.task in JM_PROBING
+                    else JM["downstream_corpus"]
+                ),
+            ),
+            table=lambda wc: (
+                "results/probing/tasks.tsv.gz"
+                if wc.task in JM_PROBING
+                else "results/probing/downstream_tasks.tsv.gz"
+            ),
+        output:
+            "results/jomyaeng/{model}/tasks/{task}.tsv",
+        log:
+            "logs/jomyaeng/probe/{model}/{task}.log",
+        benchmark:
+            "results/benchmarks/jomyaeng_probe/{model}/{task}.tsv"
+        wildcard_constraints:
+            task="|".join(JM_TASKS) or "-",
+        conda:
+            "../../envs/headatlas.yaml"
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=60,
+        params:
+            probe=JM["probe"],
+            top={k: JM[k] for k in ("top_n", "n_curve")},
+            task=lambda wc: (
+                {"kind": "probing"}
+                if wc.task in JM_PROBING
+                else JM["downstream"][wc.task]
+            ),
+        script:
+            "../../scripts/jomyaeng_probe.py"
+
+else:
+
+    rule jomyaeng_probe:
+        input:
+            probing_shards=lambda wc: shard_dirs(wc.model, JM["probing_corpus"]),
+            probing_table="results/probing/tasks.tsv.gz",
+            downstream_shards=lambda wc: (
+                shard_dirs(wc.model, JM["downstream_corpus"]) if JM_DOWNSTREAM else []
+            ),
+            downstream_table=(
+                "results/probing/downstream_tasks.tsv.gz" if JM_DOWNSTREAM else []
+            ),
+        output:
+            **{t: f"results/jomyaeng/{{model}}/tasks/{t}.tsv" for t in JM_TASKS},
+        log:
+            "logs/jomyaeng/probe/{model}.log",
+        benchmark:
+            "results/benchmarks/jomyaeng_probe/{model}.tsv"
+        conda:
+            "../../envs/headatlas.yaml"
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=60 * len(JM_TASKS),
+        params:
+            probe=JM["probe"],
+            top={k: JM[k] for k in ("top_n", "n_curve")},
+            tasks={
+                t: {"kind": "probing"} if t in JM_PROBING else JM["downstream"][t]
+                for t in JM_TASKS
+            },
+        script:
+            "../../scripts/jomyaeng_probe.py"
 
 
 rule jomyaeng_tables:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import os
 import sys
@@ -25,13 +27,46 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     sys.excepthook = hook
     n = threads if threads is not None else snakemake.threads
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
-    try:
-        import torch
-
-        torch.set_num_threads(n)
-    except ImportError:
-        pass
+    pin_torch_threads(n)
     return log
+
+
+def pin_torch_threads(n: int) -> None:
+    """torch.set_num_threads(n) now if torch is loaded, else right after its first import.
+
+    Importing torch costs about a CPU second; a rule script that never uses it does not pay it.
+    """
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+        return
+    for finder in sys.meta_path:
+        if isinstance(finder, _TorchThreads):
+            finder.n = n
+            return
+    sys.meta_path.insert(0, _TorchThreads(n))
+
+
+class _TorchThreads(importlib.abc.MetaPathFinder):
+    """Import hook: pins torch's thread count once `import torch` has run, then removes itself."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, n = spec.loader.exec_module, self.n
+
+        def exec_and_pin(module):
+            exec_module(module)
+            module.set_num_threads(n)
+
+        spec.loader.exec_module = exec_and_pin
+        return spec
 
 
 def as_dirs(x) -> list[str]:

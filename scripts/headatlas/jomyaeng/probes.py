@@ -32,7 +32,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+
+# torch is imported in the functions that use it: the TSV-only rules that import this module
+# (through jomyaeng.analysis) do not pay its start-up
 
 SPLITS = ("train", "dev", "test")
 
@@ -86,6 +88,8 @@ class ProbeResult:
 
 
 def _targets(y, n_classes: int | None, dtype) -> tuple[torch.Tensor, int]:
+    import torch
+
     y = torch.as_tensor(np.asarray(y))
     if y.dim() == 1:
         if y.dtype.is_floating_point:
@@ -102,6 +106,8 @@ def _targets(y, n_classes: int | None, dtype) -> tuple[torch.Tensor, int]:
 def standardize(X: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Z-score every feature of every probe with the train split's mean and standard
     deviation (features [..., N, d]; constant features become 0)."""
+    import torch
+
     mu = X["train"].mean(-2, keepdim=True)
     sd = X["train"].std(-2, keepdim=True)
     sd = torch.where(sd > 0, sd, torch.ones_like(sd))
@@ -117,6 +123,8 @@ def _softmax(z: torch.Tensor, dim: int) -> torch.Tensor:
 def _metric(logits: torch.Tensor, target: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor:
     """Per probe and grid column: accuracy, or Pearson r of expected values.
     logits [P, G, C, N] (classes before items), target [N, C]."""
+    import torch
+
     if values is None:
         # correct = the gold class is the first maximum (torch.argmax's tie rule), computed
         # without argmax, which is slow over a short axis
@@ -144,6 +152,8 @@ def train_probes(
     """Train P probes at once. ``X[split]`` is [P, N_split, d] (or [N, d] for one probe),
     ``y[split]`` integer labels [N] or soft targets [N, C]; ``values`` [C] switches the
     metric to Pearson r of expected values."""
+    import torch
+
     dtype = getattr(torch, cfg.dtype)
     Xs = {}
     for s in SPLITS:
@@ -273,6 +283,8 @@ def senteval_probe(
     (``nn.Linear``, autograd, ``torch.optim``, a deep copy of the best-dev model); returns
     (best dev accuracy, its test accuracy, its epoch). ``X[split]`` is [N, d]."""
     import copy
+
+    import torch
 
     dtype = getattr(torch, cfg.dtype)
     t = {s: torch.as_tensor(np.asarray(X[s])).to(dtype) for s in SPLITS}

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.multitest import adjust  # noqa: F401 (re-exported: pande.hypothesis.adjust)
@@ -116,6 +115,8 @@ def one_sided_t(x: np.ndarray, tau: float, ddof: int = 0) -> dict[str, np.ndarra
 
 def _t_p(n: np.ndarray, mean: np.ndarray, sd: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """t, df and one-sided p from per-column n, mean and sd (the rules of :func:`one_sided_t`)."""
+    from scipy import stats
+
     with np.errstate(invalid="ignore", divide="ignore"):
         diff = mean - tau
         t = diff / (sd / np.sqrt(n))
@@ -148,6 +149,8 @@ def scipy_t_pvalues(x: np.ndarray, tau: float, ddof: int = 0) -> np.ndarray:
     """The same p-values computed independently with ``scipy.stats.ttest_1samp`` (ddof 1),
     rescaled to ``ddof``: t_ddof = t_1 * sqrt((n - ddof) / (n - 1)). Columns with the same
     present rows go to scipy together."""
+    from scipy import stats
+
     x = np.asarray(x, dtype=np.float64)
     p = np.full(x.shape[1], np.nan)
     for rows, cols in nan_patterns(x):
@@ -190,6 +193,8 @@ def sign_flip_p(
 
 def wilcoxon_p(x: np.ndarray, tau: float) -> np.ndarray:
     """One-sided Wilcoxon signed-rank p-value of a median above tau, per column."""
+    from scipy import stats
+
     d = x - tau
     out = np.full(d.shape[1], np.nan)
     live = np.any(d != 0, axis=0)
