@@ -2,7 +2,7 @@
 
 Run from the repository root with the project's environment::
 
-    PYTHONPATH=scripts python benchmarks/bench_fused.py --n 500 --repeats 3            # CPU, 1 thread
+    PYTHONPATH=scripts python benchmarks/bench_fused.py --n 500 --repeats 3 --pairs 5  # CPU, 1 thread
     PYTHONPATH=scripts python benchmarks/bench_fused.py --n 2000 --device cuda --batch-size 128
     PYTHONPATH=scripts python benchmarks/bench_fused.py --n 32 --segment-words 400 --max-length 512 --attentions
 
@@ -16,6 +16,8 @@ peak RSS is its own), ``--repeats`` times interleaved, and reports the median:
 - ``surface`` / ``sieves``: one reducer each (with ``--breakdown``);
 - ``attentions`` (with ``--attentions``): the forward pass with ``output_attentions=True``, which keeps every
   layer's maps until the model returns (peak memory of the store path before any copy);
+- ``paired`` (with ``--pairs K``): bare and fused alternately in one process, K times each after a warm-up
+  of both; the per-pair CPU ratio does not depend on which process the shared machine favoured;
 - ``store`` (with ``--store``): today's path, :func:`headatlas.core.extract.extract` writing float32 maps
   (no representations) to a temporary directory; its time includes tokenisation.
 
@@ -88,6 +90,36 @@ def worker(args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     out = {"mode": args.worker, "tokens": n_tok, "sequences": len(tokenized)}
     cpu0 = time.process_time()
+    if args.worker == "paired":  # bare and fused alternately in this one process, both warmed up: per-pair ratios
+
+        def fused_pass():
+            fused_reduce(
+                model,
+                tokenized,
+                [SurfaceReducer(), SieveReducer(SieveSettings())],
+                args.batch_size,
+                "encoder",
+                records,
+                pad_id,
+                spec.name,
+                "ewt_dev",
+            )
+
+        def cpu_of(f):
+            c = time.process_time()
+            f()
+            return time.process_time() - c
+
+        cpu_of(fused_pass)  # warm-up of the reducers (the forward pass is warm already)
+        pairs = [
+            (cpu_of(lambda: bare_forward(model, tokenized, args.batch_size, pad_id)), cpu_of(fused_pass))
+            for _ in range(args.pairs)
+        ]
+        out["pairs_cpu_seconds"] = pairs
+        out["seconds"] = out["cpu_seconds"] = float(np.median([f for _, f in pairs]))
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["store_bytes_float32"] = 0
+        return out
     if args.worker == "bare":
         out["seconds"] = bare_forward(model, tokenized, args.batch_size, pad_id)
     elif args.worker == "attentions":  # output_attentions=True: the model keeps every layer's maps to the end
@@ -100,6 +132,7 @@ def worker(args) -> dict:
             out["seconds"] = time.perf_counter() - t0
             out["bytes_written"] = sum(f.stat().st_size for f in (Path(tmp) / "s").iterdir())
     else:
+
         def make():
             return {
                 "surface": [SurfaceReducer()],
@@ -108,7 +141,9 @@ def worker(args) -> dict:
             }[args.worker]
 
         # warm-up of the reducers too (first-use allocations, as the bare pass had its own): a job runs many batches
-        fused_reduce(model, tokenized[:32], make(), args.batch_size, "encoder", records[:32], pad_id, spec.name, "ewt_dev")
+        fused_reduce(
+            model, tokenized[:32], make(), args.batch_size, "encoder", records[:32], pad_id, spec.name, "ewt_dev"
+        )
         reducers = make()
         cpu0 = time.process_time()
         t0 = time.perf_counter()
@@ -152,6 +187,13 @@ def main() -> None:
         action="store_true",
         help="also time a forward pass with output_attentions=True (peak memory of keeping every layer)",
     )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="also time bare and fused alternately in ONE process, PAIRS times each (both warmed up): the "
+        "per-pair CPU ratio, free of the differences between processes on a shared machine",
+    )
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -187,6 +229,7 @@ def main() -> None:
                 args.device,
             ]
             cmd += ["--max-length", str(args.max_length), "--segment-words", str(args.segment_words)]
+            cmd += ["--pairs", str(args.pairs)]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if res.returncode:
                 sys.exit(f"{mode} failed:\n{res.stderr[-3000:]}")
@@ -226,6 +269,21 @@ def main() -> None:
             if key in rs[0]:
                 row[key] = max(r[key] for r in rs)
         summary["modes"][mode] = row
+    if args.pairs:
+        cmd = [sys.executable, __file__, "--worker", "paired", "--n", str(args.n), "--threads", str(args.threads)]
+        cmd += ["--batch-size", str(args.batch_size), "--device", args.device, "--max-length", str(args.max_length)]
+        cmd += ["--segment-words", str(args.segment_words), "--pairs", str(args.pairs)]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if res.returncode:
+            sys.exit(f"paired failed:\n{res.stderr[-3000:]}")
+        pairs = json.loads(res.stdout.strip().splitlines()[-1])["pairs_cpu_seconds"]
+        ratios = [b / f for b, f in pairs]
+        summary["paired"] = {
+            "pairs_cpu_seconds": pairs,
+            "cpu_ratio_per_pair": ratios,
+            "median_cpu_ratio": statistics.median(ratios),
+        }
+        print(f"paired, one process: fused / bare CPU ratio per pair {[round(r, 3) for r in ratios]}", file=sys.stderr)
     summary["tokens"] = runs["bare"][0]["tokens"]
     summary["store_bytes_float32"] = runs["bare"][0]["store_bytes_float32"]
     text = json.dumps(summary, indent=2)
