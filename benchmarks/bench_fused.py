@@ -89,21 +89,20 @@ def worker(args) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     out = {"mode": args.worker, "tokens": n_tok, "sequences": len(tokenized)}
+
+    def run_fused(tok, recs, mode):
+        reducers = {
+            "surface": [SurfaceReducer()],
+            "sieves": [SieveReducer(SieveSettings())],
+            "fused": [SurfaceReducer(), SieveReducer(SieveSettings())],
+        }[mode]
+        return fused_reduce(model, tok, reducers, args.batch_size, "encoder", recs, pad_id, spec.name, "ewt_dev")
+
     cpu0 = time.process_time()
     if args.worker == "paired":  # bare and fused alternately in this one process, both warmed up: per-pair ratios
 
         def fused_pass():
-            fused_reduce(
-                model,
-                tokenized,
-                [SurfaceReducer(), SieveReducer(SieveSettings())],
-                args.batch_size,
-                "encoder",
-                records,
-                pad_id,
-                spec.name,
-                "ewt_dev",
-            )
+            run_fused(tokenized, records, "fused")
 
         def cpu_of(f):
             c = time.process_time()
@@ -132,24 +131,11 @@ def worker(args) -> dict:
             out["seconds"] = time.perf_counter() - t0
             out["bytes_written"] = sum(f.stat().st_size for f in (Path(tmp) / "s").iterdir())
     else:
-
-        def make():
-            return {
-                "surface": [SurfaceReducer()],
-                "sieves": [SieveReducer(SieveSettings())],
-                "fused": [SurfaceReducer(), SieveReducer(SieveSettings())],
-            }[args.worker]
-
         # warm-up of the reducers too (first-use allocations, as the bare pass had its own): a job runs many batches
-        fused_reduce(
-            model, tokenized[:32], make(), args.batch_size, "encoder", records[:32], pad_id, spec.name, "ewt_dev"
-        )
-        reducers = make()
+        run_fused(tokenized[:32], records[:32], args.worker)
         cpu0 = time.process_time()
         t0 = time.perf_counter()
-        results = fused_reduce(
-            model, tokenized, reducers, args.batch_size, "encoder", records, pad_id, spec.name, "ewt_dev"
-        )
+        results = run_fused(tokenized, records, args.worker)
         if cuda:
             torch.cuda.synchronize()
         out["seconds"] = time.perf_counter() - t0

@@ -25,8 +25,6 @@ from headatlas.clark.syntax_reducers import (
     batch_word_maps,
     coref_result,
     fused_plan,
-    pack_lower,
-    unpack_lower,
     word_predictions,
 )
 from headatlas.core.align import bos_id
@@ -390,14 +388,3 @@ def test_word_maps_of_decoders_keep_the_lower_triangle(name, syntax_runs):
     if not causal:
         del arrays["lower"]
         assert WordMapSet.from_arrays(arrays).lower == 0
-
-
-def test_pack_lower_round_trip_and_refuses_look_ahead():
-    rng = np.random.default_rng(0)
-    maps = np.tril(rng.random((3, 5, 5), dtype=np.float32))
-    packed = pack_lower(maps)
-    assert packed.shape == (3, 15)
-    np.testing.assert_array_equal(unpack_lower(packed, 5), maps)
-    maps[1, 0, 3] = 0.25
-    with pytest.raises(ValueError, match="above the diagonal.*arch: encoder"):
-        pack_lower(maps, "word maps of model 'x'")

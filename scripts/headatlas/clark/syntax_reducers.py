@@ -31,7 +31,7 @@ import numpy as np
 
 from ..core.data import SPECIAL_NONE, Record
 from ..core.reduce import ReduceBatch, Reducer, clean_maps
-from ..core.store import unit_pooling, word_units
+from ..core.store import decode_cells, encode_cells, unit_pooling, word_units
 from .coref import Anaphors, CorefResult, baseline_correct, document_anaphors
 from .syntax import Correctness, WordBlock, WordMaps, gather_correctness
 
@@ -305,7 +305,8 @@ class WordMapSet(_Arrays):
     """Every head's word-level maps of every sequence (feed order): sequence i's [L*H, U, U] float32 maps
     over its units (words and special tokens, :func:`headatlas.core.store.word_level`'s), flattened. With
     ``lower`` (a causal model: no word attends to a later one) only each map's lower triangle is kept, row
-    by row (:func:`pack_lower`), as the store keeps a decoder's maps; :meth:`word_maps` unpacks it."""
+    by row, as the store keeps a decoder's maps (:func:`~headatlas.core.store.encode_cells`); :meth:`word_maps`
+    unpacks it."""
 
     record_index: np.ndarray  # [N]
     n_words: np.ndarray  # [N]
@@ -322,7 +323,7 @@ class WordMapSet(_Arrays):
         a, b = self.unit_offset[i], self.unit_offset[i + 1]
         u = int(b - a)
         flat = self.maps[self.map_offset[i] : self.map_offset[i + 1]].reshape(self.n_layers * self.n_heads, -1)
-        maps = unpack_lower(flat, u) if self.lower else flat.reshape(-1, u, u)
+        maps = decode_cells(flat, np.array([u]), "lower" if self.lower else "full").reshape(-1, u, u)
         return WordMaps(i, maps, self.unit_word[a:b], self.unit_special[a:b])
 
     def iter_word_maps(self, ks=None) -> Iterator[WordMaps]:
@@ -351,26 +352,6 @@ class WordMapSet(_Arrays):
             parts[0].n_heads,
             int(parts[0].lower),
         )
-
-
-def pack_lower(maps: np.ndarray, what: str = "word-level maps") -> np.ndarray:
-    """``[K, U, U]`` maps -> ``[K, U*(U+1)/2]``, each map's lower triangle row by row; every dropped cell
-    must be 0 (a causal model's maps), else the model looks ahead and is no decoder."""
-    u = maps.shape[-1]
-    if np.any(np.triu(maps, 1)):
-        raise ValueError(
-            f"{what}: nonzero attention above the diagonal of a decoder's maps (set the model's arch: encoder)"
-        )
-    rows, cols = np.tril_indices(u)
-    return maps[:, rows, cols]
-
-
-def unpack_lower(packed: np.ndarray, u: int) -> np.ndarray:
-    """Inverse of :func:`pack_lower`: ``[K, U*(U+1)/2]`` -> ``[K, U, U]`` with zeros above the diagonal."""
-    out = np.zeros((packed.shape[0], u, u), dtype=packed.dtype)
-    rows, cols = np.tril_indices(u)
-    out[:, rows, cols] = packed
-    return out
 
 
 # --- reducers ----------------------------------------------------------------------------------------------
@@ -587,9 +568,10 @@ class WordMapsReducer(_WordReducer):
 
     def _store(self, seq, heads, b, host) -> None:
         u = len(seq[0])
-        maps = host[0][b, :, :u, :u]
+        maps = host[0][b, :, :u, :u].reshape(-1, u * u)
+        layout = "lower" if self.info.causal else "full"
         what = f"{self.name} of model {self.info.model!r} on corpus {self.info.corpus!r}"
-        seq[2][heads] = pack_lower(maps, what) if self.info.causal else maps.reshape(len(maps), -1)
+        seq[2][heads] = encode_cells(maps, np.array([u]), layout, what)
 
     def result(self) -> WordMapSet:
         seqs = self._sequences()
