@@ -140,6 +140,27 @@ def test_arrays_round_trip(reducer, stores, records, tmp_path):
     assert_same(result, load_reduced([tmp_path / "s"], r), r.name)
 
 
+def test_large_float_arrays_stored_compressed_and_exact(tmp_path):
+    """A float array of 1 MiB or more is stored gzip-compressed (lossless); small and integer arrays plainly."""
+    rng = np.random.default_rng(0)
+    maps = rng.dirichlet(np.ones(40), size=20_000).astype(np.float32).ravel()  # 3.2 MB of attention-like rows
+    arrays = {"maps": maps, "small": maps[:100], "offsets": np.arange(300_000, dtype=np.int64)}
+
+    class Arrays(Reducer):
+        name = "arrays"
+
+        def to_arrays(self, result):
+            return result
+
+    (tmp_path / "s").mkdir()
+    path = save_reduced(tmp_path / "s", Arrays(), arrays)
+    with h5py.File(path) as f:
+        assert f["maps"].compression == "gzip" and f["maps"].shuffle
+        assert f["small"].compression is None and f["offsets"].compression is None
+        assert f["maps"].id.get_storage_size() < 0.95 * maps.nbytes
+        np.testing.assert_array_equal(f["maps"][()], maps)  # bit-exact
+
+
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_combine_over_shards_equals_one_shard(name, tiny_loaded, records, stores, tmp_path):
     """Three fused shards (JS over the first 5 sequences spans two of them) == one fused store."""
