@@ -33,10 +33,10 @@ todo = list(jobs())
 model, tokenizer, config = load(
     ModelSpec.from_config(todo[0][3]["model"]), cache_dir=sm.input.model[0] if sm.input.model else None
 )
-for p in {id(job[3]): job[3] for job in todo}.values():
-    extraction_spec(p, config)
-records = {}
+for job in todo:
+    extraction_spec(job[3], config)
+loaded = records = None
 for corpus, path, trees, p, shard, n, out in todo:
-    if path not in records:
-        records = {path: load_records(path)}  # one corpus in memory at a time
-    extract_shard(records[path], p, corpus, shard, n, out, model, tokenizer, config, as_dirs(trees))
+    if path != loaded:  # one corpus in memory at a time
+        loaded, records = path, load_records(path)
+    extract_shard(records, p, corpus, shard, n, out, model, tokenizer, config, as_dirs(trees))

@@ -83,7 +83,9 @@ def extraction_spec(params: dict, config) -> ModelSpec:
     """The model spec of one extraction's ``params`` (the workflow's ``extraction_params``), its
     max_length checked against the loaded model's ``config`` (a corpus may set it)."""
     spec = ModelSpec.from_config(params["model"])
-    check_max_length(spec, config.to_dict(), f"{spec.name}'s config", params["reps"] and params["rep_position"] == "past_last")
+    check_max_length(
+        spec, config.to_dict(), f"{spec.name}'s config", params["reps"] and params["rep_position"] == "past_last"
+    )
     return spec
 
 

@@ -343,8 +343,9 @@ def uses_gpu(model):
 
 
 def extract_model_rule(model):
-    """The name of the rule that extracts every corpus of a model (extraction.jobs: model)."""
-    return "extract_attention_" + re.sub(r"\W", "_", model)
+    """The name of the per-model extraction rule (when extraction.jobs is model)."""
+    safe = re.sub(r"\W", "_", model)
+    return f"extract_attention_{safe}"
 
 
 def extraction_targets():

@@ -41,12 +41,12 @@ else:
             name:
                 _rule
             input:
-                model=lambda wc, m=_model: model_inputs(m),
                 **{f"corpus/{c}": f"results/corpora/{c}.jsonl.gz" for c in _corpora},
                 **{
                     f"trees/{c}": lambda wc, m=_model, c=c: fused_trees(m, c)
                     for c in _corpora
                 },
+                model=lambda wc, m=_model: model_inputs(m),
             output:
                 **{
                     f"{c}/{Path(d).name}": directory(d)
