@@ -9,17 +9,27 @@ the reducers' :meth:`~headatlas.core.reduce.Reducer.spec` (class and params) to 
 ``params:``, so changing a reducer setting reruns that corpus's extraction and nothing else.
 
 This module imports the paper packages (it is the one place that joins them for extraction); ``core``
-still imports no paper.
+still imports no paper. :func:`extract_shard` is one store's extraction given the loaded model, fused or not:
+the body of the extraction rules (one job per model x corpus x shard, or per model with ``extraction.jobs: model``).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+import logging
+from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
+from .core.data import Counts, Record, load_records
+from .core.extract import config_hash, extract, shard_slice
+from .core.inputs import check_max_length
+from .core.models import ModelSpec
+from .core.parse import trees_of
 from .core.reduce import Reducer, reducer_from_spec
+
+log = logging.getLogger("headatlas.fused")
 
 # analysis key -> "module:function" of its plan (imported when used)
 PLANS: dict[str, str] = {
@@ -67,3 +77,72 @@ def sample_records(n_records: int, k: int, seed: int) -> np.ndarray:
     ``n_records`` drawn with ``seed`` (the same in every shard, which keeps those in its slice)."""
     k = min(int(k), int(n_records))
     return np.sort(np.random.default_rng(seed).choice(int(n_records), size=k, replace=False)).astype(np.int64)
+
+
+def extraction_spec(params: dict, config) -> ModelSpec:
+    """The model spec of one extraction's ``params`` (the workflow's ``extraction_params``), its
+    max_length checked against the loaded model's ``config`` (a corpus may set it)."""
+    spec = ModelSpec.from_config(params["model"])
+    check_max_length(
+        spec, config.to_dict(), f"{spec.name}'s config", params["reps"] and params["rep_position"] == "past_last"
+    )
+    return spec
+
+
+def extract_shard(
+    records: Sequence[Record],
+    params: dict,
+    corpus: str,
+    shard: int,
+    n_shards: int,
+    out_dir: str | Path,
+    model,
+    tokenizer,
+    config,
+    trees: Sequence[str | Path] = (),
+) -> Counts:
+    """Extract shard ``shard`` of ``n_shards`` of ``records`` (the whole corpus ``corpus``) with the loaded
+    ``model`` into the store ``out_dir`` (written atomically), as ``params`` say (the workflow's
+    ``extraction_params``: model settings, maps, reps, and for a fused corpus its reducers' specs and sample).
+    ``trees``: the parse (at most one file) the fused reducers read their trees from; default the corpus's own."""
+    spec = extraction_spec(params, config)
+    part = shard_slice(len(records), shard, n_shards)
+    log.info(
+        "model %s on %s, corpus %s shard %d/%d: records %d..%d",
+        spec.name, model.device, corpus, shard, n_shards, part.start, part.stop,
+    )  # fmt: skip
+    meta = {"corpus": corpus, "shard": shard, "n_shards": n_shards, "config_hash": config_hash(params)}
+    # a fused corpus (maps: sample or none): the reducers of every analysis covering it, and the sample's records
+    fused = params.get("fused")
+    reducers = sample = corpus_records = None
+    if fused:
+        reducers = build_reducers(fused["reducers"])
+        if fused["sample"]:
+            sample = sample_records(len(records), fused["sample"], fused["seed"])
+        trees = list(trees)
+        corpus_records = trees_of(list(records), load_records(trees[0]) if trees else None)
+        log.info(
+            "fused: reducers %s; maps kept for %s",
+            [f"{r.analysis}/{r.name}" for r in reducers],
+            f"{len(sample)} sampled records of the corpus" if sample is not None else "no sequence",
+        )
+    counts = extract(
+        records[part],
+        spec,
+        model,
+        tokenizer,
+        config,
+        out_dir,
+        params["storage_dtype"],
+        params["overflow"],
+        part.start,
+        meta,
+        maps=params["maps"],
+        reps=params["reps"],
+        rep_position=params["rep_position"],
+        reducers=reducers,
+        sample=sample,
+        corpus_records=corpus_records,
+    )
+    log.info("corpus %s shard %d/%d: counts %s", corpus, shard, n_shards, counts.values)
+    return counts

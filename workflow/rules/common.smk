@@ -1,6 +1,7 @@
 # The Snakefile puts scripts/ on sys.path: the workflow imports the headatlas library.
 import json
 import os
+import re
 from pathlib import Path
 
 from snakemake.logging import logger
@@ -263,13 +264,13 @@ def helper_models():
     return {m for m, spec in MODELS.items() if "corpora" in spec}
 
 
-def extraction_params(wildcards):
+def extraction_params(model, corpus_name):
     """Everything that changes a model's maps on one corpus (and nothing else); for a fused corpus also
     the reducers' specs (so a reducer setting reruns this extraction only)."""
-    corpus = CORPORA[wildcards.corpus]
-    mode, k = CORPUS_MAPS[wildcards.corpus]
+    corpus = CORPORA[corpus_name]
+    mode, k = CORPUS_MAPS[corpus_name]
     out = {
-        "model": corpus_model(wildcards.model, wildcards.corpus),
+        "model": corpus_model(model, corpus_name),
         # a long corpus is cut to its `tokens`
         "overflow": corpus.get(
             "overflow", "truncate" if "tokens" in corpus else EXTRACTION["overflow"]
@@ -279,7 +280,7 @@ def extraction_params(wildcards):
         "reps": corpus.get("reps", True),
         "rep_position": EXTRACTION["rep_position"],
     }
-    specs = fused_specs(wildcards.model, wildcards.corpus)
+    specs = fused_specs(model, corpus_name)
     if (
         specs or mode == "sample"
     ):  # a maps: none corpus no analysis reduces stays as before (representations)
@@ -316,20 +317,20 @@ def fused_specs(model, corpus):
     return reducer_specs(fused_sections(model), corpus)
 
 
-def fused_trees(wildcards):
+def fused_trees(model, corpus):
     """The parse (at most one) the reducers of a fused extraction read their trees from."""
-    specs = fused_specs(wildcards.model, wildcards.corpus)
+    specs = fused_specs(model, corpus)
     files = sorted(
         {
             f
             for key in {s["analysis"] for s in specs}
             if key in FUSED_TREES
-            for f in FUSED_TREES[key](wildcards.corpus)
+            for f in FUSED_TREES[key](corpus)
         }
     )
     if len(files) > 1:
         raise ValueError(
-            f"corpus {wildcards.corpus}: fused reducers would need trees from {files}; give its analyses one source of trees"
+            f"corpus {corpus}: fused reducers would need trees from {files}; give its analyses one source of trees"
         )
     return files
 
@@ -339,6 +340,12 @@ _check_corpus_lengths()
 
 def uses_gpu(model):
     return 1 if MODELS[model].get("device", "auto") == "cuda" else 0
+
+
+def extract_model_rule(model):
+    """The name of the per-model extraction rule (when extraction.jobs is model)."""
+    safe = re.sub(r"\W", "_", model)
+    return f"extract_attention_{safe}"
 
 
 def extraction_targets():
