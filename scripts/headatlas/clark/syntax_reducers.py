@@ -524,8 +524,7 @@ class CorefReducer(_WordReducer):
         cand = _on(units, "an_cand", an.candidates, dev)
         rows = w[seq, :, head.clamp(min=0), :]  # [A, H, U]: the anaphor head word's row
         s = torch.where(cand[:, None, :], rows, -torch.inf)
-        best = s.amax(-1)
-        arg = s.argmax(-1)  # the first maximum, as numpy's argmax
+        best, arg = s.max(-1)  # arg: the first maximum, as numpy's argmax
         ok = (best > 0) & (head >= 0)[:, None]
         word = _on(units, "unit_word", units.unit_word, dev)[seq[:, None], arg]
         return torch.where(ok, word, -1).T, (ok & ((s == best[..., None]).sum(-1) > 1)).T  # [H, A]
