@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 from ..core.patterns import prev_token_score
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses, scratch
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, check_layers_done, clean_maps, key_masses, scratch
 from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -171,6 +171,7 @@ class SurfaceReducer(Reducer):
         super().start(info)
         self.total = None  # [L, H, S] running sums on the device, float64
         self.count = None
+        self.open = 0  # batches whose layers have not all come yet
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
         """Per layer only the passes over the maps (:func:`surface_sums`); when the batch's last layer has
@@ -179,11 +180,15 @@ class SurfaceReducer(Reducer):
         import torch
 
         key = ("clark_surface", id(self))
-        done = batch._cache.setdefault(key, {})  # layer -> sums (kept with the batch: replay interleaves batches)
+        done = batch._cache.get(key)
+        if done is None:  # layer -> sums (kept with the batch: replay interleaves batches)
+            done = batch._cache[key] = {}
+            self.open += 1
         done[layer] = surface_sums(attn, batch, self.info.causal, self.smoothing)
         if len(done) < self.info.n_layers:
             return
         del batch._cache[key]
+        self.open -= 1
         layers = sorted(done)
         sums = tuple(torch.stack([done[i][k] for i in layers]) for k in range(len(done[layers[0]])))
         s = surface_from_sums(sums, _float_masks(batch, attn.device, self.info.causal, self.smoothing))
@@ -197,6 +202,7 @@ class SurfaceReducer(Reducer):
 
     def result(self) -> pd.DataFrame:
         info = self.info
+        check_layers_done(self, self.open)
         if self.total is None:
             if info.n_sequences:
                 raise ValueError(f"{self.name}: no sequence was reduced")

@@ -370,6 +370,16 @@ def reducer_from_spec(spec: dict) -> Reducer:
     return r
 
 
+def check_layers_done(reducer: Reducer, open_batches: int) -> None:
+    """A reducer that finishes a batch when its last layer has come (``open_batches`` batches still wait for
+    layers) must not return a result without them."""
+    if open_batches:
+        raise ReduceError(
+            f"reducer {reducer.name}: {open_batches} batches were not given all {reducer.info.n_layers} layers; "
+            "feed every layer of every batch (feed_layer) before result()"
+        )
+
+
 def _fail(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exception) -> ReduceError:
     ids = batch.seq[:5].tolist() if info.record_id is None else [str(info.record_id[k]) for k in batch.seq[:5]]
     more = "" if len(batch) <= 5 else f" and {len(batch) - 5} more"

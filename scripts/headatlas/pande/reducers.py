@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses, scratch
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, check_layers_done, clean_maps, key_masses, scratch
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -264,6 +264,7 @@ class SieveReducer(Reducer):
         self.is_pair = np.zeros(info.n_sequences, dtype=bool)
         self.has_trees = np.zeros(info.n_sequences, dtype=bool)
         self._pending: list = []
+        self.open = 0  # batches whose layers have not all come yet
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
         import torch
@@ -278,9 +279,12 @@ class SieveReducer(Reducer):
         if plan.n_pairs and layer == 0:
             self.pair_counts[batch.seq] = plan.pair_counts(len(self.settings.relations))
         # per layer only the passes over the maps; the scores of all the batch's layers at once after its last
+        if not plan.done:
+            self.open += 1
         plan.done[layer] = plan.sums(attn, self.settings)
         if len(plan.done) < self.info.n_layers:
             return
+        self.open -= 1
         layers = sorted(plan.done)
         sums = tuple(
             None if plan.done[layers[0]][k] is None else torch.stack([plan.done[i][k] for i in layers])
@@ -341,6 +345,7 @@ class SieveReducer(Reducer):
         return out
 
     def result(self) -> dict:
+        check_layers_done(self, self.open)
         self._flush()
         info = self.info
         return {
