@@ -399,3 +399,63 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
             sv = f"{np.nanmax(d):.2e} abs, {np.nanmax(d / np.maximum(np.abs(today[1]['scores']), 1)):.2e} rel"
             js = np.abs(got[2][0] - today[2][0]).max()
             print(f"\nMiniLM {name} vs today: max |diff| surface {surf:.2e}, sieve scores {sv}, JS sums {js:.2e}")
+
+
+def _feed(reducers, layers, batch, n_layers=3, order=None):
+    from headatlas.core.reduce import FeedInfo, feed_layer
+
+    info = FeedInfo(len(batch), n_layers, layers[0].shape[1], "m", "encoder", "c")
+    for r in reducers:
+        r.start(info)
+    for layer in order or range(len(layers)):
+        feed_layer(reducers, info, layer, layers[layer], batch)
+    return info
+
+
+def test_surface_and_sieves_per_batch_equal_layer_by_layer():
+    """The reducers finish a batch at its last layer (the float64 rest on sums stacked over layers): the same
+    bits as batch_surface_stats / _BatchSieves.scores layer by layer, in any layer order."""
+    batch, seqs, recs = hand_batch()
+    rng = np.random.default_rng(5)
+    layers = [garbage_padded([random_maps(rng, 2, len(s[0])) for s in seqs], 7.0) for _ in range(3)]
+    st = SieveSettings()
+    surface, sieves = SurfaceReducer(), SieveReducer(st)
+    _feed([surface, sieves], layers, batch, order=[2, 0, 1])
+    table, scores = surface.result(), sieves.result()["scores"]
+    for layer, t in enumerate(layers):
+        fresh, _, _ = hand_batch()
+        want = batch_surface_stats(t, fresh, False, 1e-4).numpy()
+        ok = ~np.isnan(want)
+        got = table.attrs["total"][layer]
+        np.testing.assert_array_equal(got, np.where(ok, want, 0).sum(0))
+        np.testing.assert_array_equal(table.attrs["count"][layer], ok.sum(0))
+        plan = _BatchSieves(fresh, st, False, torch.device("cpu"))
+        np.testing.assert_array_equal(scores[:, layer], plan.scores(t, st).float().numpy(), err_msg=f"layer {layer}")
+
+
+def test_reducers_refuse_a_batch_without_all_its_layers():
+    batch, seqs, _ = hand_batch()
+    rng = np.random.default_rng(6)
+    layers = [garbage_padded([random_maps(rng, 2, len(s[0])) for s in seqs], 0.0) for _ in range(2)]
+    for r in (SurfaceReducer(), SieveReducer(SieveSettings())):
+        _feed([r], layers, batch, n_layers=3)  # the third layer never comes
+        with pytest.raises(ReduceError, match="not given all 3 layers"):
+            r.result()
+
+
+def test_key_masses_shared_by_the_reducers_of_a_layer():
+    """One [CLS]/[SEP] computation per cleaned layer; the [SEP] group alone gives the same bits."""
+    from headatlas.core.reduce import SUMMARY_GROUPS, clean_maps, key_masses
+
+    batch, seqs, _ = hand_batch()
+    rng = np.random.default_rng(7)
+    a = clean_maps(garbage_padded([random_maps(rng, 2, len(s[0])) for s in seqs], 7.0), batch, False)
+    both = key_masses(a, batch)
+    assert key_masses(a, batch) is both and key_masses(a, batch, SUMMARY_GROUPS) is both
+    sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0]
+    torch.testing.assert_close(both[..., 1], sep, rtol=0, atol=0)
+    torch.testing.assert_close(
+        both[..., 1], (a * torch.as_tensor(batch.special == SPECIAL_SEP)[:, None, None]).sum(-1), rtol=0, atol=0
+    )
+    other = key_masses(a.clone(), batch)  # not the cleaned copy: computed afresh
+    assert other is not both and torch.equal(other, both)

@@ -85,6 +85,29 @@ def test_batch_word_maps_equal_word_level(mode, fill):
         assert units.unit_word[b, :u].tolist() == uw.tolist() and units.unit_special[b, :u].tolist() == us.tolist()
 
 
+def test_predictions_equal_the_per_direction_argmax_with_many_ties():
+    """word_predictions reduces one masked copy over both axes; the answers are those of masking each
+    direction's (transposed) maps and taking numpy's first argmax, on maps full of exact ties."""
+    batch, _ = hand_batch()
+    units = batch_units(batch, "mean")
+    rng = np.random.default_rng(3)
+    u = units.frm.shape[1]
+    w = torch.from_numpy(rng.integers(0, 4, size=(len(batch), 3, u, u)).astype(np.float32) / 4)  # 0, .25, .5, .75
+    pred, tied = (x.numpy() for x in word_predictions(w, units))
+    for b in range(len(batch)):
+        r = int(units.n_rows[b])
+        idx = units.word_unit[b, :r]
+        for head in range(3):
+            m = w[b, head].numpy()[np.ix_(idx, idx)]
+            for d, x in enumerate((m, m.T)):
+                x = np.where(np.eye(r, dtype=bool), -np.inf, x)
+                best = x.max(1)
+                want = np.where(best > 0, x.argmax(1), -1)
+                assert pred[d, b, head, :r].tolist() == want.tolist()
+                assert tied[d, b, head, :r].tolist() == ((best > 0) & ((x == best[:, None]).sum(1) > 1)).tolist()
+    assert tied.any() and (pred == -1).any()  # the maps did exercise ties and rows without a positive maximum
+
+
 def test_predictions_and_ties_on_hand_maps():
     """Word-level maps of the first sequence (units CLS a b c SEP) built so that every answer is known."""
     batch, seqs = hand_batch()

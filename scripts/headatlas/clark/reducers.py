@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 from ..core.patterns import prev_token_score
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses, scratch
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, check_layers_done, clean_maps, key_masses, scratch
 from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -26,37 +26,56 @@ def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float
     Work on cells is done in float32 (the maps' precision; float64 doubles the time of the log on a CPU),
     sums over a row or column are taken in float32 and everything after them in float64: the result differs
     from the float64 reference by float32 rounding of row sums (about 1e-7). A decoder's attention above
-    the diagonal is taken as 0 (softmax gives exactly 0 there)."""
+    the diagonal is taken as 0 (softmax gives exactly 0 there). It is :func:`surface_sums` (the passes over
+    the maps) followed by :func:`surface_from_sums` (the rest, on [B, H, n] sums)."""
+    f = _float_masks(batch, attn.device, causal, smoothing)
+    return surface_from_sums(surface_sums(attn, batch, causal, smoothing), f)
+
+
+def surface_sums(attn, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
+    """The passes over one layer's maps that :func:`batch_surface_stats` needs, as float32 row and column
+    sums (column mass [B, H, n], next and self [B, H, 2], [SEP] mass [B, H, n], row entropy [B, H, n]) and
+    the previous-token score [B, H] (float64): what :func:`surface_from_sums` turns into the statistics."""
     import torch
 
-    dev = attn.device
-    f = _float_masks(batch, dev, causal, smoothing)
+    f = _float_masks(batch, attn.device, causal, smoothing)
     a = clean_maps(attn, batch, causal)  # read-only
     bsz, h, n, _ = a.shape
-    col_mass = a.sum(2).double()  # [B, H, n]
-    shares = col_mass @ f["keys"]  # [B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
+    col = a.sum(2)  # [B, H, n]
     # next and self: two diagonals read at once from the flattened maps; prev: the one definition shared with
     # the previous-token detector (core.patterns.prev_token_score)
-    next_self = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 2, n) * f["diag_w"]).sum(
-        -1
-    ).double() / f["n"]
+    next_self = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 2, n) * f["diag_w"]).sum(-1)
     prev = prev_token_score(a, f["n"][:, :, 0]).double()
-    diag = torch.stack([next_self[..., 0], prev, next_self[..., 1]], -1)  # next, prev, self
-    to_sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0].double()  # [B, H, n]
+    to_sep = key_masses(a, batch)[..., 1]  # [B, H, n]: the [SEP] group, shared with the sieves
     # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
     # Sequences are taken in chunks of at most ENTROPY_CHUNK_BYTES of maps, so the two temporaries stay small
     # next to the layer's maps (long inputs).
     step = max(1, ENTROPY_CHUNK_BYTES // max(1, 4 * h * n * n))
     if step >= bsz:
-        ent = row_entropy(a, f["offset"], smoothing).double()  # [B, H, n]
+        ent = row_entropy(a, f["offset"], smoothing)  # [B, H, n]
     else:
         ent = torch.cat(
             [row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]
-        ).double()
+        )
+    return col, next_self, prev, to_sep, ent
+
+
+def surface_from_sums(sums: tuple, f: dict):
+    """[..., B, H, len(STATS)] statistics from :func:`surface_sums` (or its parts stacked over layers in a
+    leading axis: the same float64 operations, once per batch instead of once per layer), ``f`` from
+    :func:`_float_masks`."""
+    import torch
+
+    col, next_self, prev, to_sep, ent = sums
+    shares = col.double() @ f["keys"]  # [..., B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
+    next_self = next_self.double() / f["n"]
+    diag = torch.stack([next_self[..., 0], prev, next_self[..., 1]], -1)  # next, prev, self
     # [next, prev, self, cls, sep, punct, sep_to_sep, other_to_sep, entropy, cls_entropy, 0] -> STATS order
-    core = torch.cat([diag, shares, to_sep @ f["sep_w"], ent @ f["ent_w"], torch.zeros_like(diag[..., :1])], -1)
-    out = core.index_select(2, f["order"]) + f["constant"][:, None, :]  # [B, H, S]
+    core = torch.cat(
+        [diag, shares, to_sep.double() @ f["sep_w"], ent.double() @ f["ent_w"], torch.zeros_like(diag[..., :1])], -1
+    )
+    out = core.index_select(-1, f["order"]) + f["constant"][:, None, :]  # [..., B, H, S]
     return torch.where(f["defined"][:, None, :], out, math.nan)
 
 
@@ -85,9 +104,7 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     nf = batch.tensor("lengths", dev).double()
     first = special == (SPECIAL_BOS if causal else SPECIAL_CLS)
     sep = special == SPECIAL_SEP
-    punct = torch.as_tensor(
-        np.stack([punct_mask(p, s) for p, s in zip(batch.piece, batch.special)]).reshape(bsz, n), device=dev
-    )
+    punct = torch.as_tensor(punct_mask(batch.piece, batch.special).reshape(bsz, n), device=dev)  # one call per batch
     other = valid & ~sep
     idx = torch.arange(n, device=dev, dtype=torch.float64)
     k = (idx + 1)[None, :].expand(bsz, n) if causal else nf[:, None].expand(bsz, n)  # keys per row
@@ -154,21 +171,38 @@ class SurfaceReducer(Reducer):
         super().start(info)
         self.total = None  # [L, H, S] running sums on the device, float64
         self.count = None
+        self.open = 0  # batches whose layers have not all come yet
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        """Per layer only the passes over the maps (:func:`surface_sums`); when the batch's last layer has
+        come, the statistics of all its layers at once (:func:`surface_from_sums` on the sums stacked over
+        layers: a fixed number of small operations per batch instead of per layer)."""
         import torch
 
-        s = batch_surface_stats(attn, batch, self.info.causal, self.smoothing)
-        ok = ~torch.isnan(s)
+        key = ("clark_surface", id(self))
+        done = batch._cache.get(key)
+        if done is None:  # layer -> sums (kept with the batch: replay interleaves batches)
+            done = batch._cache[key] = {}
+            self.open += 1
+        done[layer] = surface_sums(attn, batch, self.info.causal, self.smoothing)
+        if len(done) < self.info.n_layers:
+            return
+        del batch._cache[key]
+        self.open -= 1
+        layers = sorted(done)
+        sums = tuple(torch.stack([done[i][k] for i in layers]) for k in range(len(done[layers[0]])))
+        s = surface_from_sums(sums, _float_masks(batch, attn.device, self.info.causal, self.smoothing))
+        ok = ~torch.isnan(s)  # [L, B, H, S]
         if self.total is None:
             shape = (self.info.n_layers, self.info.n_heads, len(STATS))
             self.total = torch.zeros(shape, dtype=torch.float64, device=attn.device)
             self.count = torch.zeros(shape, dtype=torch.float64, device=attn.device)
-        self.total[layer] += torch.where(ok, s, 0.0).sum(0)
-        self.count[layer] += ok.sum(0)
+        self.total[layers] += torch.where(ok, s, 0.0).sum(1)
+        self.count[layers] += ok.sum(1)
 
     def result(self) -> pd.DataFrame:
         info = self.info
+        check_layers_done(self, self.open)
         if self.total is None:
             if info.n_sequences:
                 raise ValueError(f"{self.name}: no sequence was reduced")

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..core.data import SPECIAL_NONE, Record
 from ..core.reduce import ReduceBatch, Reducer, clean_maps
-from ..core.store import decode_cells, encode_cells, unit_pooling, word_units
+from ..core.store import decode_cells, encode_cells, lower_cells, unit_pooling, word_units
 from .coref import Anaphors, CorefResult, baseline_correct, document_anaphors
 from .syntax import Correctness, WordBlock, WordMaps, gather_correctness
 
@@ -146,14 +146,13 @@ def word_predictions(w, units: BatchUnits):
     m = rows.gather(3, idx[:, None, None, :].expand(bsz, h, nw, nw))  # [B, H, W, W]
     eye = torch.eye(nw, dtype=torch.bool, device=dev)
     allowed = (valid[:, :, None] & valid[:, None, :] & ~eye)[:, None]  # [B, 1, W, W]
+    s = torch.where(allowed, m, -torch.inf)  # allowed is symmetric: the other direction is s transposed
     preds, tied = [], []
-    for x in (m, m.transpose(-1, -2)):
-        s = torch.where(allowed, x, -torch.inf)
-        best = s.amax(-1)
-        arg = s.argmax(-1)  # the first maximum, as numpy's argmax
+    for dim in (-1, -2):  # over a row's keys, then over a column's queries (no transposed copy)
+        best, arg = s.max(dim)  # arg: the first maximum, as numpy's argmax
         ok = best > 0
         preds.append(torch.where(ok, arg, -1))
-        tied.append(ok & ((s == best[..., None]).sum(-1) > 1))
+        tied.append(ok & ((s == best.unsqueeze(dim)).sum(dim) > 1))
     return torch.stack(preds), torch.stack(tied)
 
 
@@ -525,8 +524,7 @@ class CorefReducer(_WordReducer):
         cand = _on(units, "an_cand", an.candidates, dev)
         rows = w[seq, :, head.clamp(min=0), :]  # [A, H, U]: the anaphor head word's row
         s = torch.where(cand[:, None, :], rows, -torch.inf)
-        best = s.amax(-1)
-        arg = s.argmax(-1)  # the first maximum, as numpy's argmax
+        best, arg = s.max(-1)  # arg: the first maximum, as numpy's argmax
         ok = (best > 0) & (head >= 0)[:, None]
         word = _on(units, "unit_word", units.unit_word, dev)[seq[:, None], arg]
         return torch.where(ok, word, -1).T, (ok & ((s == best[..., None]).sum(-1) > 1)).T  # [H, A]
@@ -558,6 +556,10 @@ class WordMapsReducer(_WordReducer):
     name = "clark_syntax_word_maps"
     result_type = WordMapSet
 
+    def start(self, info) -> None:
+        super().start(info)
+        self._lower: dict[int, np.ndarray] = {}  # units -> lower_cells (causal)
+
     def _new(self, b, batch, units):
         u = int(units.n_units[b])
         cells = u * (u + 1) // 2 if self.info.causal else u * u
@@ -569,9 +571,14 @@ class WordMapsReducer(_WordReducer):
     def _store(self, seq, heads, b, host) -> None:
         u = len(seq[0])
         maps = host[0][b, :, :u, :u].reshape(-1, u * u)
-        layout = "lower" if self.info.causal else "full"
+        if not self.info.causal:
+            seq[2][heads] = maps
+            return
+        keep = self._lower.get(u)
+        if keep is None:  # the lower triangle's cells of u units: the same for every sequence and layer
+            keep = self._lower[u] = lower_cells(np.array([u]))
         what = f"{self.name} of model {self.info.model!r} on corpus {self.info.corpus!r}"
-        seq[2][heads] = encode_cells(maps, np.array([u]), layout, what)
+        seq[2][heads] = encode_cells(maps, np.array([u]), "lower", what, keep)
 
     def result(self) -> WordMapSet:
         seqs = self._sequences()

@@ -48,7 +48,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import SPECIAL_NONE, Record, TokenizedRecord
+from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
 from .extract import length_batches, model_inputs, storage_windows
 from .figures import head_label
 from .progress import progress
@@ -241,8 +241,14 @@ def clean_maps(attn, batch: ReduceBatch, causal: bool):
     if key not in batch._cache:
         batch._cache[key] = batch.masks(attn.device, causal)["allowed"].float()[:, None]
     a = torch.mul(attn.float(), batch._cache[key], out=scratch("clean", attn.shape, attn.device))
-    _CLEAN[:] = [weakref.ref(attn), weakref.ref(batch), causal, a]
+    _CLEAN[:] = [weakref.ref(attn), weakref.ref(batch), causal, a, {}]
     return a
+
+
+def layer_cache(a) -> dict:
+    """A dict for what several reducers derive from the same :func:`clean_maps` copy ``a`` (one layer of one
+    batch), emptied when the next copy is made; for any other tensor a fresh dict that nothing keeps."""
+    return _CLEAN[4] if _CLEAN and _CLEAN[3] is a else {}
 
 
 def key_columns(batch: ReduceBatch, groups, device) -> tuple:
@@ -270,11 +276,26 @@ def key_columns(batch: ReduceBatch, groups, device) -> tuple:
     return batch._cache[key]
 
 
-def key_masses(a, batch: ReduceBatch, groups):
-    """[B, H, n, G] attention of each query to the tokens of each group of special kinds."""
-    pos, w = key_columns(batch, groups, a.device)
-    b, h, n, _ = a.shape
-    return a.gather(3, pos.expand(b, h, n, pos.shape[-1])) @ w
+SUMMARY_GROUPS = ((SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,))  # the [CLS]/BOS and [SEP] key groups of the reducers
+
+
+def key_masses(a, batch: ReduceBatch, groups=SUMMARY_GROUPS):
+    """[B, H, n, G] attention of each query to the tokens of each group of special kinds: one batched product
+    of the gathered columns with 0/1 weights (computed once per layer for all reducers asking for the same
+    groups of a :func:`clean_maps` copy, :func:`layer_cache`). A group's mass is a sum of the group's columns
+    in some order; with at most two such columns per sequence ([CLS] and [SEP], or a pair's two [SEP]) it does
+    not depend on the other groups asked for at the same time."""
+    import torch
+
+    groups = tuple(tuple(g) for g in groups)
+    cache = layer_cache(a)
+    key = ("key_masses", groups)
+    if key not in cache:
+        pos, w = key_columns(batch, groups, a.device)
+        b, h, n, _ = a.shape
+        m = pos.shape[-1]
+        cache[key] = torch.bmm(a.gather(3, pos.expand(b, h, n, m)).view(b, h * n, m), w[:, 0]).view(b, h, n, -1)
+    return cache[key]
 
 
 class Reducer:
@@ -347,6 +368,16 @@ def reducer_from_spec(spec: dict) -> Reducer:
     r = cls.from_params(spec["params"])
     r.analysis, r.name = spec.get("analysis", ""), spec.get("name", r.name)
     return r
+
+
+def check_layers_done(reducer: Reducer, open_batches: int) -> None:
+    """A reducer that finishes a batch when its last layer has come (``open_batches`` batches still wait for
+    layers) must not return a result without them."""
+    if open_batches:
+        raise ReduceError(
+            f"reducer {reducer.name}: {open_batches} batches were not given all {reducer.info.n_layers} layers; "
+            "feed every layer of every batch (feed_layer) before result()"
+        )
 
 
 def _fail(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exception) -> ReduceError:

@@ -149,13 +149,16 @@ def lower_cells(lengths: np.ndarray) -> np.ndarray:
     return np.repeat(rows, keep) + (np.arange(int(keep.sum())) - first)
 
 
-def encode_cells(cells: np.ndarray, lengths: np.ndarray, map_layout: str, where: str = "") -> np.ndarray:
+def encode_cells(
+    cells: np.ndarray, lengths: np.ndarray, map_layout: str, where: str = "", index: np.ndarray | None = None
+) -> np.ndarray:
     """Full maps [h, sum n^2] of sequences stored back to back -> the stored cells of ``map_layout``.
     ``lower`` keeps the lower triangles; a nonzero cell above a diagonal is a ValueError (the
-    model is not causal: the layout would lose it)."""
+    model is not causal: the layout would lose it). ``index`` is :func:`lower_cells` of ``lengths``
+    when the caller has it already."""
     if map_layout == "full":
         return cells
-    keep = lower_cells(lengths)
+    keep = lower_cells(lengths) if index is None else index
     out = cells[..., keep]
     lost = np.count_nonzero(cells) - np.count_nonzero(out)  # exact: the cells above the diagonals that are not 0
     if lost:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, clean_maps, key_masses, scratch
+from ..core.reduce import ReduceBatch, ReduceError, Reducer, check_layers_done, clean_maps, key_masses, scratch
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -76,6 +76,7 @@ class _BatchSieves:
         self.no_query = torch.where(self.use_count > 0, 0.0, math.nan)[:, :, None]  # [5, B, 1]
         self.pad_rows = (~valid).double()[:, None, :]  # [B, 1, n]: 1 on padded rows, so their scale stays finite
         self.any_block = bool(self.is_pair.any())
+        self.done: dict = {}  # layer -> sums (SieveReducer.update)
         self._pairs(batch, settings, device)
 
     def _pairs(self, batch: ReduceBatch, settings: SieveSettings, device) -> None:
@@ -135,43 +136,66 @@ class _BatchSieves:
 
     def scores(self, attn, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
         """[B, H, roles] float64 sentence scores of one layer's padded maps, NaN where a role has no query or pair."""
+        return self.from_sums(tuple(None if x is None else x[None] for x in self.sums(attn, settings)), settings)[0]
+
+    def sums(self, attn, settings: SieveSettings) -> tuple:
+        """The passes over one layer's maps that :meth:`scores` needs, float32 sums over rows: (row sums,
+        local band, [CLS]/BOS, [SEP], block sieve or None, the block's sum of A ln A or None, [G, H] sieve
+        sums of each direction's groups); :meth:`from_sums` turns them into the scores."""
         import torch
 
         a = clean_maps(attn, self.batch, self.causal)  # read-only; padded rows and columns are 0
         bsz, h, n, _ = a.shape
-        n_rel = len(settings.relations)
-        out = torch.full((bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=a.device)
-        rowsum = a.sum(-1).double()  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
-        scale = self.k[:, None, :] / (
-            rowsum + self.pad_rows
-        )  # a real row summing to 0 gives inf -> NaN, as the reference
+        rowsum = a.sum(-1)  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
         # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
         local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
-        cls, sep = key_masses(a, self.batch, [(SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,)]).unbind(-1)
-        block = (
-            torch.mul(a, self.block_f, out=scratch("sieve_block", a.shape, a.device)).sum(-1)
-            if self.block_f is not None
-            else local.new_zeros(()).expand_as(local)  # no pair in the batch: no block sieve (NaN below)
-        )
-        mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, B, H, n]
-        b = mass * self.inv_cnt * scale[None]
+        cls, sep = key_masses(a, self.batch).unbind(-1)  # [CLS]/BOS and [SEP], shared with the surface statistics
+        block = xlogx = None  # no pair in the batch: no block sieve (NaN in from_sums)
+        if self.block_f is not None:
+            block = torch.mul(a, self.block_f, out=scratch("sieve_block", a.shape, a.device)).sum(-1)
         if self.any_block and settings.block_entropy:
             logs = torch.clamp(a, min=np.finfo(np.float32).tiny, out=scratch("sieve_block", a.shape, a.device)).log_()
-            xlogx = logs.mul_(a).sum(-1).double()
-            rs = rowsum + self.pad_rows
-            b[4] = b[4] * (torch.log(rs) - xlogx / rs)  # entropy (nats) of the renormalised row
-        out[..., : len(TOKEN_ROLES)] = ((b * self.use_w).sum(-1) + self.no_query).permute(1, 2, 0)  # [B, H, 5]
+            xlogx = logs.mul_(a).sum(-1)
+        groups = []
+        for g in self.groups:
+            flat = self._flat_rows(g, h, n)  # [G * H] rows (b, head, row) of the flattened maps
+            rows = a.reshape(-1, n).index_select(0, flat).view(-1, h, n)  # [G, H, n]: the query piece's row
+            groups.append((rows * g["sieve"][:, None, :]).sum(-1))  # [G, H]
+        return rowsum, local, cls, sep, block, xlogx, *groups
+
+    def from_sums(self, sums: tuple, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
+        """[L, B, H, roles] float64 scores from :meth:`sums` stacked over L layers in a leading axis: the
+        float64 operations of every layer of the batch at once (a fixed number of small operations per batch
+        instead of per layer; the same values as layer by layer)."""
+        import torch
+
+        rowsum, local, cls, sep, block, xlogx, *gsums = sums
+        n_layers, bsz, h, n = rowsum.shape
+        n_rel = len(settings.relations)
+        dev = rowsum.device
+        out = torch.full((n_layers, bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=dev)
+        rs = rowsum.double() + self.pad_rows  # [L, B, H, n]
+        scale = self.k[:, None, :] / rs  # a real row summing to 0 gives inf -> NaN, as the reference
+        if block is None:
+            block = local.new_zeros(()).expand_as(local)
+        mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, L, B, H, n]
+        b = mass * self.inv_cnt[:, None] * scale[None]
+        if xlogx is not None:
+            b[4] = b[4] * (torch.log(rs) - xlogx.double() / rs)  # entropy (nats) of the renormalised row
+        out[..., : len(TOKEN_ROLES)] = ((b * self.use_w[:, None]).sum(-1) + self.no_query[:, None]).permute(1, 2, 3, 0)
         if not self.groups:
             return out
         per_dir = []
-        for g in self.groups:
-            rows = a[g["b"], :, g["row"], :]  # [G, H, n]: the query piece's row
+        for g, gs in zip(self.groups, gsums):
+            flat = self._flat_rows(g, h, n)
             m = (
-                (rows * g["sieve"][:, None, :]).sum(-1).double() / g["cnt"][:, None] * scale[g["b"], :, g["row"]]
-            )  # [G, H]
-            s = torch.zeros((self.n_pairs, h), dtype=torch.float64, device=a.device).index_add_(
-                0, g["pair"], torch.where(g["use"][:, None], m, 0.0)
+                gs.double()
+                / g["cnt"][:, None]
+                * scale.reshape(n_layers, -1).index_select(1, flat).view(n_layers, -1, h)
             )
+            s = torch.zeros((n_layers, self.n_pairs, h), dtype=torch.float64, device=dev).index_add_(
+                1, g["pair"], torch.where(g["use"][:, None], m, 0.0)
+            )  # [L, P, H]
             per_dir.append(s / g["c"].clamp(min=1)[:, None])
         if len(per_dir) == 1:
             ps = per_dir[0]
@@ -182,15 +206,29 @@ class _BatchSieves:
             )
         live = self.live
         for col, keys, c in zip((None, "rel"), self.rel_keys, self.rel_count):  # union, then per relation
-            s = torch.zeros((bsz * (n_rel + 1), h), dtype=torch.float64, device=a.device).index_add_(
-                0, keys, torch.where(live[:, None], ps, 0.0)
+            s = torch.zeros((n_layers, bsz * (n_rel + 1), h), dtype=torch.float64, device=dev).index_add_(
+                1, keys, torch.where(live[:, None], ps, 0.0)
             )
-            mean = torch.where(c[:, None] > 0, s / c.clamp(min=1)[:, None], math.nan).reshape(bsz, n_rel + 1, h)
+            mean = torch.where(c[:, None] > 0, s / c.clamp(min=1)[:, None], math.nan).reshape(
+                n_layers, bsz, n_rel + 1, h
+            )
             if col is None:
-                out[..., len(TOKEN_ROLES)] = mean[:, n_rel]
+                out[..., len(TOKEN_ROLES)] = mean[:, :, n_rel]
             else:
-                out[..., len(TOKEN_ROLES) + 1 :] = mean[:, :n_rel].permute(0, 2, 1)
+                out[..., len(TOKEN_ROLES) + 1 :] = mean[:, :, :n_rel].permute(0, 1, 3, 2)
         return out
+
+    @staticmethod
+    def _flat_rows(g: dict, h: int, n: int):
+        """[G * H] indices of the rows (b, head, row) of group ``g`` in maps flattened to [B * H * n, n]: one
+        contiguous row copy per index (an advanced index a[b, :, row] is several times slower on a CPU)."""
+        import torch
+
+        key = ("flat", h, n)
+        if key not in g:
+            heads = torch.arange(h, device=g["b"].device)
+            g[key] = ((g["b"][:, None] * h + heads[None, :]) * n + g["row"][:, None]).reshape(-1)
+        return g[key]
 
     def pair_counts(self, n_rel: int) -> np.ndarray:
         """[B, n_rel + 1] pairs scored per relation, then their union."""
@@ -226,8 +264,11 @@ class SieveReducer(Reducer):
         self.is_pair = np.zeros(info.n_sequences, dtype=bool)
         self.has_trees = np.zeros(info.n_sequences, dtype=bool)
         self._pending: list = []
+        self.open = 0  # batches whose layers have not all come yet
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        import torch
+
         key = ("pande_sieves", id(self))
         plan = batch._cache.get(key)
         if plan is None:  # layer-independent work once per batch (kept with the batch: replay interleaves batches)
@@ -235,16 +276,29 @@ class SieveReducer(Reducer):
             self.is_pair[batch.seq] = plan.is_pair.cpu().numpy()
             self.has_trees[batch.seq] = plan.has_trees
             self.pairs_present += plan.pairs_present
-        # scores stay on the device until a flush, so a GPU is not made to wait for the host after every layer
-        self._pending.append((batch.seq, layer, plan.scores(attn, self.settings).float()))
-        if len(self._pending) >= self.flush_every:
-            self._flush()
         if plan.n_pairs and layer == 0:
             self.pair_counts[batch.seq] = plan.pair_counts(len(self.settings.relations))
+        # per layer only the passes over the maps; the scores of all the batch's layers at once after its last
+        if not plan.done:
+            self.open += 1
+        plan.done[layer] = plan.sums(attn, self.settings)
+        if len(plan.done) < self.info.n_layers:
+            return
+        self.open -= 1
+        layers = sorted(plan.done)
+        sums = tuple(
+            None if plan.done[layers[0]][k] is None else torch.stack([plan.done[i][k] for i in layers])
+            for k in range(len(plan.done[layers[0]]))
+        )
+        plan.done = {}
+        # scores stay on the device until a flush, so a GPU is not made to wait for the host after every layer
+        self._pending.append((batch.seq, layers, plan.from_sums(sums, self.settings).float()))
+        if len(self._pending) * len(layers) >= self.flush_every:
+            self._flush()
 
     def _flush(self) -> None:
-        for seq, layer, scores in self._pending:
-            self.scores[seq, layer] = scores.cpu().numpy()
+        for seq, layers, scores in self._pending:  # scores [L, B, H, R]
+            self.scores[seq[:, None], np.asarray(layers)[None, :]] = scores.transpose(0, 1).cpu().numpy()
         self._pending = []
 
     def params(self) -> dict:
@@ -291,6 +345,7 @@ class SieveReducer(Reducer):
         return out
 
     def result(self) -> dict:
+        check_layers_done(self, self.open)
         self._flush()
         info = self.info
         return {
