@@ -52,6 +52,25 @@ def test_store_describe_is_the_default(shards, capsys):
     assert info["bytes"] == sum(p.stat().st_size for d in shards for p in d.iterdir() if p.name != "manifest.json")
 
 
+def test_store_accepts_a_corpus_directory_and_points_into_a_results_tree(shards, tmp_path, capsys):
+    """A corpus directory stands for its shards in shard order; a directory above the stores lists them."""
+    assert main(["store", str(tmp_path)]) == 0  # tmp_path holds shard0of2 and shard1of2
+    assert "shards          0, 1" in capsys.readouterr().out
+    assert main(["store", "verify", str(tmp_path)]) == 0
+    assert capsys.readouterr().err.count(": ok") == 2
+    corpus = tmp_path / "results" / "attention" / "m" / "c"
+    corpus.parent.mkdir(parents=True)
+    os.rename(tmp_path / "shard0of2", tmp_path / "x0")
+    os.rename(tmp_path / "shard1of2", tmp_path / "x1")
+    corpus.mkdir()
+    os.rename(tmp_path / "x0", corpus / "shard0of2")
+    os.rename(tmp_path / "x1", corpus / "shard1of2")
+    for above in (tmp_path / "results", corpus.parent):
+        assert main(["store", str(above)]) == 1
+        err = capsys.readouterr().err
+        assert "not a store; it holds the stores of 1 corpus:" in err and str(corpus) in err
+
+
 def test_store_verify_exit_status_and_one_line_per_fault(shards, capsys):
     assert main(["store", "verify", *map(str, shards)]) == 0
     assert capsys.readouterr().err.count(": ok") == 2

@@ -333,13 +333,13 @@ def test_fused_needs_eager_attention(tiny_loaded, records):
 
 
 def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
-    import headatlas.clark.reducers as cr
+    import headatlas.core.reduce as reduce_module
 
     batch, seqs, _ = hand_batch()
     rng = np.random.default_rng(3)
     t = garbage_padded([random_maps(rng, 3, len(s[0])) for s in seqs], 7.0)
     whole = batch_surface_stats(t, batch, False, 1e-4)
-    monkeypatch.setattr(cr, "ENTROPY_CHUNK_BYTES", 1)  # one sequence per chunk
+    monkeypatch.setattr(reduce_module, "CHUNK_BYTES", 1)  # one sequence per chunk (core.reduce.map_chunks)
     batch._cache.clear()
     np.testing.assert_array_equal(batch_surface_stats(t, batch, False, 1e-4).numpy(), whole.numpy())
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 
 def _store_describe(args) -> int:
-    from .core.store import StoreError, describe_store
+    from .core.store import StoreError, describe_store, store_dirs
 
     try:
-        info = describe_store(args.dirs)
+        info = describe_store([s for d in args.dirs for s in store_dirs(d)])
     except StoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -37,10 +37,15 @@ def _store_describe(args) -> int:
 
 
 def _store_verify(args) -> int:
-    from .core.store import verify_store
+    from .core.store import StoreError, store_dirs, verify_store
 
+    try:
+        dirs = [s for d in args.dirs for s in store_dirs(d)]
+    except StoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     status = 0
-    for d in args.dirs:
+    for d in dirs:
         faults = verify_store(d)
         for line in faults:
             print(f"FAULT {line}")
@@ -58,14 +63,19 @@ def add_store(subparsers) -> None:
     sub = store.add_subparsers(dest="store_command", metavar="{describe,verify}")
     describe = sub.add_parser("describe", help="model, corpus, sequences, tokens, bytes, layout version (the default)")
     describe.add_argument(
-        "dirs", nargs="+", metavar="DIR", help="store directories: one, or the shards of one corpus in order"
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="store directories: one, the shards of one corpus in order, or a corpus directory (its shards)",
     )
     describe.add_argument("--json", action="store_true", help="print JSON")
     describe.set_defaults(func=_store_describe)
     verify = sub.add_parser(
         "verify", help="check manifest, checksums, token table and every value; exit 1 on any fault"
     )
-    verify.add_argument("dirs", nargs="+", metavar="DIR", help="store directories, each checked on its own")
+    verify.add_argument(
+        "dirs", nargs="+", metavar="DIR", help="store or corpus directories, each store checked on its own"
+    )
     verify.set_defaults(func=_store_verify)
 
 

@@ -12,11 +12,20 @@ import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 from ..core.patterns import prev_token_score
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, check_layers_done, clean_maps, key_masses, scratch
+from ..core.reduce import (
+    ReduceBatch,
+    ReduceError,
+    Reducer,
+    cat_chunks,
+    check_layers_done,
+    clean_maps,
+    key_masses,
+    map_chunks,
+    scratch,
+)
 from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
-ENTROPY_CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's temporaries
 
 
 def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float):
@@ -36,7 +45,6 @@ def surface_sums(attn, batch: ReduceBatch, causal: bool, smoothing: float) -> tu
     """The passes over one layer's maps that :func:`batch_surface_stats` needs, as float32 row and column
     sums (column mass [B, H, n], next and self [B, H, 2], [SEP] mass [B, H, n], row entropy [B, H, n]) and
     the previous-token score [B, H] (float64): what :func:`surface_from_sums` turns into the statistics."""
-    import torch
 
     f = _float_masks(batch, attn.device, causal, smoothing)
     a = clean_maps(attn, batch, causal)  # read-only
@@ -49,15 +57,9 @@ def surface_sums(attn, batch: ReduceBatch, causal: bool, smoothing: float) -> tu
     to_sep = key_masses(a, batch)[..., 1]  # [B, H, n]: the [SEP] group, shared with the sieves
     # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
-    # Sequences are taken in chunks of at most ENTROPY_CHUNK_BYTES of maps, so the two temporaries stay small
-    # next to the layer's maps (long inputs).
-    step = max(1, ENTROPY_CHUNK_BYTES // max(1, 4 * h * n * n))
-    if step >= bsz:
-        ent = row_entropy(a, f["offset"], smoothing)  # [B, H, n]
-    else:
-        ent = torch.cat(
-            [row_entropy(a[i : i + step], f["offset"][i : i + step], smoothing) for i in range(0, bsz, step)]
-        )
+    # Sequences are taken in chunks (core.reduce.map_chunks), so the two temporaries stay small next to the
+    # layer's maps (long inputs).
+    ent = cat_chunks([row_entropy(a[s], f["offset"][s], smoothing) for s in map_chunks(a)])  # [B, H, n]
     return col, next_self, prev, to_sep, ent
 
 

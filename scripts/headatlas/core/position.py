@@ -19,13 +19,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .reduce import ReduceBatch, Reducer, clean_maps, scratch
+from .reduce import TINY, ReduceBatch, Reducer, cat_chunks, clean_maps, map_chunks, scratch
 
 STATS = ("sink", "local", "entropy", "distance")
 UNITS = {"sink": "fraction", "local": "fraction", "entropy": "nats", "distance": "tokens"}
 DEFAULT_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-CHUNK_BYTES = 32 << 20  # maps per chunk of the entropy's temporary
-TINY = float(np.finfo(np.float32).tiny)
 
 
 def bucket_of(positions: np.ndarray, edges) -> np.ndarray:
@@ -60,16 +58,13 @@ def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
     diag_idx, diag_w, dist = batch._cache[key]
     sink = a[..., 0]
     local = (a.reshape(bsz, h, n * n).index_select(2, diag_idx).view(bsz, h, -1, n) * diag_w).sum(2)
-    step = max(1, CHUNK_BYTES // max(1, 4 * h * n * n))
     ent, dis = [], []
-    for i in range(0, bsz, step):  # chunks of sequences: the temporaries stay small next to the layer's maps
-        c = a[i : i + step]
+    for s in map_chunks(a):  # chunks of sequences: the temporaries stay small next to the layer's maps
+        c = a[s]
         # -sum A ln A with 0 ln 0 = 0 (ln of the clamp is finite, times A = 0): the vectorised log, one temporary
         ent.append(torch.clamp(c, min=TINY, out=scratch("position", c.shape, dev)).log_().mul_(c).sum(-1).neg_())
         dis.append(torch.einsum("bhij,ij->bhi", c, dist))  # sum_j A_ij |i - j| as a batched product, no temporary
-    if len(ent) == 1:
-        return torch.stack([sink, local, ent[0], dis[0]], -1)
-    return torch.stack([sink, local, torch.cat(ent), torch.cat(dis)], -1)
+    return torch.stack([sink, local, cat_chunks(ent), cat_chunks(dis)], -1)
 
 
 class PositionReducer(Reducer):

@@ -276,6 +276,27 @@ def key_columns(batch: ReduceBatch, groups, device) -> tuple:
     return batch._cache[key]
 
 
+CHUNK_BYTES = 32 << 20  # float32 maps per chunk of a reducer's per-cell temporaries (long inputs)
+
+
+def map_chunks(a) -> list[slice]:
+    """Slices of the batch axis of maps ``a`` [B, H, n, n], each at most CHUNK_BYTES of float32 maps (at least
+    one sequence): a reducer that needs a temporary as large as the maps takes the batch chunk by chunk, so
+    the temporary stays small next to the layer's maps."""
+    bsz, h, n, _ = a.shape
+    step = max(1, CHUNK_BYTES // max(1, 4 * h * n * n))
+    return [slice(i, i + step) for i in range(0, bsz, step)]
+
+
+def cat_chunks(parts: list):
+    """The per-chunk results of :func:`map_chunks` joined along the batch axis (no copy for one chunk)."""
+    import torch
+
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+TINY = float(np.finfo(np.float32).tiny)  # the floor under a probability before its log (p ln p -> 0 at p = 0)
+
 SUMMARY_GROUPS = ((SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,))  # the [CLS]/BOS and [SEP] key groups of the reducers
 
 

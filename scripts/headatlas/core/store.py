@@ -290,6 +290,34 @@ def read_manifest(directory: str | Path) -> dict:
     return man
 
 
+SHARD_NAME = re.compile(r"shard(\d+)of(\d+)")
+
+
+def store_dirs(directory: str | Path) -> list[Path]:
+    """The store directories ``directory`` names: itself when it holds a manifest; else, for a corpus directory
+    (``results/attention/{model}/{corpus}``), its ``shard{i}of{n}`` stores in shard order. A directory that is
+    neither is an error listing the stores found below it (``results/`` or a model directory)."""
+    d = Path(directory)
+    d = d.parent if d.name == MANIFEST else d
+    if (d / MANIFEST).is_file() or not d.is_dir():
+        return [d]
+    shards = {m: p for p in d.iterdir() if (m := SHARD_NAME.fullmatch(p.name)) and p.is_dir()}
+    if shards:
+        counts = {int(m.group(2)) for m in shards}
+        return [shards[m] for m in sorted(shards, key=lambda m: int(m.group(1)))] if len(counts) == 1 else [d]
+    found = sorted(p.parent for p in d.rglob(MANIFEST) if p.parent.name != NESTED[1])
+    if not found:
+        return [d]
+    corpora = sorted(
+        {p.parent for p in found if SHARD_NAME.fullmatch(p.name)}
+        | {p for p in found if not SHARD_NAME.fullmatch(p.name)}
+    )
+    shown = "\n  ".join(str(p) for p in corpora[:12]) + ("\n  ..." if len(corpora) > 12 else "")
+    raise StoreError(
+        f"{d}: not a store; it holds the stores of {len(corpora)} {'corpus' if len(corpora) == 1 else 'corpora'}:\n  {shown}\nname one of them"
+    )
+
+
 def store_problem(directory: str | Path) -> str | None:
     """Why an existing store directory is not usable (cheap checks of :func:`read_manifest`), or
     None when it is, or when it does not exist (then it is simply not built yet)."""

@@ -18,7 +18,16 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.reduce import ReduceBatch, ReduceError, Reducer, check_layers_done, clean_maps, key_masses, scratch
+from ..core.reduce import (
+    TINY,
+    ReduceBatch,
+    ReduceError,
+    Reducer,
+    check_layers_done,
+    clean_maps,
+    key_masses,
+    scratch,
+)
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
@@ -154,7 +163,7 @@ class _BatchSieves:
         if self.block_f is not None:
             block = torch.mul(a, self.block_f, out=scratch("sieve_block", a.shape, a.device)).sum(-1)
         if self.any_block and settings.block_entropy:
-            logs = torch.clamp(a, min=np.finfo(np.float32).tiny, out=scratch("sieve_block", a.shape, a.device)).log_()
+            logs = torch.clamp(a, min=TINY, out=scratch("sieve_block", a.shape, a.device)).log_()
             xlogx = logs.mul_(a).sum(-1)
         groups = []
         for g in self.groups:
