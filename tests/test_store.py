@@ -698,3 +698,29 @@ def test_layout_2_store_is_read_as_full_maps(tmp_path, causal_corpus):
         assert st.map_layout == "full"
         for k in range(len(tokenized)):
             assert np.array_equal(st.maps(1, k), maps[1][k])
+
+
+def test_large_representations_stored_compressed_and_exact(tmp_path):
+    """Per-head vectors and hidden states of 1 MiB or more are gzip-compressed in chunks (lossless), written window
+    by window in any order as extraction writes them, and read back bit for bit."""
+    rng = np.random.default_rng(0)
+    n, d, dim = 600, 128, 512  # head_vectors 600 x 3 x 128 and hidden 600 x 512 float32: 0.9 and 1.2 MB
+    tokenized = [make_tokenized(4 + k % 5, k) for k in range(n)]
+    hv = rng.standard_normal((N_LAYERS, n, N_HEADS, d)).astype(np.float32)
+    hidden = rng.standard_normal((N_LAYERS, n, dim)).astype(np.float32)
+    out = tmp_path / "store"
+    ids = [f"r{k}" for k in range(n)]
+    with AttentionWriter(
+        out, tokenized, ids, N_LAYERS, N_HEADS, meta={"model": "m"}, maps=False, rep_shapes=(d, dim)
+    ) as w:
+        for start in (500, 0, 250, 100):  # windows out of order, across chunk boundaries
+            stop = {500: n, 0: 100, 250: 500, 100: 250}[start]
+            for layer in range(N_LAYERS):
+                w.write_reps(np.arange(start, stop), layer, hv[layer, start:stop], hidden[layer, start:stop])
+    with h5py.File(layer_file(out, 1)) as f:
+        assert f["hidden"].compression == "gzip" and f["hidden"].shuffle  # 1.2 MB
+        assert f["head_vectors"].compression is None  # 0.9 MB: below the 1 MiB threshold, plain
+    with AttentionStore(out) as st:
+        for layer in range(N_LAYERS):
+            np.testing.assert_array_equal(st.head_vectors(layer), hv[layer])
+            np.testing.assert_array_equal(st.hidden(layer), hidden[layer])

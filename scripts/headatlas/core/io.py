@@ -19,3 +19,22 @@ def atomic_path(path: str | Path):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+COMPRESS_MIN_BYTES = 1 << 20
+COMPRESS_CHUNK_BYTES = 512 << 10
+
+
+def compressed(shape, dtype) -> dict:
+    """h5py dataset options for a float dataset of ``shape`` and ``dtype``: from 1 MiB on, gzip (level 1) after a
+    byte shuffle, in chunks of about 512 KiB along the first axis; smaller or non-float datasets stay plain.
+    Lossless: attention-derived float32 data (word-level maps, per-head vectors, hidden states) shrinks to about
+    0.85 of its size, and readers need nothing but h5py."""
+    import numpy as np
+
+    shape, dtype = tuple(int(x) for x in shape), np.dtype(dtype)
+    if dtype.kind != "f" or not shape or int(np.prod(shape)) * dtype.itemsize < COMPRESS_MIN_BYTES:
+        return {}
+    row = max(1, int(np.prod(shape[1:])) * dtype.itemsize)
+    chunk = (max(1, min(shape[0], COMPRESS_CHUNK_BYTES // row)),) + shape[1:]
+    return {"compression": "gzip", "compression_opts": 1, "shuffle": True, "chunks": chunk}

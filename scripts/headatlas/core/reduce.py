@@ -720,27 +720,13 @@ def reduced_file(store_dir: str | Path, reducer: Reducer) -> Path:
     return Path(store_dir) / REDUCED_DIR / f"{reducer.name}.h5"
 
 
-COMPRESS_MIN_BYTES = 1 << 20
-
-
-def compressed(a: np.ndarray) -> dict:
-    """h5py dataset options: gzip (level 1) after a byte shuffle for a float array of 1 MiB or more, in
-    chunks of up to 4 MiB along the first axis. Lossless: the word-level maps of Clark's probes shrink to
-    0.85-0.87 of their size (README: Wall time and disk); readers need nothing but h5py."""
-    if a.dtype.kind != "f" or a.nbytes < COMPRESS_MIN_BYTES:
-        return {}
-    row = a[:1].nbytes if a.ndim > 1 else a.itemsize
-    chunk = (max(1, min(len(a), (4 << 20) // max(row, 1))),) + a.shape[1:]
-    return {"compression": "gzip", "compression_opts": 1, "shuffle": True, "chunks": chunk}
-
-
 def save_reduced(store_dir: str | Path, reducer: Reducer, result, meta: dict | None = None) -> Path:
     """Write ``result`` as ``<store_dir>/reduced/<name>.h5`` atomically: one dataset per array of
-    ``reducer.to_arrays(result)`` (large float arrays :func:`compressed`), the reducer's params, analysis and
+    ``reducer.to_arrays(result)`` (large float arrays :func:`~headatlas.core.io.compressed`), the reducer's params, analysis and
     class in the attributes."""
     import h5py
 
-    from .io import atomic_path
+    from .io import atomic_path, compressed
 
     path = reduced_file(store_dir, reducer)
     arrays = reducer.to_arrays(result)
@@ -750,7 +736,7 @@ def save_reduced(store_dir: str | Path, reducer: Reducer, result, meta: dict | N
             if a.dtype.kind in "OUS":
                 f.create_dataset(key, data=a.astype(str).astype(object), dtype=h5py.string_dtype("utf-8"))
             elif a.dtype.kind in "biuf":
-                f.create_dataset(key, data=a, **compressed(a))
+                f.create_dataset(key, data=a, **compressed(a.shape, a.dtype))
             else:
                 raise TypeError(f"reducer {reducer.name}: array {key} has dtype {a.dtype}; numeric, bool or str only")
             f[key].attrs["kind"] = a.dtype.kind

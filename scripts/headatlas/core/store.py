@@ -59,6 +59,7 @@ import numpy as np
 
 from .data import SPECIAL_NAMES, SPECIAL_NONE, TokenizedRecord
 from .figures import head_label
+from .io import compressed
 
 log = logging.getLogger("headatlas.core.store")
 
@@ -370,12 +371,16 @@ class AttentionWriter:
         self._write_tokens(tokenized, record_ids)
         self.files = []
         for layer in range(n_layers):
-            f = h5py.File(layer_file(self.tmp, layer), "w")
+            # a chunk cache of 4 MiB per dataset holds a compressed chunk across windows' writes
+            f = h5py.File(layer_file(self.tmp, layer), "w", rdcc_nbytes=4 << 20)
             if maps:
                 f.create_dataset("attn", shape=(n_heads, int(self.stored_offsets[-1])), dtype=self.dtype)
             if rep_shapes is not None:
-                f.create_dataset("head_vectors", shape=(len(tokenized), n_heads, rep_shapes[0]), dtype=np.float32)
-                f.create_dataset("hidden", shape=(len(tokenized), rep_shapes[1]), dtype=np.float32)
+                for key, shape in (
+                    ("head_vectors", (len(tokenized), n_heads, rep_shapes[0])),
+                    ("hidden", (len(tokenized), rep_shapes[1])),
+                ):
+                    f.create_dataset(key, shape=shape, dtype=np.float32, **compressed(shape, np.float32))
             f.create_dataset("cell_offsets", data=self.stored_offsets)
             f.create_dataset("lengths", data=self.lengths.astype(np.int32))
             f.attrs["layer"] = layer

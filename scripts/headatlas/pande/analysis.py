@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.finetune import read_metrics
-from ..core.io import atomic_path
+from ..core.io import atomic_path, compressed
 from . import figures as pf
 from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues, with_stability
 from .sieves import blas_threads
@@ -32,7 +32,10 @@ def save_scores(path: str | Path, result: dict, meta: dict) -> None:
     text = h5py.string_dtype(encoding="utf-8")
     with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
-            f.create_dataset("scores", data=result["scores"])  # [N, layers, heads, roles]
+            scores = np.asarray(result["scores"])
+            f.create_dataset(
+                "scores", data=scores, **compressed(scores.shape, scores.dtype)
+            )  # [N, layers, heads, roles]
             f.create_dataset("pair_counts", data=result["pair_counts"])  # [N, relations + union]
             f.create_dataset("is_pair", data=result["is_pair"])
             if "lengths" in result:  # tokens per sequence (the score-against-length figure)
