@@ -314,9 +314,8 @@ def store_dirs(directory: str | Path) -> list[Path]:
         | {p for p in found if not SHARD_NAME.fullmatch(p.name)}
     )
     shown = "\n  ".join(str(p) for p in corpora[:12]) + ("\n  ..." if len(corpora) > 12 else "")
-    raise StoreError(
-        f"{d}: not a store; it holds the stores of {len(corpora)} {'corpus' if len(corpora) == 1 else 'corpora'}:\n  {shown}\nname one of them"
-    )
+    noun = "corpus" if len(corpora) == 1 else "corpora"
+    raise StoreError(f"{d}: not a store; it holds the stores of {len(corpora)} {noun}:\n  {shown}\nname one of them")
 
 
 def store_problem(directory: str | Path) -> str | None:
