@@ -45,7 +45,6 @@ def surface_sums(attn, batch: ReduceBatch, causal: bool, smoothing: float) -> tu
     """The passes over one layer's maps that :func:`batch_surface_stats` needs, as float32 row and column
     sums (column mass [B, H, n], next and self [B, H, 2], [SEP] mass [B, H, n], row entropy [B, H, n]) and
     the previous-token score [B, H] (float64): what :func:`surface_from_sums` turns into the statistics."""
-
     f = _float_masks(batch, attn.device, causal, smoothing)
     a = clean_maps(attn, batch, causal)  # read-only
     bsz, h, n, _ = a.shape
