@@ -713,13 +713,17 @@ def test_large_representations_stored_compressed_and_exact(tmp_path):
     with AttentionWriter(
         out, tokenized, ids, N_LAYERS, N_HEADS, meta={"model": "m"}, maps=False, rep_shapes=(d, dim)
     ) as w:
-        for start in (500, 0, 250, 100):  # windows out of order, across chunk boundaries
-            stop = {500: n, 0: 100, 250: 500, 100: 250}[start]
+        # windows out of order, across chunk boundaries; the last ones of 7 rows, so most chunks come in pieces
+        windows = [(500, n), (0, 100), (250, 500)] + [(a, min(a + 7, 250)) for a in range(100, 250, 7)]
+        for start, stop in windows:
             for layer in range(N_LAYERS):
                 w.write_reps(np.arange(start, stop), layer, hv[layer, start:stop], hidden[layer, start:stop])
     with h5py.File(layer_file(out, 1)) as f:
         assert f["hidden"].compression == "gzip" and f["hidden"].shuffle  # 1.2 MB
         assert f["head_vectors"].compression is None  # 0.9 MB: below the 1 MiB threshold, plain
+        stored = f["hidden"].id.get_storage_size() + f["head_vectors"].id.get_storage_size()
+    # each compressed chunk written once: no space of a rewritten chunk's first copy left in the file
+    assert layer_file(out, 1).stat().st_size < stored + (64 << 10)
     with AttentionStore(out) as st:
         for layer in range(N_LAYERS):
             np.testing.assert_array_equal(st.head_vectors(layer), hv[layer])

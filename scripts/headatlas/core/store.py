@@ -330,6 +330,43 @@ def store_problem(directory: str | Path) -> str | None:
     return None
 
 
+class WholeChunks:
+    """Write rows of a dataset, given in any order, only as whole chunks of its first axis.
+
+    A compressed chunk written twice (once per extraction window that holds some of its rows) is
+    stored anew, and the space of its first copy stays unused in the file; so a chunk's rows wait
+    here until the chunk is complete (a few partial chunks per dataset, about 512 KiB each)."""
+
+    def __init__(self, dataset: h5py.Dataset):
+        self.dataset = dataset
+        self.rows = dataset.chunks[0] if dataset.chunks else max(1, dataset.shape[0])
+        self.partial: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # chunk -> (rows, which are set)
+
+    def write(self, index, values: np.ndarray) -> None:
+        index = np.asarray(index, dtype=np.int64)
+        chunk_of = index // self.rows
+        n = self.dataset.shape[0]
+        for c in np.unique(chunk_of).tolist():
+            lo, hi = c * self.rows, min(n, (c + 1) * self.rows)
+            mine = chunk_of == c
+            block, done = self.partial.pop(c, None) or (
+                np.zeros((hi - lo,) + self.dataset.shape[1:], self.dataset.dtype),
+                np.zeros(hi - lo, dtype=bool),
+            )
+            block[index[mine] - lo] = values[mine]
+            done[index[mine] - lo] = True
+            if done.all():
+                self.dataset[lo:hi] = block
+            else:
+                self.partial[c] = (block, done)
+
+    def flush(self) -> None:
+        """Write the chunks still incomplete (rows never given stay zero; the writer reports them missing)."""
+        for c, (block, _) in sorted(self.partial.items()):
+            self.dataset[c * self.rows : c * self.rows + len(block)] = block
+        self.partial = {}
+
+
 class AttentionWriter:
     """Write the maps of one extraction job; use as a context manager.
 
@@ -368,10 +405,9 @@ class AttentionWriter:
         self.rep_shapes = rep_shapes
         self.meta = dict(meta or {})
         self._write_tokens(tokenized, record_ids)
-        self.files = []
+        self.files, self.rep_rows = [], []
         for layer in range(n_layers):
-            # a chunk cache of 4 MiB per dataset holds a compressed chunk across windows' writes
-            f = h5py.File(layer_file(self.tmp, layer), "w", rdcc_nbytes=4 << 20)
+            f = h5py.File(layer_file(self.tmp, layer), "w")
             if maps:
                 f.create_dataset("attn", shape=(n_heads, int(self.stored_offsets[-1])), dtype=self.dtype)
             if rep_shapes is not None:
@@ -380,6 +416,7 @@ class AttentionWriter:
                     ("hidden", (len(tokenized), rep_shapes[1])),
                 ):
                     f.create_dataset(key, shape=shape, dtype=np.float32, **compressed(shape, np.float32))
+                self.rep_rows.append({key: WholeChunks(f[key]) for key in ("head_vectors", "hidden")})
             f.create_dataset("cell_offsets", data=self.stored_offsets)
             f.create_dataset("lengths", data=self.lengths.astype(np.int32))
             f.attrs["layer"] = layer
@@ -425,13 +462,16 @@ class AttentionWriter:
 
     def write_reps(self, seqs: np.ndarray, layer: int, head_vectors: np.ndarray, hidden: np.ndarray) -> None:
         """Store per-head vectors [B, H, d] and hidden states [B, D] of sequences ``seqs``."""
-        order = np.argsort(seqs)
-        f = self.files[layer]
-        f["head_vectors"][np.asarray(seqs)[order]] = head_vectors[order]
-        f["hidden"][np.asarray(seqs)[order]] = hidden[order]
+        rows = self.rep_rows[layer]
+        rows["head_vectors"].write(seqs, head_vectors)
+        rows["hidden"].write(seqs, hidden)
         self.reps_written[layer, seqs] = True
 
     def close(self) -> None:
+        for rows in self.rep_rows:
+            for chunked in rows.values():
+                chunked.flush()
+        self.rep_rows = []
         for f in self.files:
             f.close()
         self.files = []
@@ -497,6 +537,7 @@ class AttentionWriter:
         os.replace(part, self.tmp / MANIFEST)
 
     def abort(self) -> None:
+        self.rep_rows = []
         for f in self.files:
             try:
                 f.close()
