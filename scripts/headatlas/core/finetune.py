@@ -62,11 +62,14 @@ def evaluate(
 
     model.eval()
     correct = 0
+    # batches of similar lengths pad little (in file order, most of a batch is padding)
+    order = np.argsort([len(r.words) for r in records], kind="stable")
     with torch.inference_mode():
         for i in range(0, len(records), batch_size):
-            enc = _encode(tokenizer, records[i : i + batch_size], max_length)
+            idx = order[i : i + batch_size]
+            enc = _encode(tokenizer, [records[k] for k in idx], max_length)
             pred = model(**enc).logits.argmax(-1).numpy()
-            correct += int((pred == label_ids[i : i + batch_size]).sum())
+            correct += int((pred == label_ids[idx]).sum())
     return correct / len(records)
 
 

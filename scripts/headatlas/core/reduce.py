@@ -391,6 +391,17 @@ def reducer_from_spec(spec: dict) -> Reducer:
     return r
 
 
+def stack_layers(done: dict) -> tuple[list[int], tuple]:
+    """A batch's per-layer sums (layer -> a tuple of tensors, or None where a sum is not computed): its layers
+    in order, and each sum stacked over them ([L, ...]), for reducers that finish a batch after its last layer."""
+    import torch
+
+    layers = sorted(done)
+    first = done[layers[0]]
+    stacked = tuple(None if first[k] is None else torch.stack([done[i][k] for i in layers]) for k in range(len(first)))
+    return layers, stacked
+
+
 def check_layers_done(reducer: Reducer, open_batches: int) -> None:
     """A reducer that finishes a batch when its last layer has come (``open_batches`` batches still wait for
     layers) must not return a result without them."""

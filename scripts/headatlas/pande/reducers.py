@@ -27,6 +27,7 @@ from ..core.reduce import (
     clean_maps,
     key_masses,
     scratch,
+    stack_layers,
 )
 from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
 
@@ -276,7 +277,6 @@ class SieveReducer(Reducer):
         self.open = 0  # batches whose layers have not all come yet
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        import torch
 
         key = ("pande_sieves", id(self))
         plan = batch._cache.get(key)
@@ -294,11 +294,7 @@ class SieveReducer(Reducer):
         if len(plan.done) < self.info.n_layers:
             return
         self.open -= 1
-        layers = sorted(plan.done)
-        sums = tuple(
-            None if plan.done[layers[0]][k] is None else torch.stack([plan.done[i][k] for i in layers])
-            for k in range(len(plan.done[layers[0]]))
-        )
+        layers, sums = stack_layers(plan.done)
         plan.done = {}
         # scores stay on the device until a flush, so a GPU is not made to wait for the host after every layer
         self._pending.append((batch.seq, layers, plan.from_sums(sums, self.settings).float()))
