@@ -46,6 +46,7 @@ def test_default_profile_holds_only_settings_every_run_can_share():
     # Snakemake reads profiles/default on every run and it overrides --profile key by key.
     default, slurm = load("default"), load("slurm")
     assert default["rerun-incomplete"] is True
+    assert default["scheduler"] == "greedy"  # no ILP solver process after every finished job
     assert not {"executor", "resources", "default-resources", "set-resources", "jobs"} & set(default)
     shared = set(default) & set(slurm)
     assert all(default[k] == slurm[k] for k in shared), shared

@@ -277,7 +277,6 @@ class SieveReducer(Reducer):
         self.open = 0  # batches whose layers have not all come yet
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-
         key = ("pande_sieves", id(self))
         plan = batch._cache.get(key)
         if plan is None:  # layer-independent work once per batch (kept with the batch: replay interleaves batches)
