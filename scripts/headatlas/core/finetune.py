@@ -21,6 +21,7 @@ import numpy as np
 
 from .corpora import CorpusError, tsv_records
 from .data import Record
+from .extract import length_batches
 from .models import ModelError, ModelSpec, model_kind, resolve
 from .progress import progress
 
@@ -63,10 +64,8 @@ def evaluate(
     model.eval()
     correct = 0
     # batches of similar lengths pad little (in file order, most of a batch is padding)
-    order = np.argsort([len(r.words) for r in records], kind="stable")
     with torch.inference_mode():
-        for i in range(0, len(records), batch_size):
-            idx = order[i : i + batch_size]
+        for idx in length_batches([len(r.words) for r in records], batch_size):
             enc = _encode(tokenizer, [records[k] for k in idx], max_length)
             pred = model(**enc).logits.argmax(-1).numpy()
             correct += int((pred == label_ids[idx]).sum())
