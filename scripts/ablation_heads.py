@@ -8,6 +8,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.ablation.analysis import AblationSettings, ablate_heads  # noqa: E402
 from headatlas.ablation.tasks import evaluations  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.device import job_device  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
@@ -19,7 +20,12 @@ t0 = time.time()
 settings = AblationSettings.from_config(sm.params.ablation)
 spec = ModelSpec.from_config(sm.params.model)
 evals, shape = evaluations(
-    spec, sm.input.model[0] if sm.input.model else None, load_records(sm.input.corpus), sm.params.task, settings
+    spec,
+    sm.input.model[0] if sm.input.model else None,
+    load_records(sm.input.corpus),
+    sm.params.task,
+    settings,
+    device=job_device(spec.device, sm.resources.get("gpu")),
 )
 heads, check = ablate_heads(spec.name, evals, settings, shape)
 for table, path in ((heads, sm.output.heads), (check, sm.output.check)):

@@ -11,6 +11,7 @@ from headatlas.ablation.analysis import AblationSettings, ablate_roles  # noqa: 
 from headatlas.ablation.figures import pruning_figure  # noqa: E402
 from headatlas.ablation.tasks import evaluations  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.device import job_device  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
@@ -29,7 +30,12 @@ tables = {
 log.info("role tables: %s", sorted(tables) or "none")
 heads = pd.read_csv(sm.input.heads, sep="\t")
 evals, shape = evaluations(
-    spec, sm.input.model[0] if sm.input.model else None, load_records(sm.input.corpus), sm.params.task, settings
+    spec,
+    sm.input.model[0] if sm.input.model else None,
+    load_records(sm.input.corpus),
+    sm.params.task,
+    settings,
+    device=job_device(spec.device, sm.resources.get("gpu")),
 )
 roles, pruning = ablate_roles(spec.name, evals, heads, tables, settings)
 for table, path in ((roles, sm.output.roles), (pruning, sm.output.pruning)):

@@ -10,6 +10,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 from headatlas.clark.gradients import gradient_table  # noqa: E402
 from headatlas.clark.surface import SurfaceSettings  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.device import job_device  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
@@ -29,6 +30,7 @@ table = gradient_table(
     mask_prob=g.mask_prob,
     seed=g.seed,
     batch_size=g.batch_size,
+    device=job_device(spec.device, sm.resources.get("gpu")),
 )
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

@@ -5,6 +5,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.device import job_device  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402
@@ -16,7 +17,8 @@ sm = snakemake  # noqa: F821
 log = setup(sm)
 spec = ModelSpec.from_config(sm.params.model)
 settings = DetectorSettings.from_config(sm.params.detectors)
-model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None)
+device = job_device(spec.device, sm.resources.get("gpu"))
+model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None, device=device)
 corpora = {name: load_records(path) for name, path in zip(sm.params.corpora, sm.input.corpora)}
 tables = run_detectors(spec, model, tokenizer, config, corpora, settings)
 for key in ("heads", "sinks", "kv_groups", "kv_summary", "inputs"):

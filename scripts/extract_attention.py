@@ -6,6 +6,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.device import job_device  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402
 from headatlas.core.runner import as_dirs, setup  # noqa: E402
 from headatlas.fused import extract_shard, extraction_spec  # noqa: E402
@@ -30,9 +31,9 @@ def jobs():
 todo = list(jobs())
 # the first corpus's spec loads the model (a corpus that sets max_length is checked before the weights load);
 # every corpus's max_length against the loaded config before any store is written
-model, tokenizer, config = load(
-    ModelSpec.from_config(todo[0][3]["model"]), cache_dir=sm.input.model[0] if sm.input.model else None
-)
+spec = ModelSpec.from_config(todo[0][3]["model"])
+device = job_device(spec.device, sm.resources.get("gpu"))
+model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None, device=device)
 for job in todo:
     extraction_spec(job[3], config)
 loaded = records = None

@@ -5,6 +5,7 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
+from headatlas.core.device import job_device  # noqa: E402
 from headatlas.core.finetune import finetune  # noqa: E402
 from headatlas.core.models import ModelSpec  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
@@ -13,5 +14,8 @@ sm = snakemake  # noqa: F821
 log = setup(sm)
 p = sm.params.finetune
 base = ModelSpec.from_config(p["base"])
-metrics = finetune(base, sm.input.base[0] if sm.input.base else None, p["task"], sm.output[0], threads=sm.threads)
+device = job_device(base.device, sm.resources.get("gpu"))
+metrics = finetune(
+    base, sm.input.base[0] if sm.input.base else None, p["task"], sm.output[0], threads=sm.threads, device=device
+)
 log.info("fine-tuned %s on %s: %s", base.name, p["task"]["name"], json.dumps(metrics))

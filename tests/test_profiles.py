@@ -1,8 +1,8 @@
 """The Snakemake profiles: what they set, and how a rule's resources become a SLURM request.
 
 The cluster run itself is exercised on a real single-node SLURM by .ci/slurm/run.sh (CI); these
-tests pin the pieces that do not need one: the profile keys, the gpu resource per model device,
-and what the executor plugin turns those resources into.
+tests pin the pieces that do not need one: the profile keys, the gpu resource per model device
+(and the GPU profile's switch), and what the executor plugin turns those resources into.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def test_default_profile_holds_only_settings_every_run_can_share():
     assert all(default[k] == slurm[k] for k in shared), shared
 
 
-def test_slurm_profile_works_without_accounting():
-    slurm = load("slurm")
+@pytest.mark.parametrize("name", ["slurm", "slurm-gpu"])
+def test_slurm_profile_works_without_accounting(name):
+    slurm = load(name)
     assert slurm["executor"] == "slurm"
     assert slurm["slurm-status-command"] == "squeue"
     # the plugin falls back to sacct unless MinJobAge >= 3 x this; the CI cluster has 600 s
@@ -66,8 +67,32 @@ def test_slurm_profile_works_without_accounting():
 
 def test_slurm_profile_rules_exist():
     rules = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
-    for rule in load("slurm").get("set-resources", {}):
-        assert f"rule {rule}:" in rules, rule
+    for name in ("slurm", "slurm-gpu"):
+        for rule in load(name).get("set-resources", {}):
+            assert f"rule {rule}:" in rules, (name, rule)
+
+
+GPU_KEYS = {"config", "slurm-partition-config"}
+
+
+def test_gpu_profile_is_the_slurm_profile_plus_the_gpu_switch():
+    slurm, gpu = load("slurm"), load("slurm-gpu")
+    assert {k: v for k, v in gpu.items() if k not in GPU_KEYS} == slurm
+    # Snakemake reads True (not true) from --config as a boolean; the schema wants one
+    assert gpu["config"] == ["gpu_jobs=True"]
+    assert (PROFILES / "slurm-gpu" / gpu["slurm-partition-config"]).is_file()
+
+
+def test_gpu_profile_partition_file_separates_gpu_and_cpu_jobs():
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    from snakemake_executor_plugin_slurm.partitions import get_best_partition, read_partition_file
+
+    parts = read_partition_file(PROFILES / "slurm-gpu" / load("slurm-gpu")["slurm-partition-config"])
+    log = logging.getLogger("test")
+    assert get_best_partition(parts, FakeJob(gpu=1, mem_mb=8000, runtime=120), log) == "gpu"
+    assert get_best_partition(parts, FakeJob(gpu=1, gpu_model="h200", mem_mb=8000, runtime=120), log) == "gpu"
+    assert get_best_partition(parts, FakeJob(gpu=0, mem_mb=8000, runtime=120), log) == "cpu"
+    assert get_best_partition(parts, FakeJob(name="atlas", mem_mb=2000, runtime=10), log) == "cpu"
 
 
 def test_gpu_resource_becomes_gpus_request_only_when_nonzero():
@@ -105,12 +130,13 @@ def test_partition_file_sends_gpu_jobs_to_gpu_partition():
     assert get_best_partition(parts, FakeJob(gpu=0, mem_mb=2000, runtime=5), log) == "standard"
 
 
-def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
-    """A dry run: the CUDA model's extraction jobs declare gpu=1, the CPU model's gpu=0."""
+def dry_run_gpu(tmp_path, *extra) -> dict[str, set]:
+    """model -> the gpu resources of its extraction jobs in a dry run of a three-model config."""
     cfg = {
         "models": [
             {"name": "gpu_model", "source": {"path": str(tmp_path / "a")}, "device": "cuda"},
             {"name": "cpu_model", "source": {"path": str(tmp_path / "b")}, "device": "cpu"},
+            {"name": "auto_model", "source": {"path": str(tmp_path / "c")}},
         ],
         "corpora": {
             "ewt": {
@@ -120,11 +146,13 @@ def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
             }
         },
     }
-    for d in ("a", "b"):  # model directories are checked when the workflow is parsed
+    for d in ("a", "b", "c"):  # model directories are checked when the workflow is parsed
         (tmp_path / d).mkdir()
         (tmp_path / d / "config.json").write_text('{"model_type": "bert"}')
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    targets = [f"results/attention/{m}/ewt/shard{i}of2" for m in ("gpu_model", "cpu_model") for i in range(2)]
+    targets = [
+        f"results/attention/{m}/ewt/shard{i}of2" for m in ("gpu_model", "cpu_model", "auto_model") for i in range(2)
+    ]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [
         sys.executable,
@@ -138,6 +166,7 @@ def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
         str(tmp_path / "config.yaml"),
         "--dry-run",
         *targets,
+        *extra,  # last: --config takes every word after it
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -150,4 +179,15 @@ def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
             gpu.setdefault(model, set()).add(
                 dict(kv.split("=", 1) for kv in line.split(":", 1)[1].strip().split(", ")).get("gpu")
             )
-    assert gpu == {"gpu_model": {"1"}, "cpu_model": {"0"}}, proc.stdout[-3000:]
+    return gpu
+
+
+def test_model_device_sets_the_gpu_resource_of_its_jobs(tmp_path):
+    """A dry run: the CUDA model's extraction jobs declare gpu=1, the CPU and auto models' gpu=0."""
+    assert dry_run_gpu(tmp_path) == {"gpu_model": {"1"}, "cpu_model": {"0"}, "auto_model": {"0"}}
+
+
+def test_gpu_switch_makes_auto_models_ask_for_a_gpu(tmp_path):
+    """With gpu_jobs (what profiles/slurm-gpu sets) the auto model's jobs ask for a GPU too; cpu never."""
+    got = dry_run_gpu(tmp_path, "--config", *load("slurm-gpu")["config"])
+    assert got == {"gpu_model": {"1"}, "cpu_model": {"0"}, "auto_model": {"1"}}

@@ -4,6 +4,8 @@ STATE=${HEADATLAS_SLURM_STATE:-/var/tmp/headatlas-slurm}
 # The config must be at SLURM's default path: the executor plugin's job step removes SLURM_*
 # variables (SLURM_CONF too) before it calls srun inside a job.
 CONF=/etc/slurm/slurm.conf
+# beside it, the node's generic resources (one count-only GPU)
+GRES_CONF=/etc/slurm/gres.conf
 MARK="# headatlas CI cluster"
 
 say() { echo "[slurm-ci $(date +%T)] $*"; }

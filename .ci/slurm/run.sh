@@ -5,7 +5,10 @@
 #      file per job id, and SLURM's own record of the job as COMPLETED);
 #   2. the results equal those of a local run (--profile profiles/default) of the same config;
 #   3. a failing job (a malformed corpus file) is reported as failed (SLURM state FAILED,
-#      snakemake exits non-zero), not hung.
+#      snakemake exits non-zero), not hung;
+#   4. with --profile profiles/slurm-gpu the model-running jobs asked for and were granted the
+#      node's one (count-only) GPU in partition gpu while the others were not, and, finding no
+#      CUDA, ran on the CPU and said so in their logs.
 # Prints the wall time of both runs. Stops the daemons it started (by PID) on any exit.
 # Bound it from outside with SIGINT, which makes snakemake cancel its SLURM jobs:
 #   timeout -s INT -k 30 1500 bash .ci/slurm/run.sh
@@ -160,10 +163,86 @@ grep -rqF "broken.conllu:2: expected 10 tab-separated columns" "$WORK/slurm/.sna
     || fail "the failed job's SLURM log does not hold its error"
 say "the failing job was reported as FAILED (snakemake exit code $rc after $fail_s s)"
 
+# 4. GPUs: the node has one count-only GPU (gres.conf). With --profile profiles/slurm-gpu the
+#    model-running jobs of a device-auto model ask for it and go to partition gpu, the rest to cpu:
+#    here an extraction shard and the Clark gradients (GPU jobs), their corpus and the gradient
+#    figure (CPU jobs). SLURM's record of each job (scontrol show job -d: TresPerJob = what it asked
+#    for, JOB_GRES = what it was granted; sacct --completion: partition and state, read from the
+#    job-completion file, as there is no slurmdbd) must show that the GPU jobs asked for and were
+#    granted gpu:1 in partition gpu and the others neither; and the GPU jobs, finding no CUDA, ran
+#    on the CPU and said so in their logs.
+mkdir -p "$WORK/gpu"
+python - "$WORK/tiny/config.yaml" "$WORK/gpu/config.yaml" << 'EOF'
+import sys, yaml
+cfg = yaml.safe_load(open(sys.argv[1]))
+for m in cfg["models"]:
+    m["device"] = "auto"
+yaml.safe_dump(cfg, open(sys.argv[2], "w"), sort_keys=False)
+EOF
+model=${MODELS%%,*}
+corpus=${CORPORA%%,*}
+gpu_targets=("results/attention/$model/$corpus/shard0of$SHARDS" "results/clark/$model/$corpus/fig3_gradients.png")
+say "GPU run (--profile profiles/slurm-gpu): ${gpu_targets[*]}"
+t0=$(now)
+bounded 400 snakemake -s "$ROOT/Snakefile" --configfile "$WORK/gpu/config.yaml" -d "$WORK/gpu" --profile "$ROOT/profiles/slurm-gpu" \
+    --slurm-init-seconds-before-status-checks 8 --slurm-keep-successful-logs "${gpu_targets[@]}" > "$WORK/gpu.log" 2>&1 || {
+    show_log "$WORK/gpu.log"
+    fail "the GPU run failed or timed out (log $WORK/gpu.log)"
+}
+gpu_s=$(secs "$t0" "$(now)")
+python - "$WORK/gpu.log" > "$WORK/gpu_jobs.txt" << 'EOF'
+import re, sys
+log = open(sys.argv[1]).read()
+rules = dict(re.findall(r"Finished jobid: (\d+) \(Rule: (\w+)\)", log))
+for job, slurm in re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", log):
+    print(slurm, rules.get(job, "unfinished"))
+EOF
+: > "$WORK/gpu_record.txt"
+while read -r id rule; do
+    rec=$(scontrol show job -d "$id")
+    part=$(grep -o "Partition=[^ ]*" <<< "$rec" | cut -d= -f2)
+    asked=$(grep -o "TresPerJob=[^ ]*" <<< "$rec" | cut -d= -f2-)
+    granted=$(grep -o "JOB_GRES=[^ ]*" <<< "$rec" | cut -d= -f2-)
+    echo "$id $rule partition=$part asked=${asked:-none} granted=${granted:-none}" >> "$WORK/gpu_record.txt"
+done < "$WORK/gpu_jobs.txt"
+ids=$(cut -d' ' -f1 "$WORK/gpu_jobs.txt" | paste -sd,)
+sacct --completion -j "$ids" -o JobID,JobName%36,Partition,State > "$WORK/gpu_sacct.txt" 2>&1 || true
+say "SLURM's record of the GPU run's jobs (scontrol show job -d: asked = TresPerJob, granted = JOB_GRES):"
+sed 's/^/    /' "$WORK/gpu_record.txt"
+say "sacct --completion -j $ids (the job-completion file):"
+sed 's/^/    /' "$WORK/gpu_sacct.txt"
+python - "$WORK/gpu_record.txt" "$WORK/gpu_sacct.txt" > "$WORK/gpu_check.txt" << 'EOF' || fail "GPU requests: $(cat "$WORK/gpu_check.txt")"
+import sys
+
+gpu_rules = {"extract_attention", "clark_gradients"}
+cpu_rules = {"prepare_corpus", "clark_gradient_figure"}
+jobs = {}
+for line in open(sys.argv[1]):
+    id_, rule, *kv = line.split()
+    jobs[rule] = dict(k.split("=", 1) for k in kv) | {"id": id_}
+bad = [f"{r}: no SLURM job" for r in sorted(gpu_rules | cpu_rules) if r not in jobs]
+for r, j in sorted(jobs.items()):
+    want = ("gpu", "gres:gpu:1", "gpu:1") if r in gpu_rules else ("cpu", "none", "(null)")
+    if (j["partition"], j["asked"], j["granted"]) != want:
+        bad.append(f"{r}: partition, asked, granted = {j['partition']}, {j['asked']}, {j['granted']}; expected {want}")
+    row = next((ln.split() for ln in open(sys.argv[2]) if ln.split()[:1] == [j["id"]]), None)
+    if not row or row[-2:] != [want[0], "COMPLETED"]:
+        bad.append(f"{r}: sacct --completion says {row}; expected partition {want[0]}, COMPLETED")
+print("; ".join(bad))
+sys.exit(1 if bad else 0)
+EOF
+for rule_log in "logs/extract_attention/$model/$corpus/shard0of$SHARDS.log" "logs/clark_gradients/$model/$corpus.log"; do
+    grep -q "was granted, but CUDA is not available.*running on the CPU" "$WORK/gpu/$rule_log" \
+        || fail "the GPU job's log $rule_log does not say it ran on the CPU: $(grep device "$WORK/gpu/$rule_log")"
+done
+say "the GPU jobs asked for and were granted gpu:1 in partition gpu, the others neither; the extraction job's log says:"
+grep -h "device cpu" "$WORK/gpu/logs/extract_attention/$model/$corpus/shard0of$SHARDS.log" | sed 's/^/    /'
+
 cat > "$WORK/times.txt" << EOF
 jobs: $n_jobs (shards per corpus: $SHARDS), node CPUs: $(getconf _NPROCESSORS_ONLN)
 local run (--profile profiles/default --cores 2): $local_s s
 SLURM run (--profile profiles/slurm): $slurm_s s
+GPU run (--profile profiles/slurm-gpu, $(wc -l < "$WORK/gpu_jobs.txt") jobs): $gpu_s s
 EOF
 say "wall times:"
 sed 's/^/    /' "$WORK/times.txt"

@@ -34,10 +34,12 @@ detected=$(slurmd -C | head -1)
 cpus=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<< "$detected")
 mem=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<< "$detected")
 mem=$((mem * 8 / 10))
-if [ -e "$CONF" ] && ! head -1 "$CONF" | grep -qF "$MARK"; then
-    echo "$CONF exists and was not written by these scripts; not touching a real cluster's config" >&2
-    exit 1
-fi
+for f in "$CONF" "$GRES_CONF"; do
+    if [ -e "$f" ] && ! head -1 "$f" | grep -qF "$MARK"; then
+        echo "$f exists and was not written by these scripts; not touching a real cluster's config" >&2
+        exit 1
+    fi
+done
 mkdir -p "$(dirname "$CONF")"
 {
     echo "$MARK (written by .ci/slurm/start.sh, removed by stop.sh)"
@@ -45,7 +47,10 @@ mkdir -p "$(dirname "$CONF")"
         -e "s|@CTLD_PORT@|${HEADATLAS_SLURMCTLD_PORT:-6817}|g" -e "s|@SLURMD_PORT@|${HEADATLAS_SLURMD_PORT:-6818}|g" \
         "$HERE/slurm.conf.in"
 } > "$CONF"
-say "slurm.conf: node localhost, $cpus CPUs, RealMemory $mem MB, state in $STATE"
+# one GPU that SLURM counts and grants but loads no GPU plugin for (CountOnly: no CUDA_VISIBLE_DEVICES,
+# nothing constrained); SLURM 22.05 drops a GPU without File=, so it names /dev/null
+printf '%s\nNodeName=localhost Name=gpu File=/dev/null Flags=CountOnly\n' "$MARK (written by .ci/slurm/start.sh, removed by stop.sh)" > "$GRES_CONF"
+say "slurm.conf: node localhost, $cpus CPUs, RealMemory $mem MB, one count-only GPU (gres.conf), state in $STATE"
 
 # -c: start from an empty state (no jobs or node states of an earlier run)
 slurmctld -c
@@ -58,10 +63,12 @@ pid_alive "$STATE/slurmd.pid" slurmd || { cat "$STATE/slurmd.log" >&2; echo "slu
 cp "$STATE/slurmd.pid" "$STATE/started/slurmd.pid"
 say "slurmctld (pid $(cat "$STATE/slurmctld.pid")) and slurmd (pid $(cat "$STATE/slurmd.pid")) started"
 
-# wait (at most 60 s) until the node takes jobs
+# wait (at most 60 s) until the node takes jobs; stop at once if a daemon died (a config it rejects)
 state=unknown
-for _ in $(seq 120); do
-    state=$(sinfo -h -n localhost -o %T 2>/dev/null | head -1 || true)
+end=$((SECONDS + 60))
+while [ "$SECONDS" -lt "$end" ]; do
+    pid_alive "$STATE/slurmctld.pid" slurmctld && pid_alive "$STATE/slurmd.pid" slurmd || { state=dead; break; }
+    state=$(timeout 5 sinfo -h -n localhost -o %T 2>/dev/null | head -1 || true)
     case "$state" in
         idle | mixed | allocated) break ;;
         down* | drain*) scontrol update nodename=localhost state=resume 2>/dev/null || true ;;
@@ -71,7 +78,7 @@ done
 case "$state" in
     idle | mixed | allocated) say "node localhost is $state" ;;
     *)
-        tail -20 "$STATE/slurmctld.log" "$STATE/slurmd.log" >&2
+        tail -n 20 "$STATE/slurmctld.log" "$STATE/slurmd.log" >&2
         echo "node localhost did not become idle (state '$state')" >&2
         exit 1
         ;;

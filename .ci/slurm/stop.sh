@@ -40,7 +40,9 @@ fi
 stop_one slurmd
 stop_one slurmctld
 stop_one munged
-if [ -e "$CONF" ] && head -1 "$CONF" | grep -qF "$MARK"; then
-    rm -f "$CONF"
-fi
+for f in "$CONF" "$GRES_CONF"; do
+    if [ -e "$f" ] && head -1 "$f" | grep -qF "$MARK"; then
+        rm -f "$f"
+    fi
+done
 exit 0

@@ -339,7 +339,11 @@ _check_corpus_lengths()
 
 
 def uses_gpu(model):
-    return 1 if MODELS[model].get("device", "auto") == "cuda" else 0
+    """The gpu resource of a model-running job: 1 (ask the scheduler for one GPU) for a model with
+    device cuda, or device auto when config gpu_jobs is true (profiles/slurm-gpu); else 0.
+    """
+    device = MODELS[model].get("device", "auto")
+    return int(device == "cuda" or (device == "auto" and config["gpu_jobs"]))
 
 
 def extract_model_rule(model):

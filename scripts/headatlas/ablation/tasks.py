@@ -225,17 +225,20 @@ def classification_evaluation(
     return Evaluation("classification", model, batches, len(dev), L, H), None
 
 
-def evaluations(spec, cache_dir, records, task: dict | None, settings) -> tuple[dict[str, tuple], tuple[int, int]]:
-    """task -> (Evaluation, None) or (None, reason why the model is skipped), for both tasks;
-    and the model's (layers, heads)."""
+def evaluations(
+    spec, cache_dir, records, task: dict | None, settings, device: str | None = None
+) -> tuple[dict[str, tuple], tuple[int, int]]:
+    """task -> (Evaluation, None) or (None, reason why the model is skipped), for both tasks, on ``device``
+    (default: the job's, :func:`headatlas.core.device.job_device`); and the model's (layers, heads)."""
     from transformers import AutoConfig
 
-    from ..core.models import pick_device, resolve
+    from ..core.device import job_device
+    from ..core.models import resolve
 
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)
     shape = (int(config.num_hidden_layers), int(config.num_attention_heads))
-    device = pick_device(spec)
+    device = device or job_device(spec.device)
     s = settings
     out = {
         "lm": lm_evaluation(spec, loc, kwargs, records, s.lm_sequences, s.lm_max_tokens, s.batch_size, device),

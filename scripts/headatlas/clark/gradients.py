@@ -235,8 +235,9 @@ def gradient_table(
     model has no LM head."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from ..core.device import job_device
     from ..core.extract import tokenize_records
-    from ..core.models import decoder_bos, model_kind, pick_device, resolve
+    from ..core.models import decoder_bos, model_kind, resolve
 
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)
@@ -245,7 +246,7 @@ def gradient_table(
     if model is None:
         log.warning("model %s: gradient importance skipped: %s", spec.name, reason)
         return skipped_table(spec.name, kind, reason)
-    model.to(device or pick_device(spec))
+    model.to(device or job_device(spec.device))
     tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
     if kind == "encoder" and tokenizer.mask_token_id is None:
         reason = f"tokenizer {type(tokenizer).__name__} has no mask token, so there is no masked-LM loss"

@@ -21,6 +21,7 @@ import numpy as np
 
 from .corpora import CorpusError, tsv_records
 from .data import Record
+from .device import job_device
 from .extract import length_batches
 from .models import ModelError, ModelSpec, model_kind, resolve
 from .progress import progress
@@ -62,12 +63,13 @@ def evaluate(
     import torch
 
     model.eval()
+    device = next(model.parameters(), torch.empty(0)).device
     correct = 0
     # batches of similar lengths pad little (in file order, most of a batch is padding)
     with torch.inference_mode():
         for idx in length_batches([len(r.words) for r in records], batch_size):
-            enc = _encode(tokenizer, [records[k] for k in idx], max_length)
-            pred = model(**enc).logits.argmax(-1).numpy()
+            enc = _encode(tokenizer, [records[k] for k in idx], max_length).to(device)
+            pred = model(**enc).logits.argmax(-1).cpu().numpy()
             correct += int((pred == label_ids[idx]).sum())
     return correct / len(records)
 
@@ -91,9 +93,12 @@ def length_bucketed_batches(
     return out[:steps]
 
 
-def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: str, threads: int = 1) -> dict:
+def finetune(
+    base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: str, threads: int = 1, device: str | None = None
+) -> dict:
     """Fine-tune ``base_spec`` on ``task`` (a ``finetune_tasks`` entry plus its ``name``) into
-    ``out_dir``; return the metrics written to ``out_dir/finetune_metrics.json``."""
+    ``out_dir`` on ``device`` (default: the job's, :func:`headatlas.core.device.job_device`); return the
+    metrics written to ``out_dir/finetune_metrics.json``."""
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -132,6 +137,7 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
     model = AutoModelForSequenceClassification.from_pretrained(
         loc, config=config, attn_implementation="eager", dtype=torch.float32, **kwargs
     )
+    model.to(device or job_device(base_spec.device))
     model.train()
 
     rng = np.random.default_rng(seed)
@@ -144,8 +150,8 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
     batches = length_bucketed_batches(lengths, batch_size, steps, rng)
     losses = []
     for step, idx in enumerate(progress(batches, f"fine-tune {base_spec.name} on {name}", steps, "steps")):
-        enc = _encode(tokenizer, [train[i] for i in idx], max_length)
-        out = model(**enc, labels=torch.as_tensor(y_train[idx]))
+        enc = _encode(tokenizer, [train[i] for i in idx], max_length).to(model.device)
+        out = model(**enc, labels=torch.as_tensor(y_train[idx], device=model.device))
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .align import bos_id
+from .device import job_device
 
 
 class ModelError(RuntimeError):
@@ -401,18 +402,9 @@ def decoder_bos(tokenizer, config, spec: ModelSpec) -> int | None:
     return tid if tid is not None else getattr(config, arch.bos_field, None)
 
 
-def pick_device(spec: ModelSpec) -> str:
-    import torch
-
-    if spec.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.device == "cuda" and not torch.cuda.is_available():
-        raise ModelError(f"model {spec.name!r}: device 'cuda' requested but no CUDA device is visible")
-    return spec.device
-
-
 def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | None = None):
-    """Load (model, tokenizer) with eager attention, in eval mode, on ``device``."""
+    """Load (model, tokenizer) with eager attention, in eval mode, on ``device`` (default: the job's,
+    :func:`headatlas.core.device.job_device`)."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     loc, kwargs = resolve(spec, cache_dir)
@@ -434,7 +426,7 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
             f"model {spec.name!r}: tokenizer {type(tokenizer).__name__} is not a fast tokenizer; offsets are needed"
         )
     model.eval()
-    model.to(device or pick_device(spec))
+    model.to(device or job_device(spec.device))
     return model, tokenizer, config
 
 
