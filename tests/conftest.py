@@ -32,6 +32,18 @@ SICK_TEST = RESOURCES / "sick" / "sicktest-ent.tsv"
 TINY_NAMES = ("bert", "electra", "gpt2", "llama")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped where torch sees no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def first_conllu_sentences(path: Path, n: int) -> str:
     """The text of the first ``n`` sentences of a CoNLL-U file (comments included)."""
     lines: list[str] = []

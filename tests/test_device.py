@@ -92,3 +92,31 @@ def test_load_puts_the_model_on_the_job_device(tiny_models, monkeypatch, caplog)
     model, _, _ = load(tiny_spec("bert", tiny_models["bert"], device="cuda"))
     assert next(model.parameters()).device.type == "cpu"
     assert any(ON_CPU in r.getMessage() for r in lines(caplog))
+
+
+@pytest.mark.cuda
+def test_granted_gpu_is_the_job_device_on_cuda(tiny_models, monkeypatch):
+    """On a CUDA machine: a SLURM GPU job's model loads on the GPU; one that asked for none stays on the CPU."""
+    from conftest import tiny_spec
+
+    from headatlas.core.models import load
+
+    monkeypatch.setenv("SLURM_JOB_ID", "11")
+    assert job_device("auto", gpus=1) == "cuda"
+    assert job_device("auto", gpus=0) == "cpu"
+    model, _, _ = load(tiny_spec("bert", tiny_models["bert"]), device=job_device("auto", gpus=1))
+    assert next(model.parameters()).device.type == "cuda"
+
+
+@pytest.mark.cuda
+def test_finetune_on_cuda(tmp_path, tiny_models):
+    from conftest import tiny_spec
+    from test_finetune import SST2_TRAIN, head_lines
+
+    from headatlas.core.finetune import finetune
+
+    train = head_lines(SST2_TRAIN, tmp_path / "train.tsv", 64)
+    task = {"name": "toy", "train": str(train), "dev": str(train), "text_columns": 1, "label_column": 1,
+            "steps": 4, "batch_size": 8, "max_length": 32, "lr": 1e-3, "seed": 0}  # fmt: skip
+    metrics = finetune(tiny_spec("bert", tiny_models["bert"]), None, task, str(tmp_path / "ft"), device="cuda")
+    assert 0 <= metrics["dev_accuracy"] <= 1 and (tmp_path / "ft" / "config.json").is_file()

@@ -295,7 +295,7 @@ def test_failure_in_a_later_window_leaves_nothing(tiny_loaded, records, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_cuda_extraction_matches_cpu(name, tiny_models, extracted, records, tmp_path):
     spec = dataclasses.replace(tiny_spec(name, tiny_models[name]), device="cuda")

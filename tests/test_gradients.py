@@ -219,7 +219,7 @@ def test_retained_attention_grad_is_the_gradient_of_the_weights_used(lm_models, 
         assert a.grad.abs().sum() > 0
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["bert_mlm", "llama_lm"])
 def test_gradient_table_on_cuda_matches_cpu(lm_models, ewt_records, name):
     from headatlas.clark.gradients import gradient_table

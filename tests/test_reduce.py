@@ -294,7 +294,7 @@ def test_padded_zero_fills():
     assert t.shape == (2, 2, 3, 3) and t[1].sum() == 2 and t[0].sum() == 18
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_replay_on_cuda_equals_cpu(reduced, tmp_path, tiny_loaded, records):
     """The reducers give the CPU's numbers on a GPU (replayed from a store of the tiny BERT and Llama)."""
     st = SieveSettings()
