@@ -144,9 +144,6 @@ def run_case(name: str, size: dict, args) -> dict:
         out["eager_over_sdpa"] = round(m["eager"]["tokens_per_s"] / m["sdpa"]["tokens_per_s"], 4)
     if {"eager", "fused"} <= ok:
         out[f"{out['path']}_over_eager"] = round(m["fused"]["tokens_per_s"] / m["eager"]["tokens_per_s"], 4)
-    del eager, sdpa
-    if cuda:
-        torch.cuda.empty_cache()
     return out
 
 
@@ -172,6 +169,8 @@ def main() -> None:
     }
     for name in args.cases.split(","):
         report["cases"].append(run_case(name, SMOKE if args.smoke else CASES[name], args))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the case's models are gone with its frame
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
