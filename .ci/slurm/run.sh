@@ -199,10 +199,10 @@ for job, slurm in re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d
 EOF
 : > "$WORK/gpu_record.txt"
 while read -r id rule; do
-    rec=$(scontrol show job -d "$id")
-    part=$(grep -o "Partition=[^ ]*" <<< "$rec" | cut -d= -f2)
-    asked=$(grep -o "TresPerJob=[^ ]*" <<< "$rec" | cut -d= -f2-)
-    granted=$(grep -o "JOB_GRES=[^ ]*" <<< "$rec" | cut -d= -f2-)
+    rec=$(scontrol show job -d "$id") || fail "SLURM has no record of job $id ($rule)"
+    part=$(grep -o "Partition=[^ ]*" <<< "$rec" | cut -d= -f2 || true)
+    asked=$(grep -o "TresPerJob=[^ ]*" <<< "$rec" | cut -d= -f2- || true)
+    granted=$(grep -o "JOB_GRES=[^ ]*" <<< "$rec" | cut -d= -f2- || true)
     echo "$id $rule partition=$part asked=${asked:-none} granted=${granted:-none}" >> "$WORK/gpu_record.txt"
 done < "$WORK/gpu_jobs.txt"
 ids=$(cut -d' ' -f1 "$WORK/gpu_jobs.txt" | paste -sd,)
