@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, as run on a lent H200 (see README "GPU"). Needs a Python with torch
+# The GPU checks, as run on a lent H200 (see benchmarks/README.md "Extraction"). Needs a Python with torch
 # (CUDA), transformers, h5py, pandas and pytest; the weights cannot reach that machine,
 # so .gpu/{minilm,smollm2} hold only each model's config and tokenizer, copied with
 #   cp <model dir>/{config.json,tokenizer.json,tokenizer_config.json} .gpu/NAME/

@@ -66,7 +66,7 @@ def _check_config():
 
 _check_config()
 
-# maps: full | sample | none per corpus (README "Fused reduction"): checked here, by key
+# maps: full | sample | none per corpus (docs/reduction.md): checked here, by key
 CORPUS_MAPS = {
     c: map_setting(spec, f"corpora.{c}") for c, spec in config["corpora"].items()
 }

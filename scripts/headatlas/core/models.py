@@ -87,7 +87,7 @@ _LLAMALIKE = "layers.{layer}.self_attn.o_proj"
 _GQA = "num_key_value_heads"
 
 # model type -> where its parts are. Every row has a tiny random-weight test (tests/test_architectures.py)
-# through extraction, the per-head vectors and an analysis; README "Supported model types" is checked against it.
+# through extraction, the per-head vectors and an analysis; docs/models.md "Supported model types" is checked against it.
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
     "electra": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("generator_predictions", "generator_lm_head")),
@@ -177,7 +177,7 @@ def architecture(model_type: str, model: str = "") -> Architecture:
     except KeyError:
         raise ModelError(
             f"model {model!r}: model type {model_type!r} is not supported; supported types: {', '.join(sorted(ARCHITECTURES))} "
-            "(README 'Supported model types' says how to add one)"
+            "(docs/models.md 'Supported model types' says how to add one)"
         ) from None
 
 
