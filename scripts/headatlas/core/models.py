@@ -484,8 +484,12 @@ def _dequantize(spec: ModelSpec, path: Path, out_dir: Path, tmp: Path) -> dict:
     for attr in ("quantization_config",):
         if hasattr(config, attr):
             delattr(config, attr)
-    # The GGUF-loaded model refuses save_pretrained; copy its dequantised weights into a plain one.
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # The GGUF-loaded model refuses save_pretrained; copy its dequantised weights into a plain one, built
+    # without random initialisation (every weight is overwritten below; about a CPU-second saved for SmolLM2)
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(quant.state_dict(), strict=False)
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:
