@@ -372,19 +372,19 @@ def test_embeddings_and_lm_head_rows(model_type, arch_model):
         assert head and all(k.startswith(tuple(h + "." for h in arch.lm_head)) for k in head), head
 
 
-def test_readme_table_matches_architectures():
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def test_models_doc_table_matches_architectures():
+    text = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
     section = text.split("## Supported model types", 1)[1].split("\n## ", 1)[0]
     table = architecture_markdown()
     assert table in section, (
-        "README 'Supported model types' differs from ARCHITECTURES; paste the output of\n"
+        "docs/models.md 'Supported model types' differs from ARCHITECTURES; paste the output of\n"
         "PYTHONPATH=scripts python -c 'from headatlas.core.models import architecture_markdown as t; print(t())'"
     )
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == list(ARCHITECTURES)
 
 
-# types that cannot be reduced fused (README "Scale"): ALBERT shares one attention module between layers,
+# types that cannot be reduced fused (docs/scale.md): ALBERT shares one attention module between layers,
 # DeBERTa declares no attention modules and passes output_attentions positionally
 NOT_FUSABLE = {"albert": "found 2 attention modules", "deberta": "declares no", "deberta-v2": "declares no"}
 

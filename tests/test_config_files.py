@@ -237,3 +237,65 @@ def test_bos_warning(config, bos, warns):
     assert (msg is not None) == warns
     if warns:
         assert "models[m].bos_token" in msg and "[CLS]/BOS" in msg
+
+
+def _fake_hub_cache(root: Path, repo: str, files: list[str]) -> None:
+    """The Hugging Face cache layout of one repository at revision main, holding ``files``."""
+    d = root / f"models--{repo.replace('/', '--')}"
+    (d / "refs").mkdir(parents=True)
+    (d / "refs" / "main").write_text("abc123")
+    snap = d / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    for f in files:
+        (snap / f).write_text("{}")
+
+
+def test_uncached_hub_warning_names_the_models_missing_from_the_cache(tmp_path, monkeypatch):
+    """Looked up on disk only: a model counts as cached with its config.json and one weight file."""
+    import huggingface_hub.constants
+
+    from headatlas.core.inputs import uncached_hub_warning
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    _fake_hub_cache(tmp_path, "org/full", ["config.json", "model.safetensors"])
+    _fake_hub_cache(tmp_path, "org/sharded", ["config.json", "model.safetensors.index.json"])
+    _fake_hub_cache(tmp_path, "org/config-only", ["config.json"])
+
+    def hub(name, repo):
+        return ModelSpec.from_config({"name": name, "source": {"hub": repo, "revision": "main"}})
+
+    specs = [hub("a", "org/full"), hub("b", "org/sharded"), hub("c", "org/config-only"), hub("d", "org/absent")]
+    warning = uncached_hub_warning([*specs, ModelSpec.from_config(MINILM)])
+    assert warning.startswith("2 of 4 hub models are not in the local Hugging Face cache")
+    assert "c (org/config-only), d (org/absent)" in warning and "(org/full)" not in warning
+    assert str(tmp_path) in warning
+    assert uncached_hub_warning(specs[:2]) is None
+    assert uncached_hub_warning([ModelSpec.from_config(MINILM)]) is None
+
+
+def test_paper_config_warns_once_about_uncached_models(tmp_path):
+    """config/paper.yaml offline with an empty cache: one warning naming all seven models, at parse time."""
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path), HF_HUB_OFFLINE="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "-n", "--configfile", "config/paper.yaml"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    assert text.count("hub models are not in the local Hugging Face cache") == 1, text[-3000:]
+    assert "7 of 7 hub models" in text and "electra-large (google/electra-large-discriminator)" in text
+
+
+def test_next_steps_name_the_report_command_and_the_atlas_page(tmp_path):
+    from headatlas.core.inputs import next_steps
+
+    (tmp_path / "config").mkdir()
+    lines = next_steps([tmp_path / "config" / "quick.yaml"], tmp_path / "results/atlas/index.html", cwd=tmp_path)
+    assert lines == [
+        "report:     snakemake --configfile config/quick.yaml --report results/report.html   (then open it in a browser)"
+    ]
+    page = tmp_path / "results/atlas/index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("<html>")
+    lines = next_steps([], page, cwd=tmp_path)
+    assert lines[0].startswith("report:     snakemake --report results/report.html")
+    assert lines[1].startswith(f"atlas page: {page}")

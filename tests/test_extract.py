@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -308,3 +309,22 @@ def test_cuda_extraction_matches_cpu(name, tiny_models, extracted, records, tmp_
             np.testing.assert_allclose(cpu.head(layer, 0)[0], gpu.head(layer, 0)[0], rtol=0, atol=1e-5)
             np.testing.assert_allclose(cpu.head_vectors(layer), gpu.head_vectors(layer), rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(cpu.hidden(layer), gpu.hidden(layer), rtol=1e-4, atol=1e-4)
+
+
+def test_progress_names_model_corpus_and_shard(tiny_loaded, records, tmp_path, caplog):
+    """Extraction's progress lines say which store they are about: model, corpus and, when split, the shard."""
+    spec, model, tokenizer, config = tiny_loaded(TINY_NAMES[0])
+    with caplog.at_level(logging.INFO, logger="headatlas.progress"):
+        extract(records[:2], spec, model, tokenizer, config, tmp_path / "a", meta={"corpus": "ewt_dev"})
+        extract(
+            records[:2],
+            spec,
+            model,
+            tokenizer,
+            config,
+            tmp_path / "b",
+            meta={"corpus": "wiki", "shard": 1, "n_shards": 2},
+        )
+    lines = [r.getMessage() for r in caplog.records if r.name == "headatlas.progress"]
+    assert any(line.startswith(f"extract {spec.name} ewt_dev: ") for line in lines), lines
+    assert any(line.startswith(f"extract {spec.name} wiki shard1of2: ") for line in lines), lines

@@ -32,3 +32,37 @@ def test_pin_torch_threads_when_already_imported():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+QUIET = """
+import sys, types
+from headatlas.core.runner import setup
+setup(types.SimpleNamespace(log=[sys.argv[2]], threads=1))
+from transformers import AutoModelForMaskedLM
+AutoModelForMaskedLM.from_pretrained(sys.argv[1])  # no masked-LM head in the checkpoint: a load report
+import logging
+logging.getLogger("transformers.x").error("an error still shows")
+"""
+
+
+def test_transformers_reports_go_to_the_log_file_only(tmp_path):
+    """The load report (missing weights) and the weight-loading bar stay out of the console (the workflow's
+    output); the report is kept in the rule's log file, and transformers' errors still reach the console."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    BertModel(config).save_pretrained(tmp_path / "m")
+    log = tmp_path / "rule.log"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "scripts"))
+    env.pop("TQDM_DISABLE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", QUIET, str(tmp_path / "m"), str(log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "LOAD REPORT" not in out.stderr and "Loading weights" not in out.stderr, out.stderr
+    assert "an error still shows" in out.stderr
+    text = log.read_text()
+    assert "LOAD REPORT" in text and "MISSING" in text.upper(), text

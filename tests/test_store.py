@@ -353,7 +353,7 @@ def test_every_read_checks_values_and_names_file_head_record(tmp_path, corpus, v
 
 
 def test_store_errors_name_the_head_1_based_and_the_file_by_its_own_name(tmp_path, corpus):
-    """README "Conventions": a corrupted map at layer index 1, head index 2 is head 2-3 in every message;
+    """docs/usage.md "Conventions": a corrupted map at layer index 1, head index 2 is head 2-3 in every message;
     the layer file keeps its own name (layer_01.h5)."""
     from headatlas.core.store import verify_store
 

@@ -16,6 +16,8 @@ from headatlas.core.inputs import (
     merge_config,
     map_setting,
     model_files,
+    next_steps,
+    uncached_hub_warning,
 )
 from headatlas.core.models import ModelSpec, check_installed
 from headatlas.core.store import store_problem
@@ -66,7 +68,7 @@ def _check_config():
 
 _check_config()
 
-# maps: full | sample | none per corpus (README "Fused reduction"): checked here, by key
+# maps: full | sample | none per corpus (docs/reduction.md): checked here, by key
 CORPUS_MAPS = {
     c: map_setting(spec, f"corpora.{c}") for c, spec in config["corpora"].items()
 }
@@ -139,6 +141,22 @@ def _check_models():
 
 
 _check_models()
+
+# hub-id models not in the local cache (config/paper.yaml offline): said once, by the main process
+if workflow.is_main_process:
+    _uncached = uncached_hub_warning(
+        [ModelSpec.from_config(m) for m in MODELS.values()]
+    )
+    if _uncached:
+        logger.warning(_uncached)
+
+
+onsuccess:
+    for _line in next_steps(
+        workflow.overwrite_configfiles or [], "results/atlas/index.html"
+    ):
+        logger.info(_line)
+
 
 CORPORA = config["corpora"]
 EXTRACTION = config["extraction"]

@@ -371,7 +371,10 @@ def extract(
                 )
                 keep = [SampleMaps(keep_pos, sample_writer, tol)]
             feed = stack.enter_context(FusedFeed(model, list(reducers) + keep, info))
-        pending, done = None, Progress(int(lengths.sum()), f"extract {spec.name}", "tokens")
+        m = meta or {}  # progress names the model, the corpus and (when split) the shard
+        shard = f"shard{m['shard']}of{m['n_shards']}" if m.get("n_shards", 1) > 1 else ""
+        what = " ".join(filter(None, ["extract", spec.name, m.get("corpus"), shard]))
+        pending, done = None, Progress(int(lengths.sum()), what, "tokens")
         for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, buffer_bytes):
             # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
             window = tokenized[start:stop]

@@ -4,7 +4,7 @@ layers x heads grids, a width the report can show, and one way to save.
 Figures are written atomically (a temporary name, renamed when complete) at one resolution,
 PNG for the report and an SVG beside it (every figure has both).
 
-Conventions (README "Conventions"): heads are named 1-based ``layer-head`` (:func:`head_label`);
+Conventions (docs/usage.md "Conventions"): heads are named 1-based ``layer-head`` (:func:`head_label`);
 every layers x heads grid has layer 1 at the top and head 1 at the left (:func:`layer_head_axes`);
 layer axes are labelled 1-based (:func:`layer_ticks`).
 """

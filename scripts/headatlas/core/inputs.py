@@ -279,3 +279,48 @@ def local_model_config(spec: ModelSpec) -> tuple[dict, str] | None:
         return json.loads(path.read_text(encoding="utf-8")), str(path)
     except (OSError, ValueError):
         return None
+
+
+# the weight files one of which a hub repository holds (single file or sharded index)
+HUB_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def uncached_hub_warning(specs: list[ModelSpec]) -> str | None:
+    """One warning naming every hub-id model whose config.json or weights are not in the local Hugging Face
+    cache (a lookup on disk, never the network); None when all are cached or there is no hub model."""
+    hub = [s for s in specs if s.source_kind == "hub"]
+    if not hub:
+        return None
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    def cached(spec: ModelSpec, filename: str) -> bool:
+        try:
+            found = try_to_load_from_cache(spec.source["hub"], filename, revision=spec.source.get("revision"))
+        except Exception:  # noqa: BLE001 - an unreadable cache holds nothing usable
+            return False
+        return isinstance(found, str)
+
+    missing = [s for s in hub if not (cached(s, "config.json") and any(cached(s, f) for f in HUB_WEIGHTS))]
+    if not missing:
+        return None
+    names = ", ".join(f"{s.name} ({s.source['hub']})" for s in missing)
+    return (
+        f"{len(missing)} of {len(hub)} hub models are not in the local Hugging Face cache ({constants.HF_HUB_CACHE}): "
+        f"{names}. Their first jobs download them, which needs a network; offline, download them elsewhere and "
+        "set source: {path: DIR} (docs/models.md)."
+    )
+
+
+def next_steps(configfiles: list, atlas_page: str | Path, cwd: str | Path = ".") -> list[str]:
+    """The lines that end a successful run: how to build its report (with the run's --configfile) and where
+    the atlas page is (when the run wrote one)."""
+    cwd = Path(cwd).resolve()
+    args = ""
+    for f in configfiles:
+        p = Path(f).resolve()
+        args += f" --configfile {p.relative_to(cwd) if p.is_relative_to(cwd) else p}"
+    snakemake = ".venv/bin/snakemake" if (cwd / ".venv/bin/snakemake").exists() else "snakemake"
+    lines = [f"report:     {snakemake}{args} --report results/report.html   (then open it in a browser)"]
+    if Path(atlas_page).is_file():
+        lines.append(f"atlas page: {atlas_page}   (open it in a browser, from disk)")
+    return lines

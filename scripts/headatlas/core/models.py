@@ -88,7 +88,7 @@ _LLAMALIKE = "layers.{layer}.self_attn.o_proj"
 _GQA = "num_key_value_heads"
 
 # model type -> where its parts are. Every row has a tiny random-weight test (tests/test_architectures.py)
-# through extraction, the per-head vectors and an analysis; README "Supported model types" is checked against it.
+# through extraction, the per-head vectors and an analysis; docs/models.md "Supported model types" is checked against it.
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
     "electra": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("generator_predictions", "generator_lm_head")),
@@ -178,7 +178,7 @@ def architecture(model_type: str, model: str = "") -> Architecture:
     except KeyError:
         raise ModelError(
             f"model {model!r}: model type {model_type!r} is not supported; supported types: {', '.join(sorted(ARCHITECTURES))} "
-            "(README 'Supported model types' says how to add one)"
+            "(docs/models.md 'Supported model types' says how to add one)"
         ) from None
 
 
@@ -476,8 +476,12 @@ def _dequantize(spec: ModelSpec, path: Path, out_dir: Path, tmp: Path) -> dict:
     for attr in ("quantization_config",):
         if hasattr(config, attr):
             delattr(config, attr)
-    # The GGUF-loaded model refuses save_pretrained; copy its dequantised weights into a plain one.
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # The GGUF-loaded model refuses save_pretrained; copy its dequantised weights into a plain one, built
+    # without random initialisation (every weight is overwritten below; about a CPU-second saved for SmolLM2)
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(quant.state_dict(), strict=False)
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:

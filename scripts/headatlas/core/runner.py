@@ -12,7 +12,9 @@ import sys
 def setup(snakemake, threads: int | None = None) -> logging.Logger:
     """Send log records (and uncaught errors) to the rule's log file; pin thread counts."""
     log_path = snakemake.log[0] if len(snakemake.log) else None
-    handlers = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    console.addFilter(_quiet_transformers)
+    handlers = [console]
     if log_path:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         handlers.append(logging.FileHandler(log_path, mode="w"))
@@ -27,8 +29,25 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     sys.excepthook = hook
     n = threads if threads is not None else snakemake.threads
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    os.environ.setdefault("TQDM_DISABLE", "1")  # weight-loading and GGUF bars: noise in a workflow's output
     pin_torch_threads(n)
+    after_import("transformers", _transformers_to_log)
     return log
+
+
+def _quiet_transformers(record: logging.LogRecord) -> bool:
+    """Console filter: transformers' reports below ERROR (its load report: missing or unexpected weights) go to
+    the rule's log file only."""
+    return record.levelno >= logging.ERROR or not record.name.startswith("transformers")
+
+
+def _transformers_to_log(module) -> None:
+    """transformers logs through our handlers (so the filter above applies) and draws no progress bars."""
+    from transformers.utils import logging as tlog
+
+    tlog.disable_default_handler()
+    tlog.enable_propagation()
+    tlog.disable_progress_bar()
 
 
 def pin_torch_threads(n: int) -> None:
@@ -36,36 +55,42 @@ def pin_torch_threads(n: int) -> None:
 
     Importing torch costs about a CPU second; a rule script that never uses it does not pay it.
     """
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(n)
+    after_import("torch", lambda torch: torch.set_num_threads(n))
+
+
+def after_import(name: str, fn) -> None:
+    """Call ``fn(module)`` now if top-level module ``name`` is loaded, else right after its first import (one
+    callback per module: a second call replaces the first)."""
+    if name in sys.modules:
+        fn(sys.modules[name])
         return
     for finder in sys.meta_path:
-        if isinstance(finder, _TorchThreads):
-            finder.n = n
+        if isinstance(finder, _AfterImport) and finder.name == name:
+            finder.fn = fn
             return
-    sys.meta_path.insert(0, _TorchThreads(n))
+    sys.meta_path.insert(0, _AfterImport(name, fn))
 
 
-class _TorchThreads(importlib.abc.MetaPathFinder):
-    """Import hook: pins torch's thread count once `import torch` has run, then removes itself."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Import hook: runs a callback once module ``name`` has been imported, then removes itself."""
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, name: str, fn):
+        self.name, self.fn = name, fn
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
-        exec_module, n = spec.loader.exec_module, self.n
+        exec_module, fn = spec.loader.exec_module, self.fn
 
-        def exec_and_pin(module):
+        def exec_and_call(module):
             exec_module(module)
-            module.set_num_threads(n)
+            fn(module)
 
-        spec.loader.exec_module = exec_and_pin
+        spec.loader.exec_module = exec_and_call
         return spec
 
 
