@@ -246,7 +246,7 @@ def test_batched_exact_equals_one_at_a_time(ablation_models, ewt_records):
         ev.expand = True
 
 
-def test_batched_exact_on_a_padded_classifier(bert_vocab_file):
+def _padded_classifier(bert_vocab_file, expect_expand=True):
     """A BERT classifier with padded batches (the attention mask is tiled to the expanded batch)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
@@ -256,14 +256,15 @@ def test_batched_exact_on_a_padded_classifier(bert_vocab_file):
     torch.manual_seed(0)
     model = BertForSequenceClassification(
         BertConfig(vocab_size=len(BertTokenizerFast(vocab=str(bert_vocab_file))), hidden_size=32,
-                   num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, num_labels=2)
+                   num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, num_labels=2,
+                   initializer_range=0.5)
     ).eval()  # fmt: skip
     gen = torch.Generator().manual_seed(1)
     batches = []
     for pos, n in ((np.array([0, 1, 2]), 9), (np.array([3, 4]), 5)):
         ids = torch.randint(5, 60, (len(pos), n), generator=gen)
         mask = torch.ones_like(ids)
-        mask[0, n - 3 :] = 0  # padding
+        mask[0, n // 2 :] = 0  # padding
         batches.append(({"input_ids": ids, "attention_mask": mask}, torch.tensor([0, 1, 0][: len(pos)]), pos))
     ev = Evaluation("classification", model, batches, 5, 3, 4)
     values = ev.replacement("mean", 0)
@@ -272,7 +273,28 @@ def test_batched_exact_on_a_padded_classifier(bert_vocab_file):
     ref = [_single(ev, values, f) for f in flat]
     np.testing.assert_allclose(got["loss"], np.stack([r["loss"] for r in ref], 1), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got["correct"], np.stack([r["correct"] for r in ref], 1))
-    assert ev.expand  # the expansion worked on BERT (no fallback)
+    assert ev.expand == expect_expand  # the expansion worked on BERT (no fallback)
+
+
+def test_batched_exact_on_a_padded_classifier(bert_vocab_file):
+    _padded_classifier(bert_vocab_file)
+
+
+def test_a_wrong_expansion_falls_back_to_replicated_inputs(bert_vocab_file, monkeypatch, caplog):
+    """Masks tiled in the wrong order give the right shape but wrong losses: the first expanded
+    pass is checked against replicated inputs, and the evaluation falls back to them."""
+    import headatlas.ablation.patch as patch_module
+
+    tile = patch_module._tile
+    monkeypatch.setattr(patch_module, "_tile", lambda t, blocks, rows: _flip(tile(t, blocks, rows)))
+    _padded_classifier(bert_vocab_file, expect_expand=False)
+    assert "batch expansion inside the model failed" in caplog.text
+
+
+def _flip(t):
+    import torch
+
+    return t.flip(0) if torch.is_tensor(t) and t.ndim >= 2 else t
 
 
 # --- toys for the estimators -----------------------------------------------------------------
@@ -485,3 +507,31 @@ def test_tiny_workflow_ablation(tmp_path):
     assert (res / "ablation/tinygpt2/removable.tsv").is_file()
     for m in ("tinybert", "tinygpt2"):
         assert (res / f"ablation/{m}/pruning.svg").is_file()
+
+
+def test_atlas_figure_marks_estimates_and_never_draws_unreliable_values():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from headatlas.atlas.figures import ablation_column, ablation_text, detector_panel
+
+    assert ablation_text(0.123, "exact") == ("0.12", False)
+    assert ablation_text(0.123, "estimated (checked)") == ("~0.12", True)
+    assert ablation_text(0.5, "unreliable") == ("?", False)
+    assert ablation_text(np.nan, "skipped: no LM head") == ("", False)
+    atlas = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+                          "ablation_lm_loss_effect": [np.nan] * 4, "ablation_lm_loss_effect_kind": ["skipped: x"] * 4,
+                          "ablation_classification_accuracy_effect": [-0.02, 0.01, np.nan, np.nan],
+                          "ablation_classification_accuracy_effect_kind": ["exact", "estimated (checked)", "unreliable",
+                                                                           "skipped: y"]})  # fmt: skip
+    assert ablation_column(atlas) == "ablation_classification_accuracy_effect"  # the lm column has no value
+    fig, ax = plt.subplots()
+    detector_panel(ax, atlas, 2, 2)
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts == ["-0.02", "?", "~0.01"]
+    assert sum(1 for p in ax.patches if p.get_hatch()) == 1  # only the estimate is hatched
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("accuracy, a share" in t for t in labels) and any("estimate" in t for t in labels)
+    plt.close(fig)

@@ -48,6 +48,7 @@ class Evaluation:
         layers = layer_modules(self.model, self.n_layers)
         self.patch = HeadPatch(head_output_modules(self.model, self.n_layers), self.n_heads, layers)
         self.expand = layers is not None  # batched exact ablation expands inside the model where it can
+        self._verified = False  # the first expanded pass is checked against replicated inputs
 
     def _metrics(self, out, targets):
         import torch.nn.functional as F
@@ -108,7 +109,10 @@ class Evaluation:
         return {m: out[m] for m in self._out(None, None)}
 
     def _exact_chunk(self, inputs, targets, chunk, v):
-        """Metrics [len(chunk) * B] of one forward pass ablating one head per block."""
+        """Metrics [len(chunk) * B] of one forward pass ablating one head per block. The first
+        expanded pass is checked against replicated inputs on its last head."""
+        import torch
+
         B = inputs["input_ids"].shape[0]
         k = len(chunk)
         if self.expand:
@@ -117,12 +121,24 @@ class Evaluation:
                     self.patch.reset()
                     out = self.model(**inputs)
                 if out.logits.shape[0] == k * B:
-                    return self._metrics(out, _tile_batch(targets, k))
-                reason = f"the output has {out.logits.shape[0]} rows, not {k * B}"
+                    got = self._metrics(out, _tile_batch(targets, k))
+                    if self._verified:
+                        return got
+                    ref = self._exact_chunk_replicated(inputs, targets, chunk[-1:], v)[0]
+                    if torch.allclose(got[0][-B:], ref, rtol=1e-5, atol=1e-5):
+                        self._verified = True
+                        return got
+                    reason = "its losses differ from replicated inputs"
+                else:
+                    reason = f"the output has {out.logits.shape[0]} rows, not {k * B}"
             except (RuntimeError, ValueError, IndexError) as e:
                 reason = str(e).splitlines()[0][:200]
             log.warning("%s: batch expansion inside the model failed (%s); replicating the inputs", self.task, reason)
             self.expand = False
+        return self._exact_chunk_replicated(inputs, targets, chunk, v)
+
+    def _exact_chunk_replicated(self, inputs, targets, chunk, v):
+        B, k = inputs["input_ids"].shape[0], len(chunk)
         with self.patch.batched(chunk, v, B, expand=False):
             self.patch.reset()
             out = self.model(**{key: _tile_batch(t, k) for key, t in inputs.items()})
