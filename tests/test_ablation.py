@@ -97,6 +97,8 @@ def test_layer_check_sign_flip_and_error_beyond_the_ci():
     zero, small = np.zeros(2), np.array([0.01, 0.0])
     lc = layer_check(zero, small, np.array([-0.02, 0.0]), np.array([0.04, 0.0]), [[0, 1]], 2)
     assert lc["passed"].tolist() == [True]  # opposite signs inside a CI that holds 0: no flip
+    lc = layer_check(np.array([0.17]), np.array([0.1]), np.array([0.05]), np.array([0.15]), [[0]], 1)
+    assert lc["passed"].tolist() == [False] and lc["n_outside_ci"].tolist() == [1]  # 0.07 > half-width 0.05
 
 
 def test_removable_count_from_the_first_failure():
