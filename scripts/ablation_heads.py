@@ -1,4 +1,4 @@
-"""Rule ablation_heads: every head's ablation effect (attribution patching; exact on the checked heads)."""
+"""Rule ablation_heads: every head's ablation effect (exact, batched; or an estimate checked in every layer)."""
 
 import sys
 import time

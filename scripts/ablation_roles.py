@@ -1,4 +1,5 @@
-"""Rule ablation_roles: each role ablated against matched random head sets; pruning curves and their figure."""
+"""Rule ablation_roles: each role ablated against matched random head sets; pruning curves, their figure and the
+share of heads removable within a tolerance."""
 
 import sys
 import time
@@ -37,8 +38,8 @@ evals, shape = evaluations(
     settings,
     device=job_device(spec.device, sm.resources.get("gpu")),
 )
-roles, pruning = ablate_roles(spec.name, evals, heads, tables, settings)
-for table, path in ((roles, sm.output.roles), (pruning, sm.output.pruning)):
+roles, pruning, removable = ablate_roles(spec.name, evals, heads, tables, settings)
+for table, path in ((roles, sm.output.roles), (pruning, sm.output.pruning), (removable, sm.output.removable)):
     with atomic_path(path) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 pruning_figure(pruning, spec.name, sm.output.figure, sm.output.svg)

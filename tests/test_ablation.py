@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace as dataclass_replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,13 +12,15 @@ from headatlas.ablation.analysis import (
     AblationSettings,
     ablate_heads,
     ablate_roles,
-    check_table,
+    agreement,
+    first_failure,
+    layer_check,
     matched_random_sets,
     pruning_orders,
     role_sets,
     specialisation,
 )
-from headatlas.ablation.patch import HeadPatch, attribution_estimates, random_heads, replacement
+from headatlas.ablation.patch import HeadPatch, donors, layer_samples, random_heads, replacement
 
 # --- the patch ------------------------------------------------------------------------------
 
@@ -33,7 +37,7 @@ def test_mean_ablation_replaces_exactly_the_heads_slice():
     values[0, 1] = [-7.0, -8.0]
     mask = np.zeros((1, H), bool)
     mask[0, 1] = True
-    with HeadPatch([proj], H) as patch, patch.ablated(mask, values):
+    with HeadPatch([proj], H) as patch, patch.ablated(mask, torch.as_tensor(values)):
         patch.reset()
         y = proj(x)
     expected = x.clone()
@@ -52,7 +56,10 @@ def test_shared_projection_is_patched_in_the_right_layer():
     mask = np.array([[False, False], [True, False]])  # head 2-1 only (layer index 1, head index 0)
     values = np.full((2, H, d), 5.0, np.float32)
     x = torch.ones(1, 1, 2)
-    with HeadPatch([proj, proj], H) as patch, patch.ablated(mask, values):  # one module serves two layers (ALBERT)
+    with (
+        HeadPatch([proj, proj], H) as patch,
+        patch.ablated(mask, torch.as_tensor(values)),
+    ):  # one module serves two layers (ALBERT)
         patch.reset()
         first, second = proj(x), proj(x)
     assert first.tolist() == [[[1.0, 1.0]]] and second.tolist() == [[[5.0, 1.0]]]
@@ -60,43 +67,43 @@ def test_shared_projection_is_patched_in_the_right_layer():
 
 def test_replacement_modes():
     means = np.ones((1, 2, 3))
-    assert (replacement(means, "mean") == 1).all() and (replacement(means, "zero") == 0).all()
-    with pytest.raises(ValueError, match="mean' or 'zero"):
+    assert (replacement(means, "mean").vectors == 1).all() and (replacement(means, "zero").vectors == 0).all()
+    with pytest.raises(ValueError, match="mean, zero, resample"):
         replacement(means, "half")
 
 
-def test_attribution_equals_exact_ablation_on_a_linear_toy():
-    """Metric linear in the head vectors: the first-order estimate is exact, per sequence."""
-    import torch
+def test_resample_donors_are_a_seeded_derangement():
+    for n in (2, 3, 7, 50):
+        d = donors(n, 0)
+        assert sorted(d.tolist()) == list(range(n)) and (d != np.arange(n)).all()
+    assert (donors(50, 0) == donors(50, 0)).all() and not (donors(50, 0) == donors(50, 1)).all()
+    with pytest.raises(ValueError, match="at least 2"):
+        donors(1, 0)
 
-    torch.manual_seed(0)
-    S, n, H, d = 3, 5, 4, 2
-    proj = torch.nn.Linear(H * d, 6)
-    readout = torch.randn(6)
-    z = torch.randn(S, n, H * d)
-    means = z.reshape(-1, H, d).mean(0).numpy()[None]  # [1, H, d]
 
-    def metric(x):  # per sequence, linear in the projection's input
-        return (proj(x) @ readout).sum(1)
+def test_layer_samples_seeded_and_distinct():
+    s = layer_samples(5, 4, 2, 3)
+    assert len(s) == 5 and all(len(set(h)) == 2 and set(h) <= set(range(4)) for h in s)
+    assert s == layer_samples(5, 4, 2, 3) and layer_samples(2, 3, 9, 0) == [[0, 1, 2], [0, 1, 2]]
 
-    with HeadPatch([proj], H) as patch:
-        patch.capture = True
-        patch.reset()
-        zz = z.clone().requires_grad_(True)
-        base = metric(zz)
-        (g,) = torch.autograd.grad(base.sum(), patch.captured)
-        patch.capture = False
-        gs = g.reshape(S, n, H, d)
-        grad_sums = gs.sum(1)[:, None].detach().numpy()  # [S, 1, H, d]
-        zg = (zz.detach().reshape(S, n, H, d) * gs).sum((1, 3))[:, None].numpy()  # [S, 1, H]
-        est = attribution_estimates(grad_sums, zg, replacement(means, "mean"))
-        for h in range(H):
-            mask = np.zeros((1, H), bool)
-            mask[0, h] = True
-            with torch.no_grad(), patch.ablated(mask, means):
-                patch.reset()
-                exact = (metric(z) - base).detach().numpy()
-            np.testing.assert_allclose(est[:, 0, h], exact, rtol=1e-4, atol=1e-4)
+
+def test_layer_check_sign_flip_and_error_beyond_the_ci():
+    est = np.array([0.1, -0.2, 0.05, 0.3])
+    exact = np.array([0.1, 0.2, 0.06, 0.3])
+    lo, hi = exact - 0.05, exact + 0.05  # half-width 0.05
+    lc = layer_check(est, exact, lo, hi, [[0, 1], [0, 1]], 2)
+    assert lc["passed"].tolist() == [False, True]
+    assert lc["n_sign_flips"].tolist() == [1, 0] and lc["n_outside_ci"].tolist() == [1, 0]
+    zero, small = np.zeros(2), np.array([0.01, 0.0])
+    lc = layer_check(zero, small, np.array([-0.02, 0.0]), np.array([0.04, 0.0]), [[0, 1]], 2)
+    assert lc["passed"].tolist() == [True]  # opposite signs inside a CI that holds 0: no flip
+    lc = layer_check(np.array([0.17]), np.array([0.1]), np.array([0.05]), np.array([0.15]), [[0]], 1)
+    assert lc["passed"].tolist() == [False] and lc["n_outside_ci"].tolist() == [1]  # 0.07 > half-width 0.05
+
+
+def test_removable_count_from_the_first_failure():
+    harm = np.array([[0.0, 0.05, 0.09, 0.2, 0.05], [0.0, 0.2, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    assert first_failure(harm, 0.1).tolist() == [2, 0, 4]
 
 
 # --- sets ----------------------------------------------------------------------------------
@@ -147,10 +154,9 @@ def test_role_sets_from_the_tsvs():
     assert sorted(orders["random"].tolist()) == [0, 1, 2, 3]
 
 
-def test_check_table_rank_and_overlap():
-    est = np.array([3.0, 2.0, 1.0, 0.0])
-    c = check_table("m", "lm", est, np.array([30.0, 10.0, 20.0, 0.0]), 2, 2)
-    assert c["spearman"].iloc[0] == pytest.approx(0.8) and c["top_k_overlap"].iloc[0] == 1
+def test_agreement_rank_and_overlap():
+    a = agreement(np.array([3.0, 2.0, 1.0, 0.0]), np.array([30.0, 10.0, 20.0, 0.0]), 2)
+    assert a["spearman"] == pytest.approx(0.8) and a["top_k_overlap"] == 1 and a["max_abs_error"] == 27
 
 
 # --- tiny models ---------------------------------------------------------------------------
@@ -191,29 +197,211 @@ def _spec(path):
     return ModelSpec.from_config({"name": path.name, "source": {"path": str(path)}, "max_length": 64, "device": "cpu"})
 
 
-SMALL = AblationSettings(lm_sequences=6, lm_max_tokens=24, exact_top=2, exact_random=2, random_sets=3, bootstrap=200,
-                         pruning_fractions=(0.25, 1.0))  # fmt: skip
+SMALL = AblationSettings(lm_sequences=6, lm_max_tokens=24, random_sets=3, bootstrap=200, pruning_fractions=(0.25, 1.0),
+                         prune_grid=4)  # fmt: skip
 
 
-def test_zero_output_projection_head_has_zero_effect(ablation_models, ewt_records):
+def _single(ev, values, flat):
+    """One-at-a-time exact ablation of one flat head: the reference for the batched one."""
+    mask = np.zeros((ev.n_layers, ev.n_heads), bool)
+    mask.flat[flat] = True
+    return ev.run(mask, values)
+
+
+@pytest.mark.parametrize("mode", ["mean", "zero", "resample"])
+def test_zero_output_projection_head_has_zero_effect(ablation_models, ewt_records, mode):
     from headatlas.ablation.analysis import head_tables
     from headatlas.ablation.tasks import evaluations
 
     evals, shape = evaluations(_spec(ablation_models / "llama_lm"), None, ewt_records, None, SMALL)
     ev, reason = evals["lm"]
     assert reason is None and shape == (2, 4)
-    mask = np.zeros(shape, bool)
-    mask[0, 1] = True
-    values = np.random.default_rng(0).normal(size=(2, 4, 8)).astype(np.float32) * 10
+    values = ev.replacement(mode, 0)
     intact = ev.run()
-    np.testing.assert_array_equal(ev.run(mask, values)["loss"], intact["loss"])  # exactly 0
-    mask[0, 1], mask[1, 2] = False, True
-    assert not np.array_equal(ev.run(mask, values)["loss"], intact["loss"])  # another head does matter
-    heads, check, _ = head_tables("llama_lm", ev, SMALL)
+    np.testing.assert_array_equal(_single(ev, values, 1)["loss"], intact["loss"])  # head 0-1 (flat 1): exactly 0
+    np.testing.assert_array_equal(ev.exact([1, 6], values)["loss"][:, 0], intact["loss"])  # batched too
+    assert not np.array_equal(_single(ev, values, 6)["loss"], intact["loss"])  # another head does matter
+    heads, check = head_tables("llama_lm", ev, dataclass_replace(SMALL, mode=mode))
     row = heads[(heads["layer"] == 0) & (heads["head"] == 1)].iloc[0]
-    assert row["estimate"] == 0 and row["estimate_ci_low"] == 0
-    assert set(heads["method"]) == {"exact", "estimated"} and (heads["method"] == "exact").sum() == 4
-    assert check["n_exact"].iloc[0] == 4
+    assert row["effect"] == 0 and row["ci_low"] == 0 and row["ci_high"] == 0 and row["estimate"] == 0
+    assert (heads["kind"] == "exact").all() and (heads["mode"] == mode).all()  # 8 heads <= exact_max_heads
+    allh = check[check["scope"] == "exact heads"].iloc[0]
+    assert allh["n_compared"] == 8 and allh["estimator"] == "atp"
+    assert (check["scope"] == "layer").sum() == 2
+
+
+def test_batched_exact_equals_one_at_a_time(ablation_models, ewt_records):
+    """Expanded inside the model (layers before a head run once), replicated inputs, one at a time."""
+    from headatlas.ablation.tasks import evaluations
+
+    evals, _ = evaluations(_spec(ablation_models / "llama_lm"), None, ewt_records, None, SMALL)
+    ev = evals["lm"][0]
+    assert ev.expand
+    for mode in ("mean", "resample"):
+        values = ev.replacement(mode, 0)
+        flat = list(range(8))
+        one = np.stack([_single(ev, values, f)["loss"] for f in flat], 1)
+        for max_rows in (10**6, 1):  # every head in one pass; one head per pass
+            np.testing.assert_allclose(ev.exact(flat, values, max_rows)["loss"], one, rtol=1e-5, atol=1e-5)
+        ev.expand = False
+        np.testing.assert_allclose(ev.exact(flat[::-1], values)["loss"], one[:, ::-1], rtol=1e-5, atol=1e-5)
+        ev.expand = True
+
+
+def _padded_classifier(bert_vocab_file, expect_expand=True):
+    """A BERT classifier with padded batches (the attention mask is tiled to the expanded batch)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from headatlas.ablation.tasks import Evaluation
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=len(BertTokenizerFast(vocab=str(bert_vocab_file))), hidden_size=32,
+                   num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, num_labels=2,
+                   initializer_range=0.5)
+    ).eval()  # fmt: skip
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for pos, n in ((np.array([0, 1, 2]), 9), (np.array([3, 4]), 5)):
+        ids = torch.randint(5, 60, (len(pos), n), generator=gen)
+        mask = torch.ones_like(ids)
+        mask[0, n // 2 :] = 0  # padding
+        batches.append(({"input_ids": ids, "attention_mask": mask}, torch.tensor([0, 1, 0][: len(pos)]), pos))
+    ev = Evaluation("classification", model, batches, 5, 3, 4)
+    values = ev.replacement("mean", 0)
+    flat = [0, 3, 5, 6, 11]
+    got = ev.exact(flat, values, 40)
+    ref = [_single(ev, values, f) for f in flat]
+    np.testing.assert_allclose(got["loss"], np.stack([r["loss"] for r in ref], 1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["correct"], np.stack([r["correct"] for r in ref], 1))
+    assert ev.expand == expect_expand  # the expansion worked on BERT (no fallback)
+
+
+def test_batched_exact_on_a_padded_classifier(bert_vocab_file):
+    _padded_classifier(bert_vocab_file)
+
+
+def test_a_wrong_expansion_falls_back_to_replicated_inputs(bert_vocab_file, monkeypatch, caplog):
+    """Masks tiled in the wrong order give the right shape but wrong losses: the first expanded
+    pass is checked against replicated inputs, and the evaluation falls back to them."""
+    import headatlas.ablation.patch as patch_module
+
+    tile = patch_module._tile
+    monkeypatch.setattr(patch_module, "_tile", lambda t, blocks, rows: _flip(tile(t, blocks, rows)))
+    _padded_classifier(bert_vocab_file, expect_expand=False)
+    assert "batch expansion inside the model failed" in caplog.text
+
+
+def _flip(t):
+    import torch
+
+    return t.flip(0) if torch.is_tensor(t) and t.ndim >= 2 else t
+
+
+# --- toys for the estimators -----------------------------------------------------------------
+
+
+class _Block:
+    pass
+
+
+def _toy(kind: str, n_layers: int = 2, n_heads: int = 3, d: int = 2, seed: int = 0):
+    """A 'llama'-named toy: per layer z = W h (per head), h <- h + o_proj(z); logits = h . r. With the
+    metric the logits' mean, the linear toy is linear in every z. ``saturating``: layer 0 has W and
+    o_proj the identity, positive embeddings and h <- h + 4 tanh(8 o_proj(z)): saturated at the
+    intact model (nearly flat gradient) but far from it when a head is set to zero."""
+    from types import SimpleNamespace
+
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    D = n_heads * d
+
+    class Layer(torch.nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.self_attn = torch.nn.Module()
+            self.self_attn.o_proj = torch.nn.Linear(D, D, bias=False)
+            self.w = torch.nn.Linear(D, D, bias=False)
+            self.i = i
+            self.saturating = kind == "saturating" and i == 0
+            with torch.no_grad():
+                self.w.weight.copy_(torch.eye(D) if self.saturating else torch.randn(D, D, generator=g) * 0.5)
+                o = torch.eye(D) if self.saturating else torch.randn(D, D, generator=g) * 0.5
+                self.self_attn.o_proj.weight.copy_(o)
+
+        def forward(self, h):
+            out = self.self_attn.o_proj(self.w(h))
+            return h + (4 * torch.tanh(8 * out) if self.saturating else out)
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = SimpleNamespace(model_type="llama")
+            self.emb = torch.nn.Embedding(20, D)
+            self.model = torch.nn.Module()
+            self.model.layers = torch.nn.ModuleList([Layer(i) for i in range(n_layers)])
+            self.r = torch.nn.Linear(D, 1, bias=False)
+            with torch.no_grad():
+                e = torch.randn(20, D, generator=g)
+                self.emb.weight.copy_(0.5 + e.abs() if kind == "saturating" else e)
+                self.r.weight.copy_(torch.randn(1, D, generator=g))
+
+        def forward(self, input_ids, attention_mask):
+            h = self.emb(input_ids)
+            for layer in self.model.layers:
+                h = layer(h)
+            return SimpleNamespace(logits=self.r(h))
+
+    return Toy()
+
+
+def _toy_eval(model, n_layers=2, n_heads=3, n_seq=8, n=5):
+    import torch
+
+    from headatlas.ablation.tasks import Evaluation
+
+    class Linear(Evaluation):
+        def _metrics(self, out, targets):  # linear in the logits
+            return out.logits[..., 0].mean(1), None
+
+    ids = torch.randint(0, 20, (n_seq, n), generator=torch.Generator().manual_seed(3))
+    half = n_seq // 2
+    batches = [({"input_ids": ids[a:b], "attention_mask": torch.ones(b - a, n, dtype=torch.long)}, None,
+                np.arange(a, b)) for a, b in ((0, half), (half, n_seq))]  # fmt: skip
+    return Linear("lm", model, batches, n_seq, n_layers, n_heads)
+
+
+@pytest.mark.parametrize("method", ["atp", "ig"])
+@pytest.mark.parametrize("mode", ["mean", "zero", "resample"])
+def test_estimate_equals_exact_on_a_linear_toy(method, mode):
+    ev = _toy_eval(_toy("linear"))
+    values = ev.replacement(mode, 0)
+    est = ev.estimate(values, method, 3)
+    exact = ev.exact(range(6), values)["loss"] - ev.run()["loss"][:, None]
+    np.testing.assert_allclose(est, exact, rtol=1e-4, atol=1e-5)  # per sequence and head
+
+
+def test_saturating_toy_fails_the_layer_check_and_the_layer_is_marked():
+    from headatlas.ablation.analysis import head_tables
+
+    ev = _toy_eval(_toy("saturating"))
+    s = AblationSettings(mode="zero", exact_max_heads=0, estimator="atp", check_heads=1, bootstrap=200,
+                         on_check_fail="unreliable")  # fmt: skip
+    heads, check = head_tables("toy", ev, s)
+    layers = check[check["scope"] == "layer"].set_index("layer")
+    assert not layers.loc[0, "passed"] and layers.loc[0, "action"] == "unreliable"
+    assert layers.loc[1, "passed"]  # the linear layer: the estimate is exact
+    l0 = heads[heads["layer"] == 0]
+    sampled = l0["exact"].notna()
+    assert sampled.sum() == 1 and (l0.loc[sampled, "kind"] == "exact").all()
+    assert (l0.loc[~sampled, "kind"] == "unreliable").all() and l0.loc[~sampled, "effect"].isna().all()
+    assert l0.loc[~sampled, "estimate"].notna().all()  # kept in its own column, never as the effect
+    assert set(heads.loc[heads["layer"] == 1, "kind"]) <= {"exact", "estimated (checked)"}
+    heads, check = head_tables("toy", ev, dataclass_replace(s, on_check_fail="exact"))
+    assert (heads.loc[heads["layer"] == 0, "kind"] == "exact").all()  # the failing layer ablated exactly
+    assert heads["effect"].notna().all()
 
 
 def test_model_without_lm_head_is_skipped_with_reason(ablation_models, ewt_records):
@@ -228,8 +416,10 @@ def test_model_without_lm_head_is_skipped_with_reason(ablation_models, ewt_recor
     assert (check["status"] == "skipped").all() and len(check) == 2
     cols = ablation_columns(heads)
     assert len(cols) == 8 and cols["ablation_lm_loss_method"].str.startswith("skipped: the checkpoint has no").all()
-    roles, pruning = ablate_roles("bert_plain", evals, heads, {}, SMALL)
+    assert cols["ablation_lm_loss_effect_kind"].str.startswith("skipped: the checkpoint has no").all()
+    roles, pruning, removable = ablate_roles("bert_plain", evals, heads, {}, SMALL)
     assert (roles["status"] == "skipped").all() and (pruning["status"] == "skipped").all()
+    assert (removable["status"] == "skipped").all()
 
 
 def test_roles_and_pruning_on_a_tiny_decoder(ablation_models, ewt_records, tmp_path):
@@ -241,7 +431,7 @@ def test_roles_and_pruning_on_a_tiny_decoder(ablation_models, ewt_records, tmp_p
     heads, _ = ablate_heads("llama_lm", evals, SMALL, shape)
     pande = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "role": ["local", "local"], "significant_fdr": [True, True],
                           "effect": [2.0, 1.0]})  # fmt: skip
-    roles, pruning = ablate_roles("llama_lm", evals, heads, {"pande": pande}, SMALL)
+    roles, pruning, removable = ablate_roles("llama_lm", evals, heads, {"pande": pande}, SMALL)
     ok = roles[roles["status"] == "ok"]
     assert ok["role"].tolist() == ["pande_local"] and ok["n_heads"].iloc[0] == 2 and ok["layers"].iloc[0] == "1,1"
     p = pruning[(pruning["status"] == "ok")]
@@ -250,9 +440,33 @@ def test_roles_and_pruning_on_a_tiny_decoder(ablation_models, ewt_records, tmp_p
     np.testing.assert_allclose(full, full[0])  # every order ends with every head removed
     pruning_figure(pruning, "llama_lm", tmp_path / "p.png", tmp_path / "p.svg")
     assert (tmp_path / "p.png").stat().st_size > 0 and (tmp_path / "p.svg").stat().st_size > 0
+    r = removable[removable["status"] == "ok"].iloc[0]
+    assert r["unit"] == "nats" and r["tolerance"] == 0.1 and 0 <= r["n_removable"] <= 8
+    assert r["share_ci_low"] <= r["share_ci_high"] and r["share"] == r["n_removable"] / 8
+    ev = evals["lm"][0]
+    lm = heads[heads["task"] == "lm"].sort_values(["layer", "head"])
+    order = np.lexsort((np.arange(8), lm["effect"].to_numpy()))
+    k = int(r["n_removable"])
+    mask = np.zeros(8, bool)
+    mask[order[:k]] = True
+    loss = ev.run(mask.reshape(2, 4), ev.replacement("mean", 0))["loss"].mean() if k else ev.run()["loss"].mean()
+    assert loss - r["intact"] <= 0.1 + 1e-9 and r["value"] == pytest.approx(loss)
     cols = ablation_columns(heads)
-    assert set(cols["ablation_lm_loss_method"]) == {"exact", "estimated"}
-    assert cols["ablation_classification_accuracy_method"].str.startswith("skipped").all()
+    assert set(cols["ablation_lm_loss_effect_kind"]) == {"exact"} and set(cols["ablation_lm_loss_method"]) == {"exact"}
+    assert cols["ablation_classification_accuracy_effect_kind"].str.startswith("skipped").all()
+
+
+def test_atlas_columns_never_show_an_unreliable_estimate():
+    from headatlas.atlas.analysis import ablation_columns
+
+    kinds = ["exact", "unreliable", "estimated (checked)", "unreliable"]
+    heads = pd.DataFrame({"model": "m", "task": "lm", "status": "ok", "reason": "", "layer": [0, 0, 1, 1],
+                          "head": [0, 1, 0, 1], "metric": "loss", "effect": [0.5, 0.2, 0.1, 0.3], "ci_low": 0.0,
+                          "ci_high": 1.0, "kind": kinds, "method": ["exact", "atp", "atp", "atp"]})  # fmt: skip
+    cols = ablation_columns(heads)
+    assert cols["ablation_lm_loss_effect"].isna().tolist() == [False, True, False, True]
+    assert cols["ablation_lm_loss_ci_low"].isna().tolist() == [False, True, False, True]
+    assert cols["ablation_lm_loss_effect_kind"].tolist() == kinds
 
 
 @pytest.mark.slow
@@ -289,5 +503,37 @@ def test_tiny_workflow_ablation(tmp_path):
     assert "status" in roles
     atlas = pd.read_csv(res / "atlas/tinybert/atlas.tsv", sep="\t")
     assert atlas["ablation_lm_loss_method"].str.startswith("skipped").all()
+    assert atlas["ablation_lm_loss_effect_kind"].str.startswith("skipped").all()
+    gpt = pd.read_csv(res / "atlas/tinygpt2/atlas.tsv", sep="\t")
+    assert (gpt["ablation_lm_loss_effect_kind"] == "exact").all()
+    assert (res / "ablation/tinygpt2/removable.tsv").is_file()
     for m in ("tinybert", "tinygpt2"):
         assert (res / f"ablation/{m}/pruning.svg").is_file()
+
+
+def test_atlas_figure_marks_estimates_and_never_draws_unreliable_values():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from headatlas.atlas.figures import ablation_column, ablation_text, detector_panel
+
+    assert ablation_text(0.123, "exact") == ("0.12", False)
+    assert ablation_text(0.123, "estimated (checked)") == ("~0.12", True)
+    assert ablation_text(0.5, "unreliable") == ("?", False)
+    assert ablation_text(np.nan, "skipped: no LM head") == ("", False)
+    atlas = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+                          "ablation_lm_loss_effect": [np.nan] * 4, "ablation_lm_loss_effect_kind": ["skipped: x"] * 4,
+                          "ablation_classification_accuracy_effect": [-0.02, 0.01, np.nan, np.nan],
+                          "ablation_classification_accuracy_effect_kind": ["exact", "estimated (checked)", "unreliable",
+                                                                           "skipped: y"]})  # fmt: skip
+    assert ablation_column(atlas) == "ablation_classification_accuracy_effect"  # the lm column has no value
+    fig, ax = plt.subplots()
+    detector_panel(ax, atlas, 2, 2)
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts == ["-0.02", "?", "~0.01"]
+    assert sum(1 for p in ax.patches if p.get_hatch()) == 1  # only the estimate is hatched
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("accuracy, a share" in t for t in labels) and any("estimate" in t for t in labels)
+    plt.close(fig)

@@ -19,7 +19,7 @@ rule ablation_heads:
             caption="../report/ablation_check.rst",
             category="Ablations",
             subcategory="{model}",
-            labels={"item": "Attribution patching vs exact ablation (table)"},
+            labels={"item": "Estimates vs exact ablation, per layer (table)"},
         ),
     log:
         "logs/ablation_heads/{model}.log",
@@ -53,6 +53,7 @@ rule ablation_roles:
             labels={"item": "Role ablation vs random heads (table)"},
         ),
         pruning="results/ablation/{model}/pruning.tsv",
+        removable="results/ablation/{model}/removable.tsv",
         figure=report(
             "results/ablation/{model}/pruning.png",
             caption="../report/ablation_pruning.rst",

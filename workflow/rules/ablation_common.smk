@@ -16,6 +16,7 @@ register_targets(
             "check.tsv",
             "roles.tsv",
             "pruning.tsv",
+            "removable.tsv",
             "pruning.png",
         )
     ],

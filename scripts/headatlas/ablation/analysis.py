@@ -1,20 +1,26 @@
 """Ablations: is a head (a role, a set of heads) needed?
 
-Effects are ``ablated - intact`` per sequence (next-token loss; for a classifier the gold
-label's cross-entropy and accuracy), averaged over the evaluation sequences with a percentile
-bootstrap CI over sequences (``core.bootstrap.bootstrap_ci``, one set of resamples per table).
-A loss effect > 0 and an accuracy effect < 0 mean the model needs what was removed.
+Effects are ``ablated - intact`` per sequence (next-token loss in nats; for a classifier the gold
+label's cross-entropy in nats and accuracy, a share: x 100 = accuracy points), averaged over the
+evaluation sequences with a percentile bootstrap CI over sequences (``core.bootstrap.bootstrap_ci``,
+one set of resamples per table). A loss effect > 0 and an accuracy effect < 0 mean the model needs
+what was removed.
 
-- single heads: attribution patching (one forward and one backward pass) estimates every
-  head's effect; exact ablation checks it on the top ``exact_top`` heads of the estimate (largest
-  absolute value: a large negative estimate is checked too) and
-  ``exact_random`` random others (Spearman rank correlation, top-k overlap). The atlas value is
-  the exact effect where one was measured, else the estimate, and says which;
+- single heads: exact ablation of every head, batched (``Evaluation.exact``), wherever the model
+  has at most ``exact_max_heads`` heads or runs on a GPU. Elsewhere an estimate (attribution
+  patching or integrated gradients) for every head, checked in every layer by exact ablation of
+  ``check_heads`` seeded heads: a layer fails when a checked head's estimate has the opposite sign
+  of an exact effect whose CI excludes 0, or misses the exact effect by more than the CI's
+  half-width. A failing layer gets exact values for all its heads (``on_check_fail: exact``) or its
+  estimates are marked ``unreliable`` and never given as effects. Every value says what it is
+  (``kind``: ``exact``, ``estimated (checked)``, ``unreliable``, ``skipped: <reason>``). With exact
+  values everywhere the check still compares the estimators of ``compare_estimators`` with them;
 - roles: every head of a role at once against ``random_sets`` seeded random sets with the same
   number of heads in every layer (drawn from the layer's heads outside the role where it has
   enough of them);
 - pruning: heads removed cumulatively least specialised first (atlas order), least needed
-  first (ablation order) and in a seeded random order.
+  first (ablation order) and in a seeded random order; and the share of heads removable in the
+  ablation order while the main metric stays within a tolerance of intact, with its CI.
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.figures import head_label
-from .patch import attribution_estimates, random_heads, replacement
+from .patch import layer_samples
 
 log = logging.getLogger("headatlas.ablation.analysis")
 
 KEY = ["layer", "head"]
+KINDS = ("exact", "estimated (checked)", "unreliable")  # and "skipped: <reason>"
+UNITS = {"loss": "nats", "accuracy": "accuracy points / 100 (a share)"}
+ACCURACY_NOTE = "skipped: accuracy has no gradient estimate (exact ablation only)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,11 +53,20 @@ class AblationSettings:
     lm_max_tokens: int = 36
     classification_examples: int = 200
     batch_size: int = 16
-    exact_top: int = 10
-    exact_random: int = 10
+    exact_max_heads: int = 400
+    exact_max_rows: int = 4096
+    estimator: str = "atp"
+    ig_steps: int = 4
+    compare_estimators: tuple[str, ...] = ("atp",)
+    check_heads: int = 2
+    check_seed: int = 0
+    on_check_fail: str = "exact"
     random_sets: int = 10
     pande_roles: tuple[str, ...] = ("local", "syntactic", "delimiter", "block")
     pruning_fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75)
+    prune_loss_nats: float = 0.1
+    prune_accuracy_points: float = 1.0
+    prune_grid: int = 24
     bootstrap: int = 1000
     ci: float = 0.95
     seed: int = 0
@@ -56,7 +74,7 @@ class AblationSettings:
     @classmethod
     def from_config(cls, section: dict) -> "AblationSettings":
         kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        for k in ("pande_roles", "pruning_fractions"):
+        for k in ("pande_roles", "pruning_fractions", "compare_estimators"):
             if k in kw:
                 kw[k] = tuple(kw[k])
         return cls(**kw)
@@ -81,19 +99,22 @@ def mean_ci(values: np.ndarray, counts: np.ndarray, level: float) -> tuple[np.nd
 
 # --- single heads --------------------------------------------------------------------------
 
-HEAD_COLUMNS = ["model", "task", "status", "reason", "layer", "head", "label", "metric", "effect", "ci_low", "ci_high",
-                "method", "estimate", "estimate_ci_low", "estimate_ci_high", "exact", "exact_ci_low", "exact_ci_high",
-                "intact", "n_sequences", "mode"]  # fmt: skip
-CHECK_COLUMNS = ["model", "task", "status", "reason", "metric", "n_exact", "n_top", "n_random", "spearman", "spearman_p",
-                 "top_k", "top_k_overlap", "mean_abs_error", "n_sequences", "mode"]  # fmt: skip
+HEAD_COLUMNS = ["model", "task", "status", "reason", "layer", "head", "label", "metric", "unit", "effect", "ci_low",
+                "ci_high", "kind", "method", "estimate", "estimate_ci_low", "estimate_ci_high", "exact", "exact_ci_low",
+                "exact_ci_high", "intact", "n_sequences", "mode"]  # fmt: skip
+CHECK_COLUMNS = ["model", "task", "status", "reason", "metric", "estimator", "scope", "layer", "n_compared", "spearman",
+                 "top_k", "top_k_overlap", "max_abs_error", "mean_abs_error", "n_sign_flips", "n_outside_ci", "passed",
+                 "action", "n_sequences", "mode"]  # fmt: skip
 
 
 def skipped_heads(model: str, task: str, reason: str, n_layers: int, n_heads: int) -> pd.DataFrame:
     """One row per head (so that the atlas carries the reason on every head), main metric, method 'skipped'."""
     layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    metric = metrics_of(task)[0]
     return pd.DataFrame(
         {"model": model, "task": task, "status": "skipped", "reason": reason, "layer": layer, "head": head,
-         "label": [head_label(a, b) for a, b in zip(layer, head)], "metric": metrics_of(task)[0], "method": "skipped"},
+         "label": [head_label(a, b) for a, b in zip(layer, head)], "metric": metric, "unit": UNITS[metric],
+         "kind": f"skipped: {reason}", "method": "skipped"},
         columns=HEAD_COLUMNS,
     )  # fmt: skip
 
@@ -102,87 +123,140 @@ def skipped_check(model: str, task: str, reason: str) -> pd.DataFrame:
     return pd.DataFrame([{"model": model, "task": task, "status": "skipped", "reason": reason}], columns=CHECK_COLUMNS)
 
 
-def head_tables(model: str, evaluation, settings: AblationSettings) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
-    """Every head's ablation effect (estimated; exact on the checked heads) and the check of the
-    estimate; and the replacement vectors [L, H, d] (for the role and pruning rule)."""
-    L, H = evaluation.n_layers, evaluation.n_heads
-    intact, means, grad_sums, zg = evaluation.gradient_pass()
-    values = replacement(means, settings.mode)
-    est = attribution_estimates(grad_sums, zg, values).reshape(evaluation.n_sequences, L * H)  # [S, L*H], loss
-    rng = np.random.default_rng(settings.seed)
-    counts = resample_counts(rng, evaluation.n_sequences, settings.bootstrap)
-    order = np.argsort(-np.abs(est.mean(0)), kind="stable")  # largest |estimate|: big negative ones are checked too
-    top = [(int(i // H), int(i % H)) for i in order[: settings.exact_top]]
-    rand = random_heads(L, H, settings.exact_random, rng, exclude=top)
-    checked = top + rand
-    exact = {m: np.full((evaluation.n_sequences, L * H), np.nan) for m in metrics_of(evaluation.task)}
-    for layer, head in checked:
-        mask = np.zeros((L, H), bool)
-        mask[layer, head] = True
-        run = evaluation.run(mask, values)
-        for m in exact:
-            exact[m][:, layer * H + head] = _values(run, m) - _values(intact, m)
-    e_mean, e_lo, e_hi = mean_ci(est, counts, settings.ci)
-    idx = np.array([lay * H + h for lay, h in checked])
+def exact_everywhere(evaluation, settings: AblationSettings) -> bool:
+    """Exact ablation of every head: on a GPU, or with at most ``exact_max_heads`` heads."""
+    device = next(evaluation.model.parameters()).device.type
+    return device != "cpu" or evaluation.n_layers * evaluation.n_heads <= settings.exact_max_heads
+
+
+def layer_check(
+    estimate: np.ndarray, exact: np.ndarray, lo: np.ndarray, hi: np.ndarray, samples: list[list[int]], n_heads: int
+) -> pd.DataFrame:
+    """Per layer, the estimate [L * H] against the exact effect and its CI on the sampled heads:
+    a sign flip (opposite signs, the exact CI excluding 0) or an error above the CI's half-width
+    fails the layer."""
     rows = []
-    for metric in metrics_of(evaluation.task):
-        x_mean = np.full(L * H, np.nan)
-        x_lo, x_hi = x_mean.copy(), x_mean.copy()
-        x_mean[idx], x_lo[idx], x_hi[idx] = mean_ci(exact[metric][:, idx], counts, settings.ci)
-        has_est = metric == "loss"  # attribution patching needs a differentiable metric
+    for layer, heads in enumerate(samples):
+        i = np.array([layer * n_heads + h for h in heads], dtype=np.int64)
+        e, x = estimate[i], exact[i]
+        flips = (np.sign(e) != np.sign(x)) & ((lo[i] > 0) | (hi[i] < 0))
+        outside = np.abs(e - x) > (hi[i] - lo[i]) / 2
+        rows.append({"layer": layer, "n_compared": len(i), "max_abs_error": float(np.max(np.abs(e - x))),
+                     "mean_abs_error": float(np.mean(np.abs(e - x))), "n_sign_flips": int(flips.sum()),
+                     "n_outside_ci": int(outside.sum()), "passed": bool(not (flips | outside).any())})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def agreement(estimate: np.ndarray, exact: np.ndarray, k: int = 10) -> dict:
+    """Spearman rho, top-k overlap (largest |value|), largest and mean absolute error."""
+    k = min(k, len(exact))
+    ok = len(exact) >= 3 and np.ptp(exact) > 0 and np.ptp(estimate) > 0
+    rho = stats.spearmanr(estimate, exact)[0] if ok else np.nan
+    top = [set(np.argsort(-np.abs(v), kind="stable")[:k]) for v in (estimate, exact)]
+    err = np.abs(estimate - exact)
+    return {"n_compared": len(exact), "spearman": rho, "top_k": k, "top_k_overlap": len(top[0] & top[1]),
+            "max_abs_error": float(err.max()) if len(err) else np.nan,
+            "mean_abs_error": float(err.mean()) if len(err) else np.nan}  # fmt: skip
+
+
+def head_tables(model: str, evaluation, settings: AblationSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every head's ablation effect (exact, or a checked estimate) per metric and the check table."""
+    ev, s = evaluation, settings
+    L, H, S = ev.n_layers, ev.n_heads, ev.n_sequences
+    N = L * H
+    values = ev.replacement(s.mode, s.seed)
+    intact = ev.run()
+    metrics = metrics_of(ev.task)
+    counts = resample_counts(np.random.default_rng(s.seed), S, s.bootstrap)
+    exact = {m: np.full((S, N), np.nan) for m in metrics}
+
+    def measure(flat):
+        flat = [f for f in flat if np.isnan(exact[metrics[0]][0, f])]
+        if flat:
+            run = ev.exact(flat, values, s.exact_max_rows)
+            for m in metrics:
+                exact[m][:, flat] = _values(run, m) - _values(intact, m)[:, None]
+
+    everywhere = exact_everywhere(ev, s)
+    samples = layer_samples(L, H, s.check_heads, s.check_seed)
+    names = list(dict.fromkeys(s.compare_estimators)) if everywhere else [s.estimator]
+    est = {e: ev.estimate(values, e, s.ig_steps) for e in names}  # [S, N] loss effects
+    measure(range(N) if everywhere else sorted(lay * H + h for lay, hs in enumerate(samples) for h in hs))
+
+    def summary(m):
+        x, lo, hi = (np.full(N, np.nan) for _ in range(3))
+        done = np.flatnonzero(np.isfinite(exact[m][0]))
+        if len(done):
+            x[done], lo[done], hi[done] = mean_ci(exact[m][:, done], counts, s.ci)
+        return x, lo, hi
+
+    checks, failed = [], set()
+    for e in names:
+        x, lo, hi = summary("loss")
+        lc = layer_check(mean_ci(est[e], counts, s.ci)[0], x, lo, hi, samples, H)
+        bad = set(lc.loc[~lc["passed"], "layer"].astype(int))
+        if not everywhere:
+            failed = bad
+        lc["action"] = ["none" if p else ("none (exact everywhere)" if everywhere else s.on_check_fail)
+                        for p in lc["passed"]]  # fmt: skip
+        lc["scope"], lc["estimator"] = "layer", e
+        checks.append(lc)
+    if failed and s.on_check_fail == "exact":
+        log.info("%s, %s: layers %s fail the check: exact ablation of all their heads", model, ev.task, sorted(failed))
+        measure([lay * H + h for lay in sorted(failed) for h in range(H)])
+    x_loss = summary("loss")[0]
+    done = np.flatnonzero(np.isfinite(x_loss))
+    for e in names:
+        row = agreement(mean_ci(est[e], counts, s.ci)[0][done], x_loss[done])
+        checks.insert(0, pd.DataFrame([dict(row, scope="exact heads", estimator=e, action="")]))
+    check = pd.concat(checks, ignore_index=True)
+    check = check.assign(model=model, task=ev.task, status="ok", reason="", metric="loss", n_sequences=S, mode=s.mode)
+    check = check.reindex(columns=CHECK_COLUMNS)
+
+    layer_of = np.repeat(np.arange(L), H)
+    unreliable = np.isin(layer_of, sorted(failed)) if s.on_check_fail == "unreliable" else np.zeros(N, bool)
+    main = (names[0] if names else None) if everywhere else s.estimator
+    e_mean, e_lo, e_hi = mean_ci(est[main], counts, s.ci) if main else (np.full(N, np.nan),) * 3
+    rows = []
+    for metric in metrics:
+        x_mean, x_lo, x_hi = summary(metric)
         is_exact = np.isfinite(x_mean)
+        has_est = metric == "loss"  # the estimates need a differentiable metric
+        if has_est:
+            kind = np.where(is_exact, "exact", np.where(unreliable, "unreliable", "estimated (checked)"))
+        else:
+            kind = np.where(is_exact, "exact", ACCURACY_NOTE)
+        shown = kind == "estimated (checked)"
+        nan = np.full(N, np.nan)
         frame = pd.DataFrame(
             {
                 "model": model,
-                "task": evaluation.task,
+                "task": ev.task,
                 "status": "ok",
                 "reason": "",
-                "layer": np.repeat(np.arange(L), H),
+                "layer": layer_of,
                 "head": np.tile(np.arange(H), L),
+                "label": [head_label(a, b) for a, b in zip(layer_of, np.tile(np.arange(H), L))],
                 "metric": metric,
-                "effect": np.where(is_exact, x_mean, e_mean if has_est else np.nan),
-                "ci_low": np.where(is_exact, x_lo, e_lo if has_est else np.nan),
-                "ci_high": np.where(is_exact, x_hi, e_hi if has_est else np.nan),
-                "method": np.where(is_exact, "exact", "estimated" if has_est else "none"),
-                "estimate": e_mean if has_est else np.nan,
-                "estimate_ci_low": e_lo if has_est else np.nan,
-                "estimate_ci_high": e_hi if has_est else np.nan,
+                "unit": UNITS[metric],
+                "effect": np.where(is_exact, x_mean, np.where(shown, e_mean if has_est else nan, nan)),
+                "ci_low": np.where(is_exact, x_lo, np.where(shown, e_lo if has_est else nan, nan)),
+                "ci_high": np.where(is_exact, x_hi, np.where(shown, e_hi if has_est else nan, nan)),
+                "kind": kind,
+                "method": np.where(is_exact, "exact", main if has_est else "none"),
+                "estimate": e_mean if has_est else nan,
+                "estimate_ci_low": e_lo if has_est else nan,
+                "estimate_ci_high": e_hi if has_est else nan,
                 "exact": x_mean,
                 "exact_ci_low": x_lo,
                 "exact_ci_high": x_hi,
                 "intact": float(_values(intact, metric).mean()),
-                "n_sequences": evaluation.n_sequences,
-                "mode": settings.mode,
+                "n_sequences": S,
+                "mode": s.mode,
             }
         )
-        frame.insert(6, "label", [head_label(a, b) for a, b in zip(frame["layer"], frame["head"])])
         rows.append(frame)
-    heads = pd.concat(rows, ignore_index=True)[HEAD_COLUMNS]
-    check = check_table(model, evaluation.task, e_mean[idx], x_mean_loss(heads)[idx], len(top), len(rand))
-    check["n_sequences"] = evaluation.n_sequences
-    check["mode"] = settings.mode
-    return heads, check, values
-
-
-def x_mean_loss(heads: pd.DataFrame) -> np.ndarray:
-    return heads[heads["metric"] == "loss"]["exact"].to_numpy(float)
-
-
-def check_table(
-    model: str, task: str, estimate: np.ndarray, exact: np.ndarray, n_top: int, n_random: int
-) -> pd.DataFrame:
-    """Spearman rank correlation of estimate and exact loss effect over the checked heads, and
-    how many of the exact top ``n_top`` among them (largest |effect|) are the estimate's top ``n_top``."""
-    k = min(n_top, len(exact))
-    rho, p = stats.spearmanr(estimate, exact) if len(exact) >= 3 and np.ptp(exact) > 0 else (np.nan, np.nan)
-    top = [set(np.argsort(-np.abs(v), kind="stable")[:k]) for v in (estimate, exact)]
-    both = len(top[0] & top[1])
-    return pd.DataFrame(
-        [{"model": model, "task": task, "status": "ok", "reason": "", "metric": "loss", "n_exact": len(exact),
-          "n_top": n_top, "n_random": n_random, "spearman": rho, "spearman_p": p, "top_k": k, "top_k_overlap": both,
-          "mean_abs_error": float(np.mean(np.abs(estimate - exact))) if len(exact) else np.nan}],
-        columns=CHECK_COLUMNS,
-    )  # fmt: skip
+    return pd.concat(rows, ignore_index=True)[HEAD_COLUMNS], check
 
 
 # --- roles ---------------------------------------------------------------------------------
@@ -366,6 +440,77 @@ def pruning_table(
     return pd.DataFrame(rows, columns=PRUNING_COLUMNS)
 
 
+REMOVABLE_COLUMNS = ["model", "task", "status", "reason", "metric", "order", "tolerance", "unit", "intact", "n_heads",
+                     "n_removable", "share", "share_ci_low", "share_ci_high", "value", "first_failing", "n_evaluated",
+                     "n_sequences", "mode"]  # fmt: skip
+
+
+def first_failure(harm: np.ndarray, tolerance: float) -> np.ndarray:
+    """Per row of ``harm`` [B, K] (harm at increasing numbers of heads removed; column 0 = none),
+    the index of the last column before the first one whose harm exceeds ``tolerance``."""
+    bad = harm > tolerance
+    first = np.where(bad.any(1), bad.argmax(1), harm.shape[1])
+    return first - 1
+
+
+def removable_table(model: str, evaluation, values, order: np.ndarray, settings: AblationSettings) -> pd.DataFrame:
+    """How many heads can go, in ``order`` (the ablation order), while the main metric stays
+    within the tolerance of intact (accuracy: ``prune_accuracy_points`` points; loss:
+    ``prune_loss_nats``): the metric on a grid of ``prune_grid`` + 1 head counts, then bisection
+    between the last count within it and the first one past it (so the count is exact if the
+    metric's harm is monotone there). The CI resamples the sequences over the evaluated counts."""
+    ev, s = evaluation, settings
+    L, H = ev.n_layers, ev.n_heads
+    N = L * H
+    metric = metrics_of(ev.task)[0]
+    sign, tol = (-1.0, s.prune_accuracy_points / 100) if metric == "accuracy" else (1.0, s.prune_loss_nats)
+    runs: dict[int, np.ndarray] = {}
+
+    def at(k: int) -> np.ndarray:
+        if k not in runs:
+            mask = np.zeros(N, bool)
+            mask[order[:k]] = True
+            runs[k] = _values(ev.run(mask.reshape(L, H), values) if k else ev.run(), metric)
+        return runs[k]
+
+    def harm(k: int) -> float:
+        return sign * float(at(k).mean() - at(0).mean())
+
+    grid = sorted({int(round(x)) for x in np.linspace(0, N, s.prune_grid + 1)})
+    ok = 0
+    for k in grid[1:]:
+        if harm(k) > tol:
+            hi = k
+            while hi - ok > 1:
+                mid = (ok + hi) // 2
+                ok, hi = (mid, hi) if harm(mid) <= tol else (ok, mid)
+            break
+        ok = k
+    ks = sorted(runs)
+    vals = np.stack([runs[k] for k in ks], 1)  # [S, K]
+    counts = resample_counts(np.random.default_rng([s.seed, 5]), ev.n_sequences, s.bootstrap)
+    means = counts @ vals / counts.sum(1, keepdims=True)  # [B, K]
+    boot = np.asarray(ks)[first_failure(sign * (means - means[:, :1]), tol)]
+    q = (1 - s.ci) / 2
+    lo, hi_ = np.quantile(boot / N, [q, 1 - q])
+    fail = [k for k in ks if harm(k) > tol]
+    return pd.DataFrame(
+        [{"model": model, "task": ev.task, "status": "ok", "reason": "", "metric": metric, "order": "ablation",
+          "tolerance": tol * (100 if metric == "accuracy" else 1),
+          "unit": "accuracy points" if metric == "accuracy" else "nats", "intact": float(at(0).mean()), "n_heads": N,
+          "n_removable": ok, "share": ok / N, "share_ci_low": lo, "share_ci_high": hi_, "value": float(at(ok).mean()),
+          "first_failing": fail[0] if fail else pd.NA, "n_evaluated": len(ks), "n_sequences": ev.n_sequences,
+          "mode": s.mode}],
+        columns=REMOVABLE_COLUMNS,
+    )  # fmt: skip
+
+
+def skipped_removable(model: str, task: str, reason: str) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"model": model, "task": task, "status": "skipped", "reason": reason}], columns=REMOVABLE_COLUMNS
+    )
+
+
 def skipped_pruning(model: str, task: str, reason: str) -> pd.DataFrame:
     return pd.DataFrame(
         [{"model": model, "task": task, "status": "skipped", "reason": reason}], columns=PRUNING_COLUMNS
@@ -374,8 +519,8 @@ def skipped_pruning(model: str, task: str, reason: str) -> pd.DataFrame:
 
 # --- the rules -----------------------------------------------------------------------------
 
-INT_COLUMNS = ("layer", "head", "n_sequences", "n_exact", "n_top", "n_random", "top_k", "top_k_overlap", "n_heads",
-               "n_random_sets", "n_removed")  # fmt: skip
+INT_COLUMNS = ("layer", "head", "n_sequences", "n_compared", "n_sign_flips", "n_outside_ci", "top_k", "top_k_overlap",
+               "n_heads", "n_random_sets", "n_removed", "n_removable")  # fmt: skip
 
 
 def _tidy(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -384,7 +529,7 @@ def _tidy(frames: list[pd.DataFrame]) -> pd.DataFrame:
     for c in df.columns:
         if c in INT_COLUMNS:
             df[c] = df[c].astype("Int64")
-        elif c == "needed_more_than_random":
+        elif c in ("needed_more_than_random", "passed"):
             df[c] = df[c].astype("boolean")
     return df
 
@@ -400,27 +545,30 @@ def ablate_heads(
             heads.append(skipped_heads(model, task, reason, *shape))
             checks.append(skipped_check(model, task, reason))
             continue
-        h, c, _ = head_tables(model, ev, settings)
+        h, c = head_tables(model, ev, settings)
         heads.append(h)
         checks.append(c)
-        log.info("model %s, %s: estimate vs exact on %d heads: spearman %.3f, top-%d overlap %d",
-                 model, task, c["n_exact"].iloc[0], c["spearman"].iloc[0], c["top_k"].iloc[0], c["top_k_overlap"].iloc[0])  # fmt: skip
+        for r in c[c["scope"] == "exact heads"].itertuples():
+            log.info("model %s, %s: %s vs exact on %d heads: spearman %.3f, top-%d overlap %d, largest error %.4g",
+                     model, task, r.estimator, r.n_compared, r.spearman, r.top_k, r.top_k_overlap, r.max_abs_error)  # fmt: skip
+        log.info("model %s, %s: kinds %s", model, task, h.groupby("metric")["kind"].value_counts().to_dict())
     return _tidy(heads), _tidy(checks)
 
 
 def ablate_roles(
     model: str, evals: dict, heads: pd.DataFrame, tables: dict[str, pd.DataFrame | None], settings: AblationSettings
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Rule ablation_roles: roles.tsv and pruning.tsv over both tasks. ``tables``: the role TSVs
-    (pande, behaviour, syntax, syntax_baselines; None when that analysis does not cover the model)."""
-    roles_out, pruning_out = [], []
+    """Rule ablation_roles: roles.tsv, pruning.tsv and removable.tsv over both tasks. ``tables``: the
+    role TSVs (pande, behaviour, syntax, syntax_baselines; None when that analysis does not cover the model)."""
+    roles_out, pruning_out, removable_out = [], [], []
     for task, (ev, reason) in evals.items():
         if ev is None:
             roles_out.append(skipped_roles(model, task, reason))
             pruning_out.append(skipped_pruning(model, task, reason))
+            removable_out.append(skipped_removable(model, task, reason))
             continue
         L, H = ev.n_layers, ev.n_heads
-        values = replacement(ev.mean_vectors(), settings.mode)
+        values = ev.replacement(settings.mode, settings.seed)
         roles = role_sets(tables.get("pande"), tables.get("behaviour"), tables.get("syntax"),
                           tables.get("syntax_baselines"), settings.pande_roles)  # fmt: skip
         for name, (_, hs) in roles.items():
@@ -435,4 +583,9 @@ def ablate_roles(
             )
         orders = pruning_orders(specialisation(L, H, roles, tables.get("pande")), eff, settings.seed)
         pruning_out.append(pruning_table(model, ev, values, orders, settings))
-    return _tidy(roles_out), _tidy(pruning_out)
+        removable_out.append(removable_table(model, ev, values, orders["ablation"], settings))
+        r = removable_out[-1].iloc[0]
+        log.info("model %s, %s: %d of %d heads removable (ablation order) within %g %s (share %.3f, CI %.3f-%.3f)",
+                 model, task, r["n_removable"], r["n_heads"], r["tolerance"], r["unit"], r["share"], r["share_ci_low"],
+                 r["share_ci_high"])  # fmt: skip
+    return _tidy(roles_out), _tidy(pruning_out), _tidy(removable_out)

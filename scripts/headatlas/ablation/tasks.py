@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .patch import HeadPatch
+from .patch import MODES, HeadPatch, Replacement, layer_modules, replacement, resample_replacement
 
 log = logging.getLogger("headatlas.ablation.tasks")
 
 TASKS = ("lm", "classification")
+ESTIMATORS = ("atp", "ig")
 
 
 @dataclass
@@ -44,7 +45,10 @@ class Evaluation:
     def __post_init__(self):
         from ..core.extract import head_output_modules
 
-        self.patch = HeadPatch(head_output_modules(self.model, self.n_layers), self.n_heads)
+        layers = layer_modules(self.model, self.n_layers)
+        self.patch = HeadPatch(head_output_modules(self.model, self.n_layers), self.n_heads, layers)
+        self.expand = layers is not None  # batched exact ablation expands inside the model where it can
+        self._verified = False  # the first expanded pass is checked against replicated inputs
 
     def _metrics(self, out, targets):
         import torch.nn.functional as F
@@ -58,87 +62,183 @@ class Evaluation:
         loss = F.cross_entropy(logits, targets, reduction="none")
         return loss, (logits.argmax(-1) == targets).float()
 
-    def run(self, mask: np.ndarray | None = None, values: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Per-sequence ``loss`` (and ``correct`` for classification) with heads ``mask`` [L, H]
-        replaced by ``values`` [L, H, d] (none: the intact model)."""
-        import torch
-
-        loss = np.zeros(self.n_sequences)
-        correct = np.zeros(self.n_sequences)
-        with self.patch, torch.inference_mode():
-            with self.patch.ablated(mask, values) if mask is not None else nullcontext():
-                for inputs, targets, pos in self.batches:
-                    self.patch.reset()
-                    lo, co = self._metrics(self.model(**inputs), targets)
-                    loss[pos] = lo.cpu().numpy()
-                    if co is not None:
-                        correct[pos] = co.cpu().numpy()
+    def _out(self, loss, correct) -> dict[str, np.ndarray]:
         out = {"loss": loss}
         if self.task == "classification":
             out["correct"] = correct
         return out
 
-    def mean_vectors(self) -> np.ndarray:
-        """The heads' mean vectors over every real token of the evaluation set [L, H, d]."""
+    def run(self, mask: np.ndarray | None = None, values: Replacement | None = None) -> dict[str, np.ndarray]:
+        """Per-sequence ``loss`` (and ``correct`` for classification) with heads ``mask`` [L, H]
+        replaced by ``values`` (none: the intact model)."""
         import torch
 
-        sums, count = 0.0, 0
+        loss = np.zeros(self.n_sequences)
+        correct = np.zeros(self.n_sequences)
+        with self.patch, torch.inference_mode():
+            for inputs, targets, pos in self.batches:
+                n = inputs["input_ids"].shape[1]
+                with self.patch.ablated(mask, values.for_batch(pos, n)) if mask is not None else nullcontext():
+                    self.patch.reset()
+                    lo, co = self._metrics(self.model(**inputs), targets)
+                loss[pos] = lo.cpu().numpy()
+                if co is not None:
+                    correct[pos] = co.cpu().numpy()
+        return self._out(loss, correct)
+
+    def exact(self, heads, values: Replacement, max_rows: int = 4096) -> dict[str, np.ndarray]:
+        """Exact single-head ablation of every flat head of ``heads`` (layer * H + head), batched:
+        one block of batch rows per head, as many heads per forward pass as keep the batch within
+        ``max_rows`` token rows. Returns per metric the per-sequence values [S, len(heads)]."""
+        import torch
+
+        heads = np.asarray(heads, dtype=np.int64)
+        order = np.argsort(heads, kind="stable")
+        out = {m: np.zeros((self.n_sequences, len(heads))) for m in ("loss", "correct")}
+        with self.patch, torch.inference_mode():
+            for inputs, targets, pos in self.batches:
+                B, n = inputs["input_ids"].shape
+                per = max(1, max_rows // (B * n))
+                v = values.for_batch(pos, n)
+                for c in range(0, len(order), per):
+                    chunk = order[c : c + per]
+                    lo, co = self._exact_chunk(inputs, targets, heads[chunk], v)
+                    out["loss"][np.ix_(pos, chunk)] = lo.reshape(len(chunk), B).T.cpu().numpy()
+                    if co is not None:
+                        out["correct"][np.ix_(pos, chunk)] = co.reshape(len(chunk), B).T.cpu().numpy()
+        return {m: out[m] for m in self._out(None, None)}
+
+    def _exact_chunk(self, inputs, targets, chunk, v):
+        """Metrics [len(chunk) * B] of one forward pass ablating one head per block. The first
+        expanded pass is checked against replicated inputs on its last head."""
+        import torch
+
+        B = inputs["input_ids"].shape[0]
+        k = len(chunk)
+        if self.expand:
+            try:
+                with self.patch.batched(chunk, v, B, expand=True):
+                    self.patch.reset()
+                    out = self.model(**inputs)
+                if out.logits.shape[0] == k * B:
+                    got = self._metrics(out, _tile_batch(targets, k))
+                    if self._verified:
+                        return got
+                    ref = self._exact_chunk_replicated(inputs, targets, chunk[-1:], v)[0]
+                    if torch.allclose(got[0][-B:], ref, rtol=1e-5, atol=1e-5):
+                        self._verified = True
+                        return got
+                    reason = "its losses differ from replicated inputs"
+                else:
+                    reason = f"the output has {out.logits.shape[0]} rows, not {k * B}"
+            except (RuntimeError, ValueError, IndexError) as e:
+                reason = str(e).splitlines()[0][:200]
+            log.warning("%s: batch expansion inside the model failed (%s); replicating the inputs", self.task, reason)
+            self.expand = False
+        return self._exact_chunk_replicated(inputs, targets, chunk, v)
+
+    def _exact_chunk_replicated(self, inputs, targets, chunk, v):
+        B, k = inputs["input_ids"].shape[0], len(chunk)
+        with self.patch.batched(chunk, v, B, expand=False):
+            self.patch.reset()
+            out = self.model(**{key: _tile_batch(t, k) for key, t in inputs.items()})
+        return self._metrics(out, _tile_batch(targets, k))
+
+    def head_outputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every head's output per sequence and position, z [S, L, n, H, d] (zero-padded to the
+        longest sequence), and the sequences' real token counts [S]."""
+        import torch
+
+        n_max = max(int(inputs["input_ids"].shape[1]) for inputs, _, _ in self.batches)
+        z = lengths = None
         with self.patch, torch.inference_mode():
             self.patch.capture = True
             try:
-                for inputs, _, _ in self.batches:
+                for inputs, _, pos in self.batches:
                     self.patch.reset()
                     self.model(**inputs)
                     real = inputs["attention_mask"].bool()
-                    z = torch.stack([t.reshape(*real.shape, self.n_heads, -1) for t in self.patch.captured], 1)
-                    sums = sums + (z.float() * real[:, None, :, None, None]).sum((0, 2)).double().cpu().numpy()
-                    count += int(real.sum())
+                    B, n = real.shape
+                    zb = torch.stack([t.reshape(B, n, self.n_heads, -1) for t in self.patch.captured], 1).float()
+                    if z is None:
+                        z = np.zeros((self.n_sequences, self.n_layers, n_max, self.n_heads, zb.shape[-1]), np.float32)
+                        lengths = np.zeros(self.n_sequences, np.int64)
+                    z[pos, :, :n] = (zb * real[:, None, :, None, None]).cpu().numpy()
+                    lengths[pos] = real.sum(1).cpu().numpy()
             finally:
                 self.patch.capture = False
                 self.patch.reset()
-        return sums / max(count, 1)
+        return z, lengths
 
-    def gradient_pass(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
-        """One forward and one backward pass over every batch: the intact per-sequence metrics,
-        the heads' mean vectors over real tokens [L, H, d], and per sequence the loss gradients
-        summed over positions [S, L, H, d] and sum_i z_i . g_i [S, L, H] (attribution patching)."""
+    def mean_vectors(self) -> np.ndarray:
+        """The heads' mean vectors over every real token of the evaluation set [L, H, d]."""
+        z, lengths = self.head_outputs()
+        return z.sum((0, 2)).astype(np.float64) / max(int(lengths.sum()), 1)
+
+    def replacement(self, mode: str, seed: int) -> Replacement:
+        """The ablated heads' replacement for ``mode`` (mean, zero, resample: seeded donors)."""
+        if mode not in MODES:
+            raise ValueError(f"ablation mode must be one of {', '.join(MODES)}, not {mode!r}")
+        z, lengths = self.head_outputs()
+        if mode == "resample":
+            return resample_replacement(z, lengths, seed)
+        return replacement(z.sum((0, 2)).astype(np.float64) / max(int(lengths.sum()), 1), mode)
+
+    def estimate(self, values: Replacement, method: str = "atp", steps: int = 1) -> np.ndarray:
+        """First-order estimates [S, L * H] of every head's loss effect.
+
+        ``atp`` (attribution patching): sum over positions of (v - z) . dLoss/dz at the intact
+        model, one forward and one backward pass. ``ig``: integrated gradients along the path on
+        which every head gets the offset alpha (v - z) (downstream heads recomputed): the gradient
+        averaged over ``steps`` midpoints alpha = (k + 1/2) / steps, times (v - z) (one intact
+        forward pass, then ``steps`` forward and backward passes)."""
         import torch
 
+        if method not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, not {method!r}")
         S, L, H = self.n_sequences, self.n_layers, self.n_heads
-        loss = np.zeros(S)
-        correct = np.zeros(S)
-        sums = counts = grad_sums = zg = None
+        alphas = [0.0] if method == "atp" else [(k + 0.5) / steps for k in range(steps)]
+        est = np.zeros((S, L * H))
         with self.patch, torch.enable_grad():
             self.patch.capture = True
             try:
                 for inputs, targets, pos in self.batches:
+                    B, n = inputs["input_ids"].shape
+                    v = values.for_batch(pos, n)
                     self.patch.reset()
-                    lo, co = self._metrics(self.model(**inputs), targets)
-                    zs = self.patch.captured
-                    grads = torch.autograd.grad(lo.sum(), zs)
-                    real = inputs["attention_mask"].bool()
-                    B, n = real.shape
-                    z = torch.stack([t.detach().reshape(B, n, H, -1) for t in zs], 1).float()  # [B, L, n, H, d]
-                    g = torch.stack([t.reshape(B, n, H, -1) for t in grads], 1).float()
-                    w = real[:, None, :, None, None]
-                    if sums is None:
-                        d = z.shape[-1]
-                        sums, counts = np.zeros((L, H, d)), 0
-                        grad_sums, zg = np.zeros((S, L, H, d), np.float32), np.zeros((S, L, H))
-                    sums += (z * w).sum((0, 2)).double().cpu().numpy()
-                    counts += int(real.sum())
-                    grad_sums[pos] = (g * w).sum(2).cpu().numpy()
-                    zg[pos] = ((z * g) * w).sum((2, 4)).double().cpu().numpy()
-                    loss[pos] = lo.detach().cpu().numpy()
-                    if co is not None:
-                        correct[pos] = co.cpu().numpy()
+                    with torch.no_grad():
+                        if method != "atp":
+                            self.model(**inputs)
+                            z0 = _stack(self.patch.captured, B, n, H)
+                    g_sum = 0.0
+                    for a in alphas:
+                        with self.patch.interpolated(a, v, z0) if a > 0 else nullcontext():
+                            self.patch.reset()
+                            lo, _ = self._metrics(self.model(**inputs), targets)
+                            grads = torch.autograd.grad(lo.sum(), self.patch.captured)
+                        if a == 0:
+                            z0 = _stack([t.detach() for t in self.patch.captured], B, n, H)
+                        g_sum = g_sum + _stack(grads, B, n, H)
+                    vb = v[None, :, None] if v.ndim == 3 else v.permute(1, 0, 2, 3, 4)  # [1|B, L, 1|n, H, d]
+                    w = inputs["attention_mask"].bool()[:, None, :, None, None]
+                    d = ((vb.float() - z0) * (g_sum / len(alphas))) * w
+                    est[pos] = d.sum((2, 4)).reshape(B, L * H).double().cpu().numpy()
             finally:
                 self.patch.capture = False
                 self.patch.reset()
-        metrics = {"loss": loss}
-        if self.task == "classification":
-            metrics["correct"] = correct
-        return metrics, sums / max(counts, 1), grad_sums, zg
+        return est
+
+
+def _stack(tensors, B: int, n: int, H: int):
+    """Per-layer [B, n, H * d] tensors as one [B, L, n, H, d] float tensor."""
+    import torch
+
+    return torch.stack([t.reshape(B, n, H, -1) for t in tensors], 1).float()
+
+
+def _tile_batch(t, k: int):
+    """A batch tensor repeated ``k`` times along its first dimension (block after block)."""
+    return t.repeat(k, *[1] * (t.ndim - 1)) if k > 1 and t is not None else t
 
 
 def _bucketed(lengths: list[int], batch_size: int) -> list[np.ndarray]:
@@ -164,6 +264,7 @@ def lm_evaluation(
     if kind != "decoder":
         return None, "an encoder: the loss ablation measures next-token loss, which needs a causal LM"
     model.to(device)
+    model.config.use_cache = False  # no key/value cache: batches are expanded inside the model
     tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
     bos = decoder_bos(tokenizer, config, spec)
     tokenized, _ = tokenize_records(

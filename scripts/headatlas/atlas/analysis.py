@@ -152,16 +152,25 @@ def detector_columns(heads: pd.DataFrame) -> pd.DataFrame:
 
 
 def ablation_columns(ablation: pd.DataFrame) -> pd.DataFrame:
-    """Per task and metric: the ablation effect (ablated - intact) with its CI and how it was
-    measured: ``exact``, ``estimated`` (attribution patching), ``none`` (accuracy: no estimate)
-    or ``skipped: <reason>`` (a task the model cannot do, e.g. no LM head)."""
+    """Per task and metric: the ablation effect (ablated - intact; loss in nats, accuracy a share)
+    with its CI, how it was measured (``_method``: ``exact``, the estimator, ``none`` or
+    ``skipped: <reason>``) and what the value is (``_effect_kind``: ``exact``, ``estimated
+    (checked)``, ``unreliable`` or ``skipped: <reason>``; only exact and checked values have an
+    effect)."""
     a = ablation.copy()
-    a["method"] = np.where(a["status"] == "skipped", "skipped: " + a["reason"].fillna("").astype(str), a["method"])
+    skipped = a["status"] == "skipped"
+    a["method"] = np.where(skipped, "skipped: " + a["reason"].fillna("").astype(str), a["method"])
+    if "kind" not in a:  # a heads table written before the kinds
+        a["kind"] = np.where(skipped, a["method"], np.where(a["method"] == "exact", "exact", "unreliable"))
+    a["kind"] = np.where(skipped, a["method"], a["kind"])
+    a["effect_kind"] = a["kind"]
+    shown = a["effect_kind"].isin(["exact", "estimated (checked)"])
+    for c in ("effect", "ci_low", "ci_high"):
+        a[c] = a[c].where(shown)
     a["col"] = "ablation_" + a["task"] + "_" + a["metric"]
-    wide = a.pivot_table(
-        index=KEY, columns="col", values=["effect", "ci_low", "ci_high", "method"], aggfunc="first", dropna=False
-    )
-    order = [(v, c) for c in dict.fromkeys(a["col"]) for v in ("effect", "ci_low", "ci_high", "method")]
+    names = ("effect", "ci_low", "ci_high", "method", "effect_kind")
+    wide = a.pivot_table(index=KEY, columns="col", values=list(names), aggfunc="first", dropna=False)
+    order = [(v, c) for c in dict.fromkeys(a["col"]) for v in names]
     wide = wide.reindex(columns=pd.MultiIndex.from_tuples(order))
     wide.columns = [f"{c}_{v}" for v, c in wide.columns]
     return wide.reset_index()

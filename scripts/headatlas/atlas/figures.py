@@ -68,7 +68,7 @@ def atlas_grid(atlas: pd.DataFrame, n_layers: int, n_heads: int, model: str, png
     the model's other heads. When the atlas has detector columns, a second panel
     (:func:`detector_panel`) shows them. Layer 1 is at the top, head 1 at the left (:func:`_grid_axes`)."""
     cell = 0.42
-    detectors = any(c.startswith("det_") for c in atlas.columns)
+    detectors = any(c.startswith("det_") for c in atlas.columns) or ablation_column(atlas) is not None
     fig_w = max(6.0, cell * n_heads + 3.2)
     fig_h = max(4.0, cell * n_layers + 1.6)
     if detectors:
@@ -159,8 +159,27 @@ DETECTOR_COLOURS = {"induction": "#d62728", "duplicate": "#ff7f0e", "prev": "#1f
 
 
 def ablation_column(atlas: pd.DataFrame) -> str | None:
-    """The ablation-effect column the ablation analysis adds to the atlas, if any (``ablation_*effect*``)."""
-    return next((c for c in atlas.columns if c.startswith("ablation_") and "effect" in c), None)
+    """The ablation-effect column drawn in the atlas figure (``ablation_<task>_<metric>_effect``):
+    the first one with a value, else the first one; None without any."""
+    cols = [c for c in atlas.columns if c.startswith("ablation_") and c.endswith("_effect")]
+    return next((c for c in cols if atlas[c].notna().any()), cols[0] if cols else None)
+
+
+def ablation_text(value, kind) -> tuple[str, bool]:
+    """The cell text of an ablation value and whether it is an estimate (drawn hatched):
+    exact -> '0.12', 'estimated (checked)' -> '~0.12'; unreliable -> '?' and skipped -> '' (no
+    effect shown). A value without a kind (an older atlas) is shown as it is."""
+    kind = "exact" if kind is None or (isinstance(kind, float) and np.isnan(kind)) else str(kind)
+    if kind == "unreliable":
+        return "?", False
+    if kind.startswith("skipped") or value is None or not np.isfinite(float(value)):
+        return "", False
+    estimated = kind == "estimated (checked)"
+    return ("~" if estimated else "") + f"{float(value):.2f}", estimated
+
+
+def ablation_unit(column: str) -> str:
+    return "accuracy, a share (x 100 = points)" if column.endswith("_accuracy_effect") else "nats"
 
 
 def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None:
@@ -184,8 +203,14 @@ def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None
         )
         if str(r.get("det_sink_head")) == "True":
             ax.plot(head + 0.3, layer + 0.3, "o", color="black", markersize=2.5)
-        if abl is not None and pd.notna(r.get(abl)):
-            ax.text(head, layer, f"{float(r[abl]):.2f}", ha="center", va="center", fontsize=5, color="#333333")
+        if abl is not None:
+            text, estimated = ablation_text(r.get(abl), r.get(f"{abl}_kind"))
+            if estimated:
+                ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch="////",
+                                           edgecolor="#999999", linewidth=0))  # fmt: skip
+            if text:
+                colour = "#999999" if text == "?" else "#333333"
+                ax.text(head, layer, text, ha="center", va="center", fontsize=5, color=colour)
     grouped = False
     if "det_kv_group" in atlas:
         groups = atlas.sort_values(["layer", "head"])["det_kv_group"].to_numpy()[:n_heads]
@@ -193,7 +218,8 @@ def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None
         for x in np.flatnonzero(np.diff(groups)) + 0.5 if grouped else []:
             ax.axvline(x, color="black", linewidth=1.5)
     _grid_axes(ax, n_layers, n_heads)
-    ax.set_title("Detectors: strongest significant pattern (FDR), sink heads, KV groups", fontsize=9)
+    title = "Detectors: strongest significant pattern (FDR), sink heads, KV groups" if dets else "Ablation effects"
+    ax.set_title(title, fontsize=9)
     handles = [Patch(facecolor=c, label=f"{d} (opacity: mean score)") for d, c in DETECTOR_COLOURS.items() if d in dets]
     handles += [
         Line2D([], [], marker="o", color="black", linestyle="none", markersize=3, label="sink head (alpha_1 > epsilon)")
@@ -201,7 +227,16 @@ def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None
     if grouped:
         handles += [Line2D([], [], color="black", linewidth=1.5, label="key/value group boundary")]
     if abl is not None:
-        handles += [Patch(facecolor="white", edgecolor="white", label=f"text: {abl}")]
+        kinds = set(atlas.get(f"{abl}_kind", pd.Series(["exact"])).astype(str))
+        handles += [Patch(facecolor="white", edgecolor="white", label=f"text: {abl} ({ablation_unit(abl)})")]
+        if "estimated (checked)" in kinds:
+            handles += [Patch(facecolor="white", edgecolor="#999999", hatch="////",
+                              label="hatched, ~: estimate (layer passed the exact check)")]  # fmt: skip
+        if "unreliable" in kinds:
+            handles += [Patch(facecolor="white", edgecolor="white", label="?: unreliable estimate (no effect shown)")]
+        skipped = sorted(k for k in kinds if k.startswith("skipped"))
+        if skipped:
+            handles += [Patch(facecolor="white", edgecolor="white", label=f"blank: {skipped[0][:60]}")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
 
 
