@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from headatlas.atlas import columns as registry
 from headatlas.atlas import page as pg
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord, write_records
 from headatlas.core.store import AttentionStore, AttentionWriter, word_level
@@ -162,12 +163,17 @@ def test_ci_columns_roles_and_descriptions(run):
         {"role": "pande_local", "faithful": "pande_local_sig_faithful", "fdr": "pande_local_sig_fdr"},
         {"role": "pande_syntactic", "faithful": "pande_syntactic_sig_faithful", "fdr": "pande_syntactic_sig_fdr"},
     ]
-    assert pg.describe_column("pande_syntactic_nsubj_effect").startswith("Pande sieve effect of role syntactic_nsubj")
-    assert pg.describe_column("probe_syntactic_mean_acc").startswith(
+    assert registry.describe("pande_syntactic_nsubj_effect").desc.startswith(
+        "Pande sieve effect of role syntactic_nsubj"
+    )
+    assert registry.describe("probe_syntactic_mean_acc").desc.startswith(
         "Jo & Myaeng mean probing accuracy over the syntactic"
     )
-    assert pg.describe_column("detector_score") == "detector_score"  # unknown: its name
-    assert pg.describe_column("x_ci_high") == "high end of the CI of x"
+    assert registry.describe("detector_score").desc == "detector_score"  # unknown: its name
+    assert not registry.describe("detector_score").known
+    assert registry.describe("x_ci_high").desc == "high end of the CI of x"
+    assert cols["clark_entropy"]["unit"] == "nats" and cols["clark_entropy"]["family"] == "Clark et al. (surface)"
+    assert cols["det_kv_group"]["family"] == "detectors"
 
 
 def test_rank_hand_computed():
@@ -253,7 +259,7 @@ def test_no_store_no_scores_or_no_maps_give_a_note_not_an_error(run):
     with AttentionWriter(bare, tok, [f"r{i}" for i in range(4)], L, H, meta={"model": "m", "corpus": "c"}, maps=False):
         pass
     ex = pg.examples_data([str(bare)], str(run["corpus"]), str(run["scores"]), atlas, SETTINGS)
-    assert ex["sentences"] == [] and ex["maps"] == [[]] * 6 and "no stored maps" in ex["note"]
+    assert ex["sentences"] == [] and ex["maps"] == [[]] * 6 and "keeps no maps" in ex["note"]
 
 
 def test_scores_of_other_sequences_are_refused(run, tmp_path):
@@ -276,10 +282,13 @@ def test_page_is_self_contained_and_embeds_the_data(run, tmp_path):
     assert data["models"][0]["values"]["clark_behaviour"][1] == "next"
     assert data["default_column"] == "pande_syntactic_effect"
     # a value that closes a script tag stays inside the JSON
-    d = pg.model_data("m", _atlas().assign(clark_behaviour="</script><b>x"), None)
+    hostile = "</script><!--<script><img src=x onerror=alert(1)>&amp;"
+    d = pg.model_data("m", _atlas().assign(clark_behaviour=hostile), None)
     html = pg.render_page(pg.page_data([d], SETTINGS))
-    assert html.count("</script>") == 2
-    assert pg.read_embedded(html)["models"][0]["values"]["clark_behaviour"][0] == "</script><b>x"
+    assert html.count("</script>") == 2 and "<!--" not in html and "<img" not in html
+    block = html[html.index('id="atlas-data">') : html.index("</script>")]
+    assert not {"<", "&"} & set(block[len('id="atlas-data">') :])  # only \u003c, \u003e, \u0026 inside the block
+    assert pg.read_embedded(html)["models"][0]["values"]["clark_behaviour"][0] == hostile
 
 
 # --- the page in a browser ------------------------------------------------------------------
@@ -338,7 +347,11 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
         rows = card.locator("tr[data-col]")
         shown = {rows.nth(j).get_attribute("data-col"): rows.nth(j) for j in range(rows.count())}
         ci_cols = {c[: -len(s)] for c in atlas.columns for s in pg.CI_SUFFIXES if c.endswith(s)}
-        value_cols = [c for c in atlas.columns if c not in pg.ID_COLUMNS and not c.endswith(pg.CI_SUFFIXES)]
+        value_cols = [
+            c
+            for c in atlas.columns
+            if c not in pg.ID_COLUMNS and not c.endswith(pg.CI_SUFFIXES) and not c.endswith(registry.KIND_SUFFIX)
+        ]
         assert sorted(shown) == sorted(value_cols)
         for c in value_cols:
             cell = shown[c].locator("td.value")
