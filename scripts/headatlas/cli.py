@@ -231,7 +231,42 @@ def add_atlas(subparsers) -> None:
     atlas.set_defaults(func=_atlas)
 
 
-COMMANDS = [add_look, add_atlas, add_store]
+def _export_headvis(args) -> int:
+    from .atlas.headvis import ExportError, export_headvis
+
+    try:
+        data = export_headvis(args.run_dir, args.out, args.model, args.corpus, args.sequences)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"HeadVis data: {data} (config.json, scatter_data.json, heads/L{{l}}H{{h}}.json); serve HeadVis's dist/ beside it"
+    )
+    return 0
+
+
+def add_export(subparsers) -> None:
+    export = subparsers.add_parser(
+        "export", help="write a run's atlas in another viewer's format", description="Export a run's atlas."
+    )
+    sub = export.add_subparsers(dest="export_command", metavar="{headvis}")
+    hv = sub.add_parser(
+        "headvis",
+        help="HeadVis's static data/ tree (config.json, scatter_data.json, heads/L{l}H{h}.json)",
+        description="Write OUT/data for Anthropic's HeadVis viewer: every atlas metric as a scatter axis, every "
+        "atlas value per head, and the token-level maps of sequences with stored maps.",
+    )
+    hv.add_argument("run_dir", metavar="RUN_DIR", help="a run's results directory (or one model's results/atlas/MODEL)")
+    hv.add_argument("out", metavar="OUT", help="directory to write data/ into")
+    hv.add_argument("--model", help="the model to export when the run has several atlases")
+    hv.add_argument(
+        "--corpus", default="ewt_dev", help="corpus whose stored maps give the sequences (default: %(default)s)"
+    )
+    hv.add_argument("--sequences", type=int, default=40, help="sequences per head (default: %(default)s)")
+    hv.set_defaults(func=_export_headvis)
+
+
+COMMANDS = [add_look, add_atlas, add_store, add_export]
 _DEFAULT_SUB = {"store": ("describe", {"describe", "verify", "-h", "--help"})}
 
 
