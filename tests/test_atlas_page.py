@@ -347,11 +347,11 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
         assert f"head {atlas['label'][i]} " in page.locator("#card-title").inner_text()
         rows = card.locator("tr[data-col]")
         shown = {rows.nth(j).get_attribute("data-col"): rows.nth(j) for j in range(rows.count())}
-        ci_cols = {c[: -len(s)] for c in atlas.columns for s in pg.CI_SUFFIXES if c.endswith(s)}
+        ci_of = {c: registry.ci_columns(c, atlas.columns) for c in atlas.columns}
         value_cols = [
             c
             for c in atlas.columns
-            if c not in pg.ID_COLUMNS and not c.endswith(pg.CI_SUFFIXES) and not c.endswith(registry.KIND_SUFFIX)
+            if c not in pg.ID_COLUMNS and not c.endswith(registry.CI_SUFFIXES) and not c.endswith(registry.KIND_SUFFIX)
         ]
         assert sorted(shown) == sorted(value_cols)
         for c in value_cols:
@@ -367,10 +367,10 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
             else:
                 assert got == str(want), c
             assert _shown_equals(cell.inner_text(), got), (c, cell.inner_text(), got)
-            if c in ci_cols and pd.notna(atlas[c + "_ci_low"][i]):
+            if ci_of[c] and pd.notna(atlas[ci_of[c][0]][i]):
                 lo, hi = shown[c].locator("td.ci").inner_text().strip("[]").split(", ")
-                assert _shown_equals(lo, float(atlas[c + "_ci_low"][i])) and _shown_equals(
-                    hi, float(atlas[c + "_ci_high"][i])
+                assert _shown_equals(lo, float(atlas[ci_of[c][0]][i])) and _shown_equals(
+                    hi, float(atlas[ci_of[c][1]][i])
                 )
         assert card.locator("p.rank").inner_text().startswith("Rank on ")
         page.screenshot(path=str(out / f"{shots}_card.png"))
