@@ -7,6 +7,7 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 import pandas as pd  # noqa: E402
 
 from headatlas.atlas import analysis as at  # noqa: E402
+from headatlas.atlas import columns  # noqa: E402
 from headatlas.atlas.figures import agreement_figure, atlas_grid  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
@@ -32,4 +33,6 @@ log.info(
     t["atlas"].shape[1],
     t["agreement"].to_string(index=False),
 )
-write_tables_html(sm)  # the HTML page of each reported TSV
+# the HTML page of each reported TSV; the atlas's lists every column's description and unit (the column registry)
+notes = {c: columns.describe(c).text() for c in t["atlas"].columns if c not in ("model", "layer", "head", "label")}
+write_tables_html(sm, {str(out.atlas_html): notes})

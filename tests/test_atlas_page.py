@@ -10,6 +10,7 @@ when chromium or playwright is absent; screenshots go to ``$HEADATLAS_ARTIFACTS`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from headatlas.atlas import columns as registry
 from headatlas.atlas import page as pg
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord, write_records
 from headatlas.core.store import AttentionStore, AttentionWriter, word_level
@@ -162,12 +164,17 @@ def test_ci_columns_roles_and_descriptions(run):
         {"role": "pande_local", "faithful": "pande_local_sig_faithful", "fdr": "pande_local_sig_fdr"},
         {"role": "pande_syntactic", "faithful": "pande_syntactic_sig_faithful", "fdr": "pande_syntactic_sig_fdr"},
     ]
-    assert pg.describe_column("pande_syntactic_nsubj_effect").startswith("Pande sieve effect of role syntactic_nsubj")
-    assert pg.describe_column("probe_syntactic_mean_acc").startswith(
+    assert registry.describe("pande_syntactic_nsubj_effect").desc.startswith(
+        "Pande sieve effect of role syntactic_nsubj"
+    )
+    assert registry.describe("probe_syntactic_mean_acc").desc.startswith(
         "Jo & Myaeng mean probing accuracy over the syntactic"
     )
-    assert pg.describe_column("detector_score") == "detector_score"  # unknown: its name
-    assert pg.describe_column("x_ci_high") == "high end of the CI of x"
+    assert registry.describe("detector_score").desc == "detector_score"  # unknown: its name
+    assert not registry.describe("detector_score").known
+    assert registry.describe("x_ci_high").desc == "high end of the CI of x"
+    assert cols["clark_entropy"]["unit"] == "nats" and cols["clark_entropy"]["family"] == "Clark et al. (surface)"
+    assert cols["det_kv_group"]["family"] == "detectors"
 
 
 def test_rank_hand_computed():
@@ -253,7 +260,7 @@ def test_no_store_no_scores_or_no_maps_give_a_note_not_an_error(run):
     with AttentionWriter(bare, tok, [f"r{i}" for i in range(4)], L, H, meta={"model": "m", "corpus": "c"}, maps=False):
         pass
     ex = pg.examples_data([str(bare)], str(run["corpus"]), str(run["scores"]), atlas, SETTINGS)
-    assert ex["sentences"] == [] and ex["maps"] == [[]] * 6 and "no stored maps" in ex["note"]
+    assert ex["sentences"] == [] and ex["maps"] == [[]] * 6 and "keeps no maps" in ex["note"]
 
 
 def test_scores_of_other_sequences_are_refused(run, tmp_path):
@@ -276,10 +283,13 @@ def test_page_is_self_contained_and_embeds_the_data(run, tmp_path):
     assert data["models"][0]["values"]["clark_behaviour"][1] == "next"
     assert data["default_column"] == "pande_syntactic_effect"
     # a value that closes a script tag stays inside the JSON
-    d = pg.model_data("m", _atlas().assign(clark_behaviour="</script><b>x"), None)
+    hostile = "</script><!--<script><img src=x onerror=alert(1)>&amp;"
+    d = pg.model_data("m", _atlas().assign(clark_behaviour=hostile), None)
     html = pg.render_page(pg.page_data([d], SETTINGS))
-    assert html.count("</script>") == 2
-    assert pg.read_embedded(html)["models"][0]["values"]["clark_behaviour"][0] == "</script><b>x"
+    assert html.count("</script>") == 2 and "<!--" not in html and "<img" not in html
+    block = html[html.index('id="atlas-data">') : html.index("</script>")]
+    assert not {"<", "&"} & set(block[len('id="atlas-data">') :])  # only \u003c, \u003e, \u0026 inside the block
+    assert pg.read_embedded(html)["models"][0]["values"]["clark_behaviour"][0] == hostile
 
 
 # --- the page in a browser ------------------------------------------------------------------
@@ -337,8 +347,12 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
         assert f"head {atlas['label'][i]} " in page.locator("#card-title").inner_text()
         rows = card.locator("tr[data-col]")
         shown = {rows.nth(j).get_attribute("data-col"): rows.nth(j) for j in range(rows.count())}
-        ci_cols = {c[: -len(s)] for c in atlas.columns for s in pg.CI_SUFFIXES if c.endswith(s)}
-        value_cols = [c for c in atlas.columns if c not in pg.ID_COLUMNS and not c.endswith(pg.CI_SUFFIXES)]
+        ci_of = {c: registry.ci_columns(c, atlas.columns) for c in atlas.columns}
+        value_cols = [
+            c
+            for c in atlas.columns
+            if c not in pg.ID_COLUMNS and not c.endswith(registry.CI_SUFFIXES) and not c.endswith(registry.KIND_SUFFIX)
+        ]
         assert sorted(shown) == sorted(value_cols)
         for c in value_cols:
             cell = shown[c].locator("td.value")
@@ -353,10 +367,10 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
             else:
                 assert got == str(want), c
             assert _shown_equals(cell.inner_text(), got), (c, cell.inner_text(), got)
-            if c in ci_cols and pd.notna(atlas[c + "_ci_low"][i]):
+            if ci_of[c] and pd.notna(atlas[ci_of[c][0]][i]):
                 lo, hi = shown[c].locator("td.ci").inner_text().strip("[]").split(", ")
-                assert _shown_equals(lo, float(atlas[c + "_ci_low"][i])) and _shown_equals(
-                    hi, float(atlas[c + "_ci_high"][i])
+                assert _shown_equals(lo, float(atlas[ci_of[c][0]][i])) and _shown_equals(
+                    hi, float(atlas[ci_of[c][1]][i])
                 )
         assert card.locator("p.rank").inner_text().startswith("Rank on ")
         page.screenshot(path=str(out / f"{shots}_card.png"))
@@ -539,3 +553,251 @@ def test_page_in_firefox_hand_made_run(run, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# --- a maps: sample corpus, hostile corpus text, value kinds, the card's width -------------------------------
+
+HOSTILE = ("<!--<script>", "</script>", '<img src=x onerror="window.__pwned=1">', "&amp;", "x")
+
+
+def _grid_atlas(n_layers: int, n_heads: int) -> pd.DataFrame:
+    """An atlas of every family on an L x H grid: ablation effects with kinds (exact, estimated (checked),
+    unreliable, skipped: <reason>), detector columns with CIs, a long text value."""
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    n = len(layer)
+    df = pd.DataFrame(
+        {"model": "s", "layer": layer, "head": head, "label": [f"{a + 1}-{b + 1}" for a, b in zip(layer, head)]}
+    )
+    df["clark_behaviour"] = ["broad" if i % 2 else "next" for i in range(n)]
+    df["clark_entropy"] = np.linspace(0.5, 3.0, n)
+    df["pande_local_effect"] = np.linspace(0.25, 3.0, n)
+    df["pande_local_sig_fdr"] = [i % 3 == 0 for i in range(n)]
+    df["det_prev"] = np.linspace(0.0, 0.9, n)
+    df["det_prev_ci_low"] = df["det_prev"] - 0.05
+    df["det_prev_ci_high"] = df["det_prev"] + 0.05
+    df["det_kv_group"] = head  # an encoder: one key/value head per query head
+    kinds = ["exact", "estimated (checked)", "unreliable", "skipped: the model has no LM head for this task at all"]
+    df["ablation_lm_loss_effect"] = np.linspace(-0.123456, 0.654321, n)
+    df["ablation_lm_loss_ci_low"] = df["ablation_lm_loss_effect"] - 0.0123456
+    df["ablation_lm_loss_ci_high"] = df["ablation_lm_loss_effect"] + 0.0234567
+    df["ablation_lm_loss_effect_kind"] = [kinds[i % 4] for i in range(n)]
+    df["ablation_lm_loss_method"] = ["skipped: " + "a reason long enough to overflow any table cell " * 3] * n
+    return df
+
+
+@pytest.fixture
+def sample_run(tmp_path, tiny_loaded):
+    """A real fused extraction of a corpus with hostile words (maps: sample, 3 of 5 records sampled) on the
+    tiny BERT, its corpus file and an atlas of every family."""
+    from headatlas.clark.reducers import SurfaceReducer
+    from headatlas.core.extract import extract
+
+    words = [
+        ("the", "cat", "sat", "down", "here"),
+        HOSTILE,
+        ("we", "saw", "the", "big", "red", "bus"),
+        ("a", "dog", "ran", "far", "away"),
+        ("it", "was", "very", "cold", "today"),
+    ]
+    records = [Record(id=f"s{i}", words=w, segment=(0,) * len(w)) for i, w in enumerate(words)]
+    corpus = tmp_path / "corpus.jsonl.gz"
+    write_records(records, corpus)
+    spec, model, tokenizer, config = tiny_loaded("bert")
+    store = tmp_path / "shard0of1"
+    extract(records, spec, model, tokenizer, config, store, "float32", "truncate", 0, {"corpus": "c", "shard": 0, "n_shards": 1},
+            maps=False, reps=False, reducers=[SurfaceReducer()], sample=[0, 1, 2], corpus_records=records)  # fmt: skip
+    with AttentionStore(store) as st:
+        n_layers, n_heads = st.n_layers, st.n_heads
+    atlas = tmp_path / "atlas_s.tsv"
+    _grid_atlas(n_layers, n_heads).to_csv(atlas, sep="\t", index=False, float_format="%.6g")
+    return {"store": store, "corpus": corpus, "atlas": atlas, "tmp": tmp_path, "shape": (n_layers, n_heads)}
+
+
+def test_sample_store_metadata_says_it_holds_maps(sample_run, capsys):
+    from headatlas.cli import main
+    from headatlas.core.store import describe_store
+
+    parent, sample = describe_store([sample_run["store"]]), describe_store([sample_run["store"] / "sample"])
+    assert (parent["maps"], parent["maps_mode"]) == (False, "sample")
+    assert (sample["maps"], sample["maps_mode"], sample["sequences"]) == (True, "full", 3)
+    assert main(["store", str(sample_run["store"] / "sample")]) == 0
+    out = capsys.readouterr().out
+    assert "maps            True" in out and "maps_mode       full" in out
+
+
+def test_examples_of_a_sample_store_are_its_sampled_maps(sample_run):
+    atlas = pd.read_csv(sample_run["atlas"], sep="\t")
+    ex = pg.examples_data([str(sample_run["store"])], str(sample_run["corpus"]), None, atlas, SETTINGS)
+    # pool: the sampled records with 4..10 words, in order (s3 and s4 were not sampled)
+    assert [s["record_id"] for s in ex["sentences"]] == ["s0"]  # examples=1, no typical sentences
+    with AttentionStore(sample_run["store"] / "sample") as st:
+        t = st.tokens(0)
+        want = word_level(st.maps(1, 0), t["word"], t["special"])[0][2]
+    n_layers, n_heads = sample_run["shape"]
+    got = ex["maps"][1 * n_heads + 2][0]
+    np.testing.assert_allclose(pg.decode_map(got["m"], len(want)), want, atol=0.5 / 255 + 1e-6)
+    settings = dataclasses.replace(SETTINGS, examples=3)
+    ex = pg.examples_data([str(sample_run["store"])], str(sample_run["corpus"]), None, atlas, settings)
+    assert [s["record_id"] for s in ex["sentences"]] == ["s0", "s1", "s2"]
+    assert ex["sentences"][1]["units"][1:5] == list(HOSTILE[:4])
+
+
+def test_value_kinds_kv_and_ci_pairs_in_the_data(sample_run):
+    d = pg.model_data("s", pd.read_csv(sample_run["atlas"], sep="\t"), None)
+    cols = {c["name"]: c for c in d["columns"]}
+    eff = cols["ablation_lm_loss_effect"]
+    assert eff["kinds"] == "ablation_lm_loss_effect_kind" and eff["ci"] == [
+        "ablation_lm_loss_ci_low",
+        "ablation_lm_loss_ci_high",
+    ]
+    assert cols["ablation_lm_loss_effect_kind"]["kinds_of"] == "ablation_lm_loss_effect"
+    assert eff["unit"] == "nats per token" and cols["det_prev"]["ci"] == ["det_prev_ci_low", "det_prev_ci_high"]
+    assert d["kv_shared"] is False  # one key/value group per head: no KV filter
+    gqa = pd.read_csv(sample_run["atlas"], sep="\t").assign(det_kv_group=lambda a: a["head"] // 2)
+    assert pg.model_data("s", gqa, None)["kv_shared"] is True
+    assert [registry.kind_class(k) for k in ["exact", "estimated (checked)", "unreliable", "skipped: x", ""]] == [
+        "exact", "estimated", "unreliable", "skipped", ""
+    ]  # fmt: skip
+
+
+def test_every_column_of_every_family_has_a_description_and_numbers_a_unit():
+    """The registry covers what the atlas builds from each analysis's table (detectors and ablation included);
+    Pearson-r probes are not called accuracies."""
+    from headatlas.atlas import analysis as at
+
+    layer, head = np.divmod(np.arange(4), 2)
+    det = pd.concat(
+        [pd.DataFrame({"layer": layer, "head": head, "detector": d, "main": True, "mean": 0.5, "ci_low": 0.4, "ci_high": 0.6,
+                       "significant": True, "above_threshold": d == "sink", "kv_group": 0}) for d in ("prev", "duplicate", "induction", "sink")]
+    )  # fmt: skip
+    abl = pd.concat(
+        [pd.DataFrame({"layer": layer, "head": head, "task": t, "metric": m, "effect": 0.1, "ci_low": 0.0, "ci_high": 0.2,
+                       "method": "exact", "status": "ok", "reason": ""}) for t, m in (("lm", "loss"), ("sst2", "accuracy"), ("sst2", "loss"))]
+    )  # fmt: skip
+    probes = pd.concat(
+        [pd.DataFrame({"layer": layer, "head": head, "task": t, "metric": m, "test_acc": 0.7, "selectivity": 0.1})
+         for t, m in (("TreeDepth", "accuracy"), ("SICKR", "pearson"))]
+    )  # fmt: skip
+    wide = (
+        at.detector_columns(det).merge(at.ablation_columns(abl), on=at.KEY).merge(at.probe_columns(probes), on=at.KEY)
+    )
+    assert "probe_SICKR_r" in wide and "probe_SICKR_acc" not in wide
+    for c in wide.columns.drop(at.KEY):
+        doc = registry.describe(c)
+        assert doc.known, c
+        if pd.api.types.is_numeric_dtype(wide[c]) and wide[c].dtype != bool and not c.endswith("_sig"):
+            assert doc.unit, c
+    assert (
+        "accuracy" not in registry.describe("probe_SICKR_r").text()
+        and "Pearson r" in registry.describe("probe_SICKR_r").unit
+    )
+    assert (
+        registry.describe("det_prev").family == "detectors"
+        and registry.describe("ablation_lm_loss_effect").family == "ablation"
+    )
+
+
+def _hostile_page(sample_run, run=None) -> Path:
+    out = sample_run["tmp"] / "index.html"
+    sources = {
+        "s": {
+            "atlas": str(sample_run["atlas"]),
+            "agreement": None,
+            "stores": [str(sample_run["store"])],
+            "scores": None,
+        }
+    }
+    pg.build_page(sources, str(sample_run["corpus"]), dataclasses.replace(SETTINGS, examples=3), out)
+    html = out.read_text(encoding="utf-8")
+    out.write_text(html.replace("<head>", "<head><script>window.__errors=[];window.onerror=function(m){window.__errors.push(String(m));};</script>", 1),
+                   encoding="utf-8")  # fmt: skip
+    return out
+
+
+# runs in the page: the facts the browser tests check (both browsers)
+PAGE_FACTS = """
+const card = document.getElementById('card'), box = card.getBoundingClientRect();
+const inside = (e) => { const r = e.getBoundingClientRect(); return r.left >= box.left - 0.5 && r.right <= box.right + 0.5 && r.width > 0; };
+const table = card.querySelector('table.values');
+const cells = [...card.querySelectorAll('tr[data-col] td.value, tr[data-col] td.ci')];
+const grid = [...document.querySelectorAll('.panel[data-model="s"] .cell')];
+const bg = (e) => getComputedStyle(e);
+return {
+  pwned: window.__pwned === undefined ? null : window.__pwned, errors: window.__errors, imgs: document.querySelectorAll('img').length,
+  cells: grid.length, figures: card.querySelectorAll('figure.example svg rect').length,
+  labels: [...card.querySelectorAll('figure.example svg text')].map((t) => t.textContent),
+  fits: table.scrollWidth <= table.clientWidth + 1 && table.getBoundingClientRect().right <= box.right + 0.5,
+  outside: cells.filter((e) => !inside(e)).map((e) => e.parentElement.dataset.col + ': ' + e.textContent),
+  cardWidth: box.width,
+  kinds: grid.map((c) => [c.dataset.kind, c.className, bg(c).backgroundColor, bg(c).backgroundImage]),
+  cardKind: [...card.querySelectorAll('tr[data-col="ablation_lm_loss_effect"] .kind')].map((e) => e.textContent),
+  kv: document.getElementById('kv-filter').disabled,
+};
+"""
+
+
+def _check_facts(f: dict, n_cells: int, kind_at_card: str) -> None:
+    assert f["pwned"] is None and f["imgs"] == 0 and f["errors"] == [], f
+    assert f["cells"] == n_cells
+    assert f["figures"] > 0 and set(HOSTILE[:4]) <= set(f["labels"]), f["labels"][:20]  # maps drawn, text shown as text
+    assert f["fits"] and f["outside"] == [], (f["cardWidth"], f["outside"])
+    grey = "rgb(158, 158, 158)"
+    for kind, cls, colour, image in f["kinds"]:
+        if kind.startswith(("unreliable", "skipped")):
+            assert colour == grey and "kind-" in cls, (kind, colour)
+        elif kind.startswith("estimated"):
+            assert "kind-estimated" in cls and "repeating-linear-gradient" in image, (kind, image)
+            assert colour != grey
+        else:
+            assert colour != grey and "gradient" not in image, (kind, image)
+    assert f["cardKind"] == [f"value: {kind_at_card}"]
+    assert f["kv"] is True  # an encoder's heads share no key/value head
+
+
+def test_page_in_chromium_sample_store_hostile_corpus_kinds_and_card_width(sample_run):
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install -y chromium); CI installs it in .ci/run")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (dev extra)")
+    out = _hostile_page(sample_run)
+    n_layers, n_heads = sample_run["shape"]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(out.resolve().as_uri())
+        page.select_option("#colour-by", "ablation_lm_loss_effect")
+        page.locator('.panel[data-model="s"] .cell').nth(1).click()  # estimated (checked)
+        facts = page.evaluate("() => {" + PAGE_FACTS + "}")
+        page.screenshot(path=str(_artifacts() / "hostile_card.png"))
+        browser.close()
+    _check_facts(facts, n_layers * n_heads, "estimated (checked)")
+
+
+def test_page_in_firefox_sample_store_hostile_corpus_kinds_and_card_width(sample_run, tmp_path):
+    import socket
+    import subprocess
+
+    if FIREFOX is None:
+        pytest.skip("no firefox on this machine (apt-get install -y firefox-esr)")
+    out = _hostile_page(sample_run)
+    n_layers, n_heads = sample_run["shape"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "user.js").write_text(f'user_pref("marionette.port", {port});\n')
+    proc = subprocess.Popen([FIREFOX, "--headless", "--marionette", "--no-remote", "-profile", str(profile), "--width", "1400", "--height", "1000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        m = Marionette(port)
+        m.call("WebDriver:SetWindowRect", {"width": 1400, "height": 1000})
+        m.call("WebDriver:Navigate", {"url": out.resolve().as_uri()})
+        m.js(
+            "const s = document.getElementById('colour-by'); s.value = 'ablation_lm_loss_effect'; s.dispatchEvent(new Event('change', {bubbles: true}))"
+        )
+        m.click('.panel[data-model="s"] .cell', 1)
+        facts = m.js(PAGE_FACTS)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    _check_facts(facts, n_layers * n_heads, "estimated (checked)")

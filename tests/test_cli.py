@@ -9,6 +9,7 @@ import sys
 import tomllib
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import REPO
 from test_store import N_HEADS, N_LAYERS, make_tokenized, random_maps, write_store
@@ -131,29 +132,72 @@ def _atlas_tsv(path):
     return path
 
 
-def test_pattern_scores_on_hand_built_maps():
-    from headatlas.core.data import SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
-    from headatlas.core.look import pattern_scores, strongest_heads
+SENTENCE = "the cat sat on the mat , and the dog ran to the cat ."
 
-    prev = np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0]], dtype=np.float32)  # row i -> i-1
-    first = np.array([[1, 0, 0], [1, 0, 0], [1, 0, 0]], dtype=np.float32)  # everything -> [CLS]
-    maps = np.stack([prev, first])[None]  # 1 layer x 2 heads
-    s = pattern_scores(maps, [SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP], ["[CLS]", "a", "[SEP]"])
-    assert list(s["label"]) == ["1-1", "1-2"]
-    np.testing.assert_allclose(s["prev"], [1.0, 0.5])
-    np.testing.assert_allclose(s["next"], [0.0, 0.0])
-    np.testing.assert_allclose(s["first"], [2 / 3, 1.0])
-    np.testing.assert_allclose(s["sep"], [0.0, 0.0])
-    np.testing.assert_allclose(s["broad"], [0.0, 0.0], atol=1e-6)
-    assert s["punct"].isna().all()  # no . or , in the input
-    top = strongest_heads(s, k=1)
-    assert top["prev"] == [("1-1", 1.0)] and top["first"] == [("1-2", 1.0)] and "punct" not in top
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_look_numbers_are_the_analysis_numbers(name, tmp_path, tiny_models, tiny_loaded, capsys):
+    """The analysis's path on a corpus of this one input (extraction to a store, the rule's reduce_corpus, its
+    behaviour labels) and ``look`` on the same input give the same table, to float32 rounding."""
+    from headatlas.clark.reducers import SurfaceReducer
+    from headatlas.clark.surface import STATS, SurfaceSettings, behaviour_table
+    from headatlas.core.extract import extract
+    from headatlas.core.reduce import reduce_corpus
+    from headatlas.look import input_record
+
+    spec, model, tokenizer, config = tiny_loaded(name)
+    store = tmp_path / "store"
+    extract([input_record(SENTENCE)], spec, model, tokenizer, config, store, "float32", "truncate", 0,
+            {"corpus": "one", "shard": 0, "n_shards": 1}, maps=True, reps=False)  # fmt: skip
+    reducer = SurfaceReducer(SurfaceSettings().smoothing)
+    reducer.analysis = "clark_surface"
+    want = behaviour_table(reduce_corpus([store], reducer), SurfaceSettings())
+    tsv = tmp_path / "look.tsv"
+    argv = ["look", str(tiny_models[name]), SENTENCE, "--config", "", "--out", str(tmp_path / "l.png")]
+    assert main([*argv, "--results", str(tmp_path), "--tsv", str(tsv), "--max-length", str(spec.max_length)]) == 0
+    got = pd.read_csv(tsv, sep="\t")
+    assert list(got["label"]) == list(want["label"])
+    np.testing.assert_allclose(got[STATS].to_numpy(float), want[STATS].to_numpy(float), rtol=1e-5, atol=1e-6)
+    text = capsys.readouterr().out
+    lines = {line.split()[0] for line in text.splitlines() if line.startswith("  ")}
+    if name == "gpt2":  # a decoder has no next token and no [SEP]: never printed as a number
+        assert (
+            "next" not in lines and "sep" not in lines and "not defined for this decoder and input: next, sep" in text
+        )
+    else:
+        assert {"next", "prev", "sep", "punct", "entropy"} <= lines
+
+
+def test_look_input_errors_are_one_line(tmp_path, tiny_models, capsys):
+    common = ["--config", "", "--out", str(tmp_path / "l.png"), "--results", str(tmp_path)]
+    bert = str(tiny_models["bert"])
+    cases = [
+        (["look", str(tmp_path / "no" / "such"), "a b", *common], "local model directory " + str(tmp_path / "no" / "such") + " does not exist"),
+        (["look", "./models/missing", "a b", *common], "local model directory ./models/missing does not exist"),
+        (["look", bert, "   ", *common], "the sentence is empty"),
+        (["look", bert, "a b", "--config", str(tmp_path / "nosuch.yaml")], f"config file {tmp_path / 'nosuch.yaml'} does not exist"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
+    long = " ".join(["word"] * 600)
+    assert main(["look", bert, long, *common, "--max-length", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "the input is cut to its first" in err and "of 600 words" in err and "at most 64 tokens (max_length)" in err
+
+
+def test_look_cli_has_no_traceback_for_an_empty_sentence(tiny_models):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
+    proc = subprocess.run([sys.executable, "-m", "headatlas", "look", str(tiny_models["bert"]), ""],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "the sentence is empty" in proc.stderr
 
 
 def test_head_roles_and_atlas_summary(tmp_path):
     import pandas as pd
 
-    from headatlas.core.look import atlas_summary, head_roles
+    from headatlas.look import atlas_summary, head_roles
 
     atlas = pd.read_csv(_atlas_tsv(tmp_path / "atlas.tsv"), sep="\t")
     roles = head_roles(atlas)
@@ -165,8 +209,8 @@ def test_head_roles_and_atlas_summary(tmp_path):
     }
     summary = atlas_summary(atlas)
     assert summary["heads"] == 4 and summary["layers x heads"] == "2 x 2" and summary["heads with a role"] == 3
-    assert summary["pande roles (FDR)"] == {"delimiter": 2, "local": 1}
-    assert summary["best relation beating its baseline"] == {"nsubj": 1, "amod": 1}
+    assert summary["Pande et al. (heads hypothesis): heads per role (FDR)"] == {"delimiter": 2, "local": 1}
+    assert summary["Clark et al. (syntax): best relation beating its baseline"] == {"nsubj": 1, "amod": 1}
 
 
 def test_look_on_a_tiny_model(tmp_path, tiny_models, capsys):
@@ -176,7 +220,7 @@ def test_look_on_a_tiny_model(tmp_path, tiny_models, capsys):
     assert main([*argv, "--config", "", "--tsv", str(tmp_path / "s.tsv")]) == 0
     text = capsys.readouterr().out
     assert out.is_file() and out.with_suffix(".svg").is_file() and (tmp_path / "s.tsv").is_file()
-    assert "strongest heads per pattern" in text and "prev" in text and "no atlas for" in text
+    assert "strongest heads per Clark et al. surface statistic" in text and "prev" in text and "no atlas for" in text
     # with an atlas of a finished run: each head's roles
     _atlas_tsv(tmp_path / "r" / "atlas" / model.name / "atlas.tsv")
     assert main([*argv, "--config", ""]) == 0
@@ -208,8 +252,66 @@ def test_look_unknown_model_and_gpt2_bos(tmp_path, tiny_models, capsys):
 
 def test_atlas_command(tmp_path, capsys):
     assert main(["atlas", "m", "--results", str(tmp_path)]) == 1
-    assert "no atlas at" in capsys.readouterr().err
+    assert "no atlas for model 'm' at" in capsys.readouterr().err
     _atlas_tsv(tmp_path / "atlas" / "m" / "atlas.tsv")
     assert main(["atlas", "m", "--results", str(tmp_path), "--heads"]) == 0
     text = capsys.readouterr().out
-    assert "pande roles (FDR): delimiter 2, local 1" in text and "2-2    clark:broad pande:delimiter" in text
+    assert "heads per role (FDR): delimiter 2, local 1" in text and "2-2    clark:broad pande:delimiter" in text
+
+
+def _every_family_atlas(path, n_layers=2, n_heads=2):
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    n = len(layer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame({"model": "m", "layer": layer, "head": head})
+    df["clark_behaviour"] = ["prev", "broad"] * (n // 2)
+    df["pande_local_sig_fdr"] = [True, False] * (n // 2)
+    df["probe_syntactic_mean_acc"] = np.linspace(0.2, 0.8, n)
+    df["det_prev"] = np.linspace(0.9, 0.1, n)
+    df["det_prev_sig"] = [True] + [False] * (n - 1)
+    df["det_induction"] = np.linspace(0.1, 0.5, n)
+    df["det_induction_sig"] = [False] * (n - 1) + [True]
+    df["det_sink_head"] = [False, True] * (n // 2)
+    df["ablation_lm_loss_effect"] = np.linspace(0.01, 0.5, n)
+    df["ablation_lm_loss_effect_kind"] = ["exact", "estimated (checked)", "unreliable", "skipped: no LM head"] * (
+        n // 4
+    ) + ["exact"] * (n % 4)
+    df.to_csv(path, sep="\t", index=False)
+    return df
+
+
+def test_atlas_command_covers_detectors_and_ablations(tmp_path, capsys):
+    _every_family_atlas(tmp_path / "atlas" / "m" / "atlas.tsv")
+    assert main(["atlas", "m", "--results", str(tmp_path), "--heads"]) == 0
+    text = capsys.readouterr().out
+    assert "detectors: det_prev (fraction of the row's attention, 0-1): 1 significant (FDR); top 1-1 0.9" in text
+    assert "detectors: det_induction" in text and "detectors: sink heads: 2" in text
+    # the unreliable (2-1) and skipped (2-2) values are not effects: only 1-1 and 1-2 rank
+    assert (
+        "ablation: ablation_lm_loss_effect (nats per token): top 1-2 0.173, 1-1 0.01; exact 1, estimated (checked) 1, unreliable 1, skipped 1"
+        in text
+    )
+    assert "Jo & Myaeng (probing): probe_syntactic_mean_acc" in text
+    assert "1-1    clark:prev pande:local det:prev" in text and "2-2    clark:broad det:induction sink" in text
+
+
+def test_atlas_nosuch_lists_the_atlases_and_version(tmp_path, capsys):
+    _every_family_atlas(tmp_path / "atlas" / "m" / "atlas.tsv")
+    _every_family_atlas(tmp_path / "atlas" / "other" / "atlas.tsv")
+    assert main(["atlas", "nosuch", "--results", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "no atlas for model 'nosuch'" in err and "atlases in " in err and ": m, other" in err
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    from headatlas import __version__
+
+    assert capsys.readouterr().out.strip() == f"headatlas {__version__}"
+
+
+def test_atlas_heads_into_a_closed_pipe_ends_quietly(tmp_path):
+    _every_family_atlas(tmp_path / "atlas" / "big" / "atlas.tsv", n_layers=100, n_heads=100)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
+    cmd = f"{sys.executable} -m headatlas atlas big --results {tmp_path} --heads | head -3"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, timeout=300)
+    assert len(proc.stdout.splitlines()) == 3 and proc.stderr == "", proc.stderr

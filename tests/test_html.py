@@ -52,3 +52,14 @@ def test_an_empty_tsv_is_an_empty_page(tmp_path):
     tsv.write_text("")
     write_table_html(tsv, tmp_path / "empty.html")
     assert "0 rows, 0 columns" in (tmp_path / "empty.html").read_text()
+
+
+def test_column_notes_become_header_tooltips_and_a_list():
+    from headatlas.atlas import columns
+
+    df = pd.DataFrame({"layer": [0], "head": [1], "clark_entropy": [2.5], "det_prev": [0.25]})
+    notes = {c: columns.describe(c).text() for c in ("clark_entropy", "det_prev", "absent")}
+    page = table_html(df, "atlas", notes=notes)
+    assert '<th title="mean smoothed row entropy of the attention (nats)">clark_entropy</th>' in page
+    assert "<dt>det_prev</dt><dd>previous-token score" in page and "absent" not in page
+    assert "<dl" not in table_html(df, "atlas")

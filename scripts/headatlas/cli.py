@@ -4,9 +4,11 @@ Each subcommand is a function ``add_<name>(subparsers)`` that adds its parser an
 ``func`` (called with the parsed arguments, returns the exit status); register it in
 :data:`COMMANDS`. The logic lives in the library; this module only parses and prints.
 
-    headatlas look MODEL "a sentence"  every head's map for one input (PNG grid), the strongest heads
-                                     per pattern and, when results/atlas/MODEL exists, each head's roles
-    headatlas atlas MODEL            the atlas summary of a finished run (results/atlas/MODEL/atlas.tsv)
+    headatlas look MODEL "a sentence"  every head's map for one input (PNG grid), the strongest heads per
+                                     Clark surface statistic (the analysis's own reducer) and, when
+                                     results/atlas/MODEL exists, each head's roles
+    headatlas atlas MODEL            the atlas summary of a finished run, every family (results/atlas/MODEL)
+    headatlas export headvis RUN OUT the run's atlases as HeadVis's static data/ layout
     headatlas store DIR...           describe a store (its shards, in order)
     headatlas store verify DIR...    check manifest, checksums and every value; exit 1 on any fault
 """
@@ -15,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+DEFAULT_CONFIG = "config/config.yaml"
 
 
 def _store_describe(args) -> int:
@@ -88,32 +93,62 @@ def _atlas_table(results: str, name: str):
 
 def _look(args) -> int:
     from .core.inputs import bos_warning
-    from .core.look import PATTERNS, head_roles, load_config, look_spec, maps_figure, pattern_scores, sentence_maps
     from .core.models import ModelError, load
+    from .look import (
+        PATTERNS,
+        LookError,
+        head_roles,
+        input_record,
+        load_config,
+        look_spec,
+        maps_figure,
+        sentence_maps,
+        strongest_heads,
+        surface_patterns,
+        surface_settings,
+        tokenize_input,
+    )
 
     try:
-        cfg = load_config(args.config) if args.config and Path(args.config).is_file() else {}
+        record = input_record(args.sentence, args.pair)  # before loading a model
+        if args.config is None:  # the default: the repository's config when there is one
+            cfg = load_config(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).is_file() else {}
+        else:
+            cfg = load_config(args.config) if args.config else {}
         spec, cache_dir = look_spec(args.model, cfg, args.max_length, args.bos_token)
         model, tokenizer, config = load(spec, cache_dir, device="cpu")
-    except (ModelError, ValueError) as e:
+    except (ModelError, LookError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # a config that does not parse: its file and line
         print(f"error: {e}", file=sys.stderr)
         return 1
     warning = bos_warning(spec, config.to_dict())
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
-    maps, tok = sentence_maps(model, tokenizer, config, spec, args.sentence, args.pair)
+    tok, kind, cut = tokenize_input(record, tokenizer, config, spec)
+    if cut:
+        print(f"warning: {cut}", file=sys.stderr)
+    maps = sentence_maps(model, tokenizer, config, spec, tok, kind)
+    scores = surface_patterns(model, tokenizer, spec, tok, kind, surface_settings(cfg))
     out = Path(args.out or f"look_{spec.name}.png")
     title = f"{spec.name}: every head's attention on one input ({maps.shape[0]} layers x {maps.shape[1]} heads)"
     maps_figure(maps, tok.pieces, title, out, out.with_suffix(".svg"))
-    scores = pattern_scores(maps, tok.special, tok.pieces)
-    print(f"{spec.name}: {maps.shape[0]} layers x {maps.shape[1]} heads, {len(tok)} tokens: {' '.join(tok.pieces)}")
+    print(
+        f"{spec.name} ({kind}): {maps.shape[0]} layers x {maps.shape[1]} heads, {len(tok)} tokens: {' '.join(tok.pieces)}"
+    )
     print(f"maps: {out} (and {out.with_suffix('.svg').name}); heads are named layer-head, 1-based")
-    print("strongest heads per pattern (mean over the query rows of this input):")
-    from .core.look import strongest_heads
-
-    for pattern, top in strongest_heads(scores, args.top).items():
-        heads = ", ".join(f"{label} {value:.2f}" for label, value in top)
-        print(f"  {pattern:<6} {heads}    ({PATTERNS[pattern]})")
+    print("strongest heads per Clark et al. surface statistic (the analysis's reducer on this one input; "
+          "means over its query rows, fractions of attention unless noted):")  # fmt: skip
+    top = strongest_heads(scores, args.top)
+    for pattern, heads in top.items():
+        text = ", ".join(f"{label} {value:.2f}" for label, value in heads)
+        print(f"  {pattern:<7} {text}    ({PATTERNS[pattern]})")
+    left = [p for p in PATTERNS if p not in top]
+    if left:
+        print(f"  not defined for this {kind} and input: {', '.join(left)}")
+    labels = scores["label"].value_counts()
+    print("behaviour labels (Clark's thresholds): " + ", ".join(f"{k} {v}" for k, v in labels.items()))
     atlas, path = _atlas_table(args.results, spec.name)
     if atlas is not None:
         roles = head_roles(atlas)
@@ -124,7 +159,7 @@ def _look(args) -> int:
     else:
         print(f"no atlas for {spec.name} yet ({path}): run the workflow to see each head's roles")
     if args.tsv:
-        scores.to_csv(args.tsv, sep="\t", index=False, float_format="%.4f")
+        scores.to_csv(args.tsv, sep="\t", index=False, float_format="%.6g")
     return 0
 
 
@@ -140,10 +175,16 @@ def add_look(subparsers) -> None:
     )
     look.add_argument("sentence", help="the input, words separated by spaces")
     look.add_argument("--pair", help="a second sentence (segment B: [SEP] between them for encoders)")
-    look.add_argument("--config", default="config/config.yaml", help="config naming the models (default: %(default)s)")
+    look.add_argument(
+        "--config",
+        default=None,
+        help=f"config naming the models (default: {DEFAULT_CONFIG} when it exists; '' for none)",
+    )
     look.add_argument("--results", default="results", help="results directory of a run (default: %(default)s)")
     look.add_argument("--out", help="PNG to write (an SVG beside it; default: look_MODEL.png)")
-    look.add_argument("--tsv", help="also write every head's pattern scores to this TSV")
+    look.add_argument(
+        "--tsv", help="also write every head's statistics and label to this TSV (behaviour.tsv's columns)"
+    )
     look.add_argument("--top", type=int, default=3, help="heads listed per pattern (default: %(default)s)")
     look.add_argument(
         "--max-length", type=int, default=512, help="longest input in tokens for a model not in the config"
@@ -158,11 +199,13 @@ def add_look(subparsers) -> None:
 
 
 def _atlas(args) -> int:
-    from .core.look import atlas_summary, head_roles
+    from .look import atlas_names, atlas_summary, head_roles
 
     atlas, path = _atlas_table(args.results, args.model)
     if atlas is None:
-        print(f"error: no atlas at {path}: run the workflow for model {args.model!r} first", file=sys.stderr)
+        have = atlas_names(args.results)
+        where = f"atlases in {Path(args.results) / 'atlas'}: {', '.join(have)}" if have else "no atlas there yet"
+        print(f"error: no atlas for model {args.model!r} at {path} ({where}); run the workflow first", file=sys.stderr)
         return 1
     print(f"atlas of {args.model} ({path}); heads are named layer-head, 1-based")
     for key, value in atlas_summary(atlas).items():
@@ -179,15 +222,51 @@ def add_atlas(subparsers) -> None:
     atlas = subparsers.add_parser(
         "atlas",
         help="the atlas summary of a finished run",
-        description="Summarise results/atlas/MODEL/atlas.tsv: heads per Clark behaviour, Pande role and best relation.",
+        description="Summarise results/atlas/MODEL/atlas.tsv by family: Clark's behaviours, Pande's roles, the best "
+        "relations, Jo & Myaeng's probes, the detectors (previous-token, duplicate, induction, sink) and the ablations.",
     )
     atlas.add_argument("model", metavar="MODEL", help="a model name of the run")
     atlas.add_argument("--results", default="results", help="results directory of the run (default: %(default)s)")
-    atlas.add_argument("--heads", action="store_true", help="also print every head's roles")
+    atlas.add_argument("--heads", action="store_true", help="also print every head's roles (pipe it: | head, | grep)")
     atlas.set_defaults(func=_atlas)
 
 
-COMMANDS = [add_look, add_atlas, add_store]
+def _export_headvis(args) -> int:
+    from .atlas.headvis import ExportError, export_headvis
+
+    try:
+        data = export_headvis(args.run_dir, args.out, args.model, args.corpus, args.sequences)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"HeadVis data: {data} (config.json, scatter_data.json, heads/L{{l}}H{{h}}.json); serve HeadVis's dist/ beside it"
+    )
+    return 0
+
+
+def add_export(subparsers) -> None:
+    export = subparsers.add_parser(
+        "export", help="write a run's atlas in another viewer's format", description="Export a run's atlas."
+    )
+    sub = export.add_subparsers(dest="export_command", metavar="{headvis}")
+    hv = sub.add_parser(
+        "headvis",
+        help="HeadVis's static data/ tree (config.json, scatter_data.json, heads/L{l}H{h}.json)",
+        description="Write OUT/data for Anthropic's HeadVis viewer: every atlas metric as a scatter axis, every "
+        "atlas value per head, and the token-level maps of sequences with stored maps.",
+    )
+    hv.add_argument("run_dir", metavar="RUN_DIR", help="a run's results directory (or one model's results/atlas/MODEL)")
+    hv.add_argument("out", metavar="OUT", help="directory to write data/ into")
+    hv.add_argument("--model", help="the model to export when the run has several atlases")
+    hv.add_argument(
+        "--corpus", default="ewt_dev", help="corpus whose stored maps give the sequences (default: %(default)s)"
+    )
+    hv.add_argument("--sequences", type=int, default=40, help="sequences per head (default: %(default)s)")
+    hv.set_defaults(func=_export_headvis)
+
+
+COMMANDS = [add_look, add_atlas, add_store, add_export]
 _DEFAULT_SUB = {"store": ("describe", {"describe", "verify", "-h", "--help"})}
 
 
@@ -196,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     # ``headatlas store DIR`` means ``headatlas store describe DIR``
     if len(argv) > 1 and argv[0] in _DEFAULT_SUB and argv[1] not in _DEFAULT_SUB[argv[0]][1]:
         argv.insert(1, _DEFAULT_SUB[argv[0]][0])
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="headatlas", description="Map what every attention head of a transformer does."
     )
+    parser.add_argument("--version", action="version", version=f"headatlas {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(subparsers)
@@ -208,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:  # a command without its subcommand: show its help
         parser.parse_args(argv + ["--help"])  # exits
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -117,8 +117,13 @@ def coref_columns(coref: pd.DataFrame) -> pd.DataFrame:
 
 
 def probe_columns(probes: pd.DataFrame) -> pd.DataFrame:
+    """Per task the probe's test score, ``probe_{task}_acc`` (accuracy) or, for a relatedness task
+    scored by Pearson r (metric ``pearson``, SICK-R), ``probe_{task}_r``; its selectivity; and the
+    mean accuracy per Jo & Myaeng category."""
     wide = probes.pivot_table(index=KEY, columns="task", values=["test_acc", "selectivity"], aggfunc="first")
-    wide.columns = [f"probe_{task}_{'acc' if v == 'test_acc' else 'selectivity'}" for v, task in wide.columns]
+    pearson = set(probes.loc[probes["metric"] == "pearson", "task"]) if "metric" in probes else set()
+    score = {t: "r" if t in pearson else "acc" for t in probes["task"]}
+    wide.columns = [f"probe_{task}_{score[task] if v == 'test_acc' else 'selectivity'}" for v, task in wide.columns]
     wide = wide.reset_index()
     for cat, tasks in JM_CATEGORIES.items():
         cols = [f"probe_{t}_acc" for t in tasks if f"probe_{t}_acc" in wide.columns]

@@ -41,6 +41,21 @@
     return String(v);
   }
   function colInfo(m, name) { return m.columns.find((c) => c.name === name) || null; }
+  // how a value was obtained (its column's <name>_kind column, atlas/columns.py): "" when the atlas says nothing
+  function kindOf(m, name, i) {
+    const c = colInfo(m, name), vals = c && c.kinds ? m.values[c.kinds] : null;
+    const k = vals ? vals[i] : null;
+    return k === null || k === undefined ? "" : String(k);
+  }
+  function kindClass(k) {
+    if (!k) return "";
+    if (k.startsWith("skipped")) return "skipped";
+    if (k.startsWith("estimated")) return "estimated";
+    return (k === "exact" || k === "unreliable") ? k : "";
+  }
+  function isEffect(k) { const c = kindClass(k); return c !== "unreliable" && c !== "skipped"; }
+  const NOT_EFFECT = "#9e9e9e";  // unreliable or skipped values: grey, never on the colour scale
+  function withUnit(c) { return c.desc + (c.unit ? " (" + c.unit + ")" : ""); }
   function numeric(v) { return v === null || v === undefined ? NaN : (typeof v === "boolean" ? (v ? 1 : 0) : (typeof v === "number" ? v : NaN)); }
   function lerpColour(stops, t) {
     t = Math.min(1, Math.max(0, t));
@@ -77,7 +92,9 @@
     }
     if (info.kind === "bool") return { info: info, kind: "bool", colour: (v) => v === null ? null : (v ? "#08306b" : "#c6dbef") };
     let lo = Infinity, hi = -Infinity;
-    models.forEach((m) => (m.values[name] || []).forEach((v) => { if (Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }));
+    models.forEach((m) => (m.values[name] || []).forEach((v, i) => {
+      if (Number.isFinite(v) && isEffect(kindOf(m, name, i))) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    }));
     if (!Number.isFinite(lo)) { lo = 0; hi = 1; }
     if (lo < 0 && hi > 0) {
       const r = Math.max(-lo, hi);
@@ -106,7 +123,11 @@
     }
     const na = el("span", {}, [el("span", { class: "swatch cell na" }), "no value"]);
     box.appendChild(na);
-    box.appendChild(el("span", { class: "desc", text: sc.info.desc + (sc.kind === "diverging" ? " (scale centred on 0)" : "") +
+    if (shownModels().some((m) => { const c = colInfo(m, sc.info.name); return c && c.kinds; })) {
+      box.appendChild(el("span", { class: "kinds" }, [el("span", { class: "swatch cell kind-estimated" }), "estimate (checked), hatched; ",
+        el("span", { class: "swatch cell kind-unreliable" }), "unreliable or skipped: not an effect, grey"]));
+    }
+    box.appendChild(el("span", { class: "desc", text: withUnit(sc.info) + (sc.kind === "diverging" ? "; scale centred on 0" : "") +
       "; shared by the models shown" }));
   }
   function swatch(c) { const s = el("span", { class: "swatch" }); s.style.background = c; return s; }
@@ -122,12 +143,12 @@
     if (state.threshold !== "") {
       const t = Number(state.threshold), vals = m.values[state.column];
       const v = vals ? numeric(vals[i]) : NaN;
-      if (!Number.isFinite(t) || !Number.isFinite(v)) return false;
+      if (!Number.isFinite(t) || !Number.isFinite(v) || !isEffect(kindOf(m, state.column, i))) return false;
       if (state.op === ">=" ? !(v >= t) : !(v <= t)) return false;
     }
     if (state.kv !== "") {
       const vals = m.values.det_kv_group;
-      if (!vals || String(vals[i]) !== state.kv) return false;
+      if (!m.kv_shared || !vals || String(vals[i]) !== state.kv) return false;
     }
     return true;
   }
@@ -136,9 +157,9 @@
   function cellLabel(m, i, sc) {
     const L = Math.floor(i / m.n_heads) + 1, H = (i % m.n_heads) + 1;
     const v = m.values[state.column] ? m.values[state.column][i] : null;
-    const r = rankOf(m, state.column, i);
+    const r = rankOf(m, state.column, i), k = kindOf(m, state.column, i);
     return m.model + " head " + m.labels[i] + " (layer " + L + ", head " + H + "): " + state.column + " " + fmt(v, sc.info.kind) +
-      (r ? ", rank " + r.rank + " of " + r.n : "") + (filterActive() ? (matches(m, i) ? ", matches the filters" : ", filtered out") : "");
+      (k ? " (" + k + ")" : "") + (r ? ", rank " + r.rank + " of " + r.n : "") + (filterActive() ? (matches(m, i) ? ", matches the filters" : ", filtered out") : "");
   }
 
   function renderPanel(m, sc) {
@@ -176,12 +197,14 @@
     const vals = m.values[state.column] || [];
     for (let i = 0; i < n; i++) {
       const v = vals[i] === undefined ? null : vals[i];
-      const c = sc.colour(v);
-      const b = el("button", { class: "cell" + (c === null ? " na" : "") + (matches(m, i) ? " match" : ""), type: "button",
-        "data-index": String(i), "data-label": m.labels[i], tabindex: i === 0 ? "0" : "-1", "aria-label": cellLabel(m, i, sc) });
-      if (c !== null) b.style.background = c;
+      const k = kindOf(m, state.column, i), kc = kindClass(k);
+      const c = v === null ? null : (isEffect(k) ? sc.colour(v) : NOT_EFFECT);
+      const b = el("button", { class: "cell" + (c === null ? " na" : "") + (kc ? " kind-" + kc : "") + (matches(m, i) ? " match" : ""),
+        type: "button", "data-index": String(i), "data-label": m.labels[i], "data-kind": k, tabindex: i === 0 ? "0" : "-1",
+        "aria-label": cellLabel(m, i, sc) });
+      if (c !== null) b.style.backgroundColor = c;
       if (state.selected && state.selected.model === m.model && state.selected.i === i) b.classList.add("selected");
-      b.title = m.labels[i] + ": " + fmt(v, sc.info.kind);
+      b.title = m.labels[i] + ": " + fmt(v, sc.info.kind) + (k ? " (" + k + ")" : "");
       b.addEventListener("click", () => openCard(m.model, i, b));
       b.addEventListener("keydown", (ev) => moveFocus(ev, m, i, grid));
       grid.appendChild(b);
@@ -266,11 +289,7 @@
       if (c) c.focus(); else if (lastCell) lastCell.focus();
     }
   }
-  function group(name) {
-    const p = name.split("_")[0];
-    return { clark: "Clark et al. (surface)", pande: "Pande et al. (heads hypothesis)", syntax: "Clark et al. (syntax)",
-             coref: "Clark et al. (coreference)", probe: "Jo & Myaeng (probing)" }[p] || ("other: " + p);
-  }
+  function group(c) { return c.family || ("other: " + c.name.split("_")[0]); }  // the registry's family
   function fillCard(model, i) {
     const m = byName[model], body = document.getElementById("card-body");
     body.textContent = "";
@@ -282,21 +301,25 @@
     body.appendChild(el("p", { text: "Roles held (FDR): " + (held.length ? held.join(", ") : "none") }));
     body.appendChild(renderExamples(m, i));
     body.appendChild(el("h3", { text: "Every atlas value" }));
+    // three columns that fit the card (table-layout fixed): the column with what it is and its unit, the value, its CI
     const t = el("table", { class: "values" });
-    t.appendChild(el("thead", {}, [el("tr", {}, ["column", "value", "CI", "what it is"].map((h) => el("th", { scope: "col", text: h })))]));
+    t.appendChild(el("colgroup", {}, ["name", "value", "ci"].map((x) => el("col", { class: "c-" + x }))));
+    t.appendChild(el("thead", {}, [el("tr", {}, ["column: what it is (unit)", "value", "CI"].map((h) => el("th", { scope: "col", text: h })))]));
     const tb = el("tbody", {});
     let last = null;
     m.columns.forEach((c) => {
-      if (c.ci_of) return;
-      const g = group(c.name);
-      if (g !== last) { tb.appendChild(el("tr", { class: "group" }, [el("th", { colspan: "4", scope: "colgroup", text: g })])); last = g; }
+      if (c.ci_of || c.kinds_of) return;  // shown in the row of their column
+      const g = group(c);
+      if (g !== last) { tb.appendChild(el("tr", { class: "group" }, [el("th", { colspan: "3", scope: "colgroup", text: g })])); last = g; }
       const v = m.values[c.name][i];
       const ci = c.ci ? "[" + fmt(m.values[c.ci[0]][i]) + ", " + fmt(m.values[c.ci[1]][i]) + "]" : "";
-      const tr = el("tr", { "data-col": c.name, class: c.name === state.column ? "chosen" : "" }, [
-        el("th", { scope: "row", text: c.name }),
-        el("td", { class: "value", "data-value": JSON.stringify(v === undefined ? null : v), text: fmt(v, c.kind) }),
+      const k = c.kinds ? kindOf(m, c.name, i) : "", kc = kindClass(k);
+      const name = el("th", { scope: "row" }, [el("span", { class: "name", text: c.name }), el("span", { class: "desc", text: withUnit(c) })]);
+      if (k) name.appendChild(el("span", { class: "kind kind-" + (kc || "other"), text: "value: " + k + (isEffect(k) ? "" : " (not an effect)") }));
+      const tr = el("tr", { "data-col": c.name, "data-kind": k, class: (c.name === state.column ? "chosen" : "") + (kc ? " kind-" + kc : "") }, [
+        name,
+        el("td", { class: "value" + (c.kind === "text" ? " text" : ""), "data-value": JSON.stringify(v === undefined ? null : v), text: fmt(v, c.kind) }),
         el("td", { class: "ci", text: ci }),
-        el("td", { class: "desc", text: c.desc }),
       ]);
       tb.appendChild(tr);
     });
@@ -370,7 +393,7 @@
     const cols = allColumns();
     if (!state.column && cols.length) state.column = (cols.find((c) => c.kind === "number") || cols[0]).name;
     const groups = {};
-    cols.forEach((c) => { const g = group(c.name); (groups[g] = groups[g] || []).push(c); });
+    cols.forEach((c) => { const g = group(c); (groups[g] = groups[g] || []).push(c); });
     const selC = el("select", { id: "colour-by" }, Object.keys(groups).map((g) => el("optgroup", { label: g }, groups[g].map((c) => option(c.name, c.name, c.name === state.column)))));
     const roles = [];
     MODELS.forEach((m) => m.roles.forEach((r) => { if (roles.indexOf(r.role) < 0) roles.push(r.role); }));
@@ -379,8 +402,9 @@
     const selOp = el("select", { id: "threshold-op" }, [option(">=", "≥", true), option("<=", "≤", false)]);
     const inp = el("input", { id: "threshold", type: "number", step: "any", placeholder: "none" });
     const kvs = [];
-    MODELS.forEach((m) => (m.values.det_kv_group || []).forEach((v) => { if (v !== null && kvs.indexOf(String(v)) < 0) kvs.push(String(v)); }));
-    const selK = el("select", { id: "kv-filter" }, [option("", kvs.length ? "(any)" : "(no det_kv_group column)", true)].concat(kvs.map((v) => option(v, v, false))));
+    // only models whose query heads share key/value heads (grouped-query attention) are offered a KV-group filter
+    MODELS.filter((m) => m.kv_shared).forEach((m) => (m.values.det_kv_group || []).forEach((v) => { if (v !== null && kvs.indexOf(String(v)) < 0) kvs.push(String(v)); }));
+    const selK = el("select", { id: "kv-filter" }, [option("", kvs.length ? "(any)" : "(no shared key/value heads)", true)].concat(kvs.map((v) => option(v, v, false))));
     if (!kvs.length) selK.disabled = true;
     const reset = el("button", { id: "reset", type: "button", text: "Clear filters" });
     const lab = (text, ctrl) => el("label", {}, [text, ctrl]);

@@ -3,15 +3,19 @@
 The page (``results/atlas/index.html``, rule ``atlas_page``) embeds, as one JSON object:
 
 - per model, every column of its ``atlas.tsv`` (generic: any numeric or true/false column can
-  colour the grid, so columns added by later analyses appear without a change here), with a
-  description (:func:`describe_column`) and its CI where the atlas has ``<column>_ci_low`` and
-  ``<column>_ci_high`` beside it;
+  colour the grid, so columns added by later analyses appear without a change here), with its
+  description and unit from the column registry (:mod:`headatlas.atlas.columns`), its CI where the
+  atlas has CI columns beside it, and how each value was obtained where it has a ``<column>_kind``
+  column (unreliable and skipped values are never coloured as effects; estimates are drawn hatched);
 - the model's method agreement (``agreement.tsv``);
 - a handful of real example sentences with every head's word-level attention map (Clark's
   aggregation, :func:`headatlas.core.store.word_level`), read through the public store API from
-  a small pool of sequences that have stored maps (a store without maps, or keeping a sample of
-  them, gives fewer or none: the page says so), and per head the sentence of that pool where
-  the head is *most typical of its role* (:func:`typical_sentences`).
+  a small pool of sequences that have stored maps (a ``maps: sample`` corpus: its ``sample/``
+  stores; a store without maps gives none: the page says so), and per head the sentence of that
+  pool where the head is *most typical of its role* (:func:`typical_sentences`).
+
+The embedded JSON escapes ``<``, ``>`` and ``&`` (as ``\\u003c`` ...), so no corpus text can end or
+comment out its script block.
 
 The JavaScript and CSS (``page.js``, ``page.css`` beside this file) are inlined; the file needs
 no server and no network.
@@ -20,6 +24,7 @@ no server and no network.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from dataclasses import dataclass
@@ -31,10 +36,10 @@ import pandas as pd
 from ..core.data import SPECIAL_NAMES, SPECIAL_NONE, read_records
 from ..core.figures import head_label
 from ..core.store import AttentionStore, StoreError, word_level
+from . import columns as registry
 
 HERE = Path(__file__).resolve().parent
 ID_COLUMNS = ("model", "layer", "head", "label")
-CI_SUFFIXES = ("_ci_low", "_ci_high")
 ROLE_COLUMN = re.compile(r"^(?P<role>.+)_sig_(?P<mode>faithful|fdr)$")
 KV_COLUMN = "det_kv_group"  # detectors: the key/value head a query head reads
 
@@ -56,46 +61,6 @@ class PageSettings:
 
 
 # --- columns ---------------------------------------------------------------------------
-
-# (pattern, description); the first match wins; groups fill the description
-COLUMN_DOCS = [
-    (r"clark_behaviour", "Clark's behaviour label (broad, next, prev, cls/bos, sep, punct or other)"),
-    (r"clark_(next|prev|self)", "mean attention to the {0} token (Clark surface corpus; fraction)"),
-    (r"clark_cls", "mean attention to [CLS] (BOS for decoders; fraction)"),
-    (r"clark_sep", "mean attention to [SEP] tokens (fraction)"),
-    (r"clark_punct", 'mean attention to ". ," (fraction)'),
-    (r"clark_entropy", "mean smoothed row entropy of the attention (nats)"),
-    (r"clark_cls_entropy", "entropy of the [CLS] row (decoders: the last token's; nats)"),
-    (r"clark_mds_([xy])", "{0} coordinate of the 2-D MDS of Jensen-Shannon head distances"),
-    (r"pande_(.+)_effect_ci_(low|high)", "{1} end of the 95% CI of the {0} sieve effect"),
-    (r"pande_(.+)_effect", "Pande sieve effect of role {0}: mean sentence score / tau (tau = 3; > 1 holds the role)"),
-    (r"pande_(.+)_sig_faithful", "role {0} significant: one-sided t-test against tau, alpha 0.05, uncorrected"),
-    (r"pande_(.+)_sig_fdr", "role {0} significant after Benjamini-Hochberg FDR over all heads x roles"),
-    (r"pande_(.+)_stability_(faithful|fdr)", "share of bootstrap resamples in which role {0} holds ({1})"),
-    (r"pande_(.+)_corpus_share_(faithful|fdr)", "share of the tested corpora whose own test gives role {0} ({1})"),
-    (r"syntax_best_relation", "the UD relation the head's argmax predicts best relative to its offset baseline"),
-    (r"syntax_best_direction", "direction of that relation (dep->head or head->dep)"),
-    (r"syntax_best_accuracy", "argmax accuracy on the best relation (fraction)"),
-    (r"syntax_best_margin", "accuracy on the best relation minus its best fixed-offset baseline (fraction)"),
-    (r"syntax_all_accuracy", "argmax accuracy over all dependents, better direction (fraction)"),
-    (r"syntax_all_margin", "accuracy over all dependents minus the best fixed offset (fraction)"),
-    (r"coref_accuracy", "coreference antecedent selection accuracy, all anaphors (fraction)"),
-    (r"coref_(.+)_accuracy", "coreference antecedent accuracy for {0} anaphors (fraction)"),
-    (r"probe_(surface|syntactic|semantic)_mean_acc", "Jo & Myaeng mean probing accuracy over the {0} tasks (fraction)"),
-    (r"probe_(.+)_acc", "Jo & Myaeng per-head probe test accuracy on {0} (fraction)"),
-    (r"probe_(.+)_selectivity", "probe accuracy on {0} minus control-task accuracy (fraction)"),
-    (r"det_kv_group", "key/value group the head shares (grouped-query attention)"),
-    (r"(.+)_ci_(low|high)", "{1} end of the CI of {0}"),
-]
-
-
-def describe_column(name: str) -> str:
-    """What an atlas column holds, in words (the column name itself when it is not known)."""
-    for pattern, text in COLUMN_DOCS:
-        m = re.fullmatch(pattern, name)
-        if m:
-            return text.format(*m.groups())
-    return name
 
 
 def _is_bool(s: pd.Series) -> bool:
@@ -124,22 +89,40 @@ def _values(s: pd.Series, kind: str) -> list:
 
 def column_data(atlas: pd.DataFrame) -> tuple[list[dict], dict[str, list]]:
     """Every atlas column (but the head's identity) as (columns, values): each column has its
-    name, kind, description and, when ``<name>_ci_low`` / ``<name>_ci_high`` exist, their names
-    (``ci``); a CI column names the column it belongs to (``ci_of``)."""
+    name, kind (bool, number, text), description, unit and family (:mod:`headatlas.atlas.columns`)
+    and, when the atlas has them, its CI columns (``ci``: :func:`~headatlas.atlas.columns.ci_columns`)
+    and the column saying how each value was obtained (``kinds``: ``<name>_kind``); a CI or kind
+    column names the column it belongs to (``ci_of``, ``kinds_of``)."""
     names = [c for c in atlas.columns if c not in ID_COLUMNS]
-    cis = {c: (c + CI_SUFFIXES[0], c + CI_SUFFIXES[1]) for c in names if all(c + s in atlas for s in CI_SUFFIXES)}
+    cis = {c: pair for c in names if (pair := registry.ci_columns(c, names))}
     ci_of = {v: c for c, pair in cis.items() for v in pair}
+    kinds = {c: k for c in names if (k := registry.kind_column(c, names))}
+    kinds_of = {k: c for c, k in kinds.items()}
     columns, values = [], {}
     for c in names:
         kind = column_kind(atlas[c])
-        col = {"name": c, "kind": kind, "desc": describe_column(c)}
+        doc = registry.describe(c)
+        col = {"name": c, "kind": kind, "desc": doc.desc, "unit": doc.unit, "family": doc.family}
         if c in cis:
             col["ci"] = list(cis[c])
         if c in ci_of:
             col["ci_of"] = ci_of[c]
+        if c in kinds:
+            col["kinds"] = kinds[c]
+        if c in kinds_of:
+            col["kinds_of"] = kinds_of[c]
         columns.append(col)
         values[c] = _values(atlas[c], kind)
     return columns, values
+
+
+def kv_shared(atlas: pd.DataFrame) -> bool:
+    """Whether query heads of this atlas share key/value heads (fewer ``det_kv_group`` values than
+    heads in a layer): only then is a KV-group filter meaningful (an encoder has one group per head)."""
+    if KV_COLUMN not in atlas or atlas[KV_COLUMN].isna().all():
+        return False
+    per_layer = atlas.groupby("layer")[KV_COLUMN].nunique()
+    return bool((per_layer < atlas.groupby("layer")["head"].nunique()).any())
 
 
 def role_columns(columns: list[dict]) -> list[dict]:
@@ -168,10 +151,10 @@ def rank_desc(values: np.ndarray) -> np.ndarray:
 
 def map_sequences(store: AttentionStore, eligible: np.ndarray, want: int, probe: int) -> tuple[list[int], str]:
     """Up to ``want`` of the ``eligible`` sequences whose maps the store holds, and a note saying
-    why there are none. A store extracted with ``maps: false`` holds none; any other store (all
-    maps, or maps of a sample only) is probed sequence by sequence, at most ``probe`` tries: a
-    read that fails counts as no map."""
-    if store.meta.get("maps", True) is False:
+    why there are none. A store whose manifest says it holds no maps gives none; any other store is
+    probed sequence by sequence, at most ``probe`` tries: a read that fails counts as no map. (A
+    ``maps: sample`` corpus is read through its ``sample/`` stores: :func:`examples_data`.)"""
+    if not all(m.get("maps", True) for m in store.manifests):  # what is on disk, not the meta's claim
         return [], f"the store of {store.meta.get('corpus', '?')} keeps no maps (maps: false)"
     found: list[int] = []
     for k in eligible[:probe]:
@@ -256,18 +239,28 @@ def typical_sentences(scores: np.ndarray, roles: list[str], candidates: list[lis
 
 
 def read_scores(path: str | Path, record_ids: np.ndarray, pool: list[int]) -> tuple[np.ndarray, list[str]]:
-    """Pande's sentence scores [P, L, H, R] of the pool sequences and the role names, from
-    ``results/pande/{model}/scores/{corpus}.h5``; checks that the file scores the same sequences."""
+    """Pande's sentence scores [P, L, H, R] of the pool sequences (positions in a store whose record
+    ids are ``record_ids``: the corpus's store, or its ``sample/`` store) and the role names, from
+    ``results/pande/{model}/scores/{corpus}.h5``, found by record id; a pool sequence the file does
+    not score is an error (the file scores other sequences: rerun pande_scores)."""
     import h5py
 
     with h5py.File(path, "r") as f:
         ids = f["record_id"].asstr()[()]
         roles = [r.decode() if isinstance(r, bytes) else str(r) for r in f["roles"][()]]
-        if len(ids) != len(record_ids) or not np.array_equal(ids, np.asarray(record_ids).astype(str)):
-            raise ValueError(f"{path}: scores sequences differ from the store's (rerun pande_scores)")
-        scores = f["scores"][sorted(pool)] if pool else np.zeros((0,) + f["scores"].shape[1:], np.float32)
-    order = np.argsort(np.argsort(pool)) if pool else []
-    return np.asarray(scores)[order], roles
+        where = {r: i for i, r in enumerate(ids)}
+        want = [str(r) for r in np.asarray(record_ids)[pool]] if pool else []
+        missing = [r for r in want if r not in where]
+        if missing:
+            raise ValueError(
+                f"{path}: scores sequences differ from the store's (record {missing[0]} is not scored; rerun pande_scores)"
+            )
+        rows = [where[r] for r in want]
+        order = np.argsort(rows)
+        got = f["scores"][sorted(rows)] if rows else np.zeros((0,) + f["scores"].shape[1:], np.float32)
+    out = np.empty_like(np.asarray(got))
+    out[order] = got  # h5py reads increasing rows; back to pool order
+    return out, roles
 
 
 def examples_data(
@@ -283,6 +276,16 @@ def examples_data(
     out = {"corpus": settings.corpus, "sentences": [], "maps": [], "typical": [], "note": ""}
     if not store_dirs:
         out["note"] = f"corpus {settings.corpus} is not extracted for this model"
+        return out
+    from ..core.reduce import ReduceError, map_dirs
+
+    try:  # a maps: sample corpus keeps its maps in its sample/ stores
+        store_dirs = map_dirs(store_dirs, "the atlas page's example maps")
+    except ReduceError:
+        with AttentionStore(store_dirs) as store:
+            out["note"] = f"the store of {store.meta.get('corpus', '?')} keeps no maps (maps: none)"
+            out["maps"] = [[] for _ in range(store.n_layers * store.n_heads)]
+            out["typical"] = [None] * (store.n_layers * store.n_heads)
         return out
     with AttentionStore(store_dirs) as store:
         L, H = store.n_layers, store.n_heads
@@ -362,6 +365,7 @@ def model_data(
         "columns": columns,
         "values": values,
         "roles": role_columns(columns),
+        "kv_shared": kv_shared(atlas),
         "agreement": agr,
         "examples": examples or {"sentences": [], "maps": [], "typical": [], "note": "no examples"},
     }
@@ -392,10 +396,11 @@ def page_data(models: list[dict], settings: PageSettings, title: str = "headatla
 
 def render_page(data: dict) -> str:
     """The self-contained HTML page: data as JSON, the page's CSS and JS inlined."""
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     css = (HERE / "page.css").read_text(encoding="utf-8")
     js = (HERE / "page.js").read_text(encoding="utf-8")
-    title = str(data.get("title", "head atlas")).replace("<", "&lt;")
+    title = html.escape(str(data.get("title", "head atlas")))
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{title}</title>\n'
@@ -410,7 +415,7 @@ def read_embedded(html: str) -> dict:
     m = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', html, re.S)
     if not m:
         raise ValueError("no embedded atlas data in the page")
-    return json.loads(m.group(1).replace("<\\/", "</"))
+    return json.loads(m.group(1))
 
 
 def build_page(sources: dict[str, dict], corpus_path: str | None, settings: PageSettings, out) -> tuple[str, dict]:

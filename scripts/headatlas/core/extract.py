@@ -364,7 +364,14 @@ def extract(
                         n_layers,
                         n_heads,
                         storage_dtype,
-                        dict(full_meta, maps_mode="full", sample_of=len(tokenized), reps=False, rep_position=None),
+                        dict(
+                            full_meta,
+                            maps=True,
+                            maps_mode="full",
+                            sample_of=len(tokenized),
+                            reps=False,
+                            rep_position=None,
+                        ),
                         maps=True,
                         map_layout=map_layout,
                     )

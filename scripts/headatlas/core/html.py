@@ -30,6 +30,9 @@ th.asc::after{content:" \\25B2"}th.desc::after{content:" \\25BC"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr:nth-child(even) td{background:#fafafa}
 tr:hover td{background:#fff7d6}
+h2{font-size:14px;margin:14px 0 4px}
+dl.columns{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}
+dl.columns dt{font-family:monospace}dl.columns dd{margin:0;color:#444}
 """
 
 # click a header: sort by it (numbers as numbers, empty cells last), click again to reverse;
@@ -80,12 +83,28 @@ def _numeric(col: pd.Series) -> bool:
     return bool(len(v)) and pd.to_numeric(v, errors="coerce").notna().all()
 
 
-def table_html(df: pd.DataFrame, title: str, tsv_name: str | None = None, tsv_bytes: bytes | None = None) -> str:
-    """The page for ``df`` (cells shown as the TSV writes them); ``tsv_bytes`` become a download link."""
+def table_html(
+    df: pd.DataFrame,
+    title: str,
+    tsv_name: str | None = None,
+    tsv_bytes: bytes | None = None,
+    notes: dict[str, str] | None = None,
+) -> str:
+    """The page for ``df`` (cells shown as the TSV writes them); ``tsv_bytes`` become a download link;
+    ``notes`` (column -> what it holds) become the headers' tooltips and a list under the table."""
     df = with_head_label(df)
     numeric = [_numeric(df[c]) for c in df.columns]
     esc = html.escape
-    head = "".join(f"<th>{esc(str(c))}</th>" for c in df.columns)
+    notes = {str(c): t for c, t in (notes or {}).items() if c in df.columns}
+    head = "".join(
+        f'<th title="{esc(notes[str(c)])}">{esc(str(c))}</th>' if str(c) in notes else f"<th>{esc(str(c))}</th>"
+        for c in df.columns
+    )
+    legend = ""
+    if notes:
+        items = "".join(f"<dt>{esc(c)}</dt><dd>{esc(t)}</dd>" for c, t in notes.items())
+        legend = f'<h2>Columns</h2>\n<dl class="columns">{items}</dl>\n'
+
     cols = [df[c].to_numpy(dtype=object) for c in df.columns]
     rows = []
     for i in range(len(df)):
@@ -108,11 +127,13 @@ def table_html(df: pd.DataFrame, title: str, tsv_name: str | None = None, tsv_by
         f'<h1>{esc(title)}</h1><p class="note">{esc(note)}{link}</p>\n'
         '<input id="filter" type="search" placeholder="filter rows">\n'
         f'<table id="t"><thead><tr>{head}</tr></thead><tbody>\n' + "\n".join(rows) + "\n</tbody></table>\n"
-        f"<script>{_SCRIPT}</script>\n</body></html>\n"
+        f"{legend}<script>{_SCRIPT}</script>\n</body></html>\n"
     )
 
 
-def write_table_html(tsv: str | Path, out: str | Path, title: str | None = None) -> None:
+def write_table_html(
+    tsv: str | Path, out: str | Path, title: str | None = None, notes: dict[str, str] | None = None
+) -> None:
     """Render the TSV file ``tsv`` as :func:`table_html` at ``out`` (atomically)."""
     tsv = Path(tsv)
     raw = tsv.read_bytes()
@@ -122,18 +143,19 @@ def write_table_html(tsv: str | Path, out: str | Path, title: str | None = None)
     except pd.errors.EmptyDataError:  # an empty table (no columns) is an empty page
         df = pd.DataFrame()
     with atomic_path(out) as tmp:
-        Path(tmp).write_text(table_html(df, title or tsv.stem, tsv.name, raw), encoding="utf-8")
+        Path(tmp).write_text(table_html(df, title or tsv.stem, tsv.name, raw, notes), encoding="utf-8")
 
 
-def write_tables_html(snakemake) -> list[str]:
+def write_tables_html(snakemake, notes: dict[str, dict[str, str]] | None = None) -> list[str]:
     """For every output ``X.html`` of a rule whose ``X.tsv`` is also an output, render it; the
-    title is the path below ``results/``. Call at the end of a rule script."""
+    title is the path below ``results/``; ``notes`` maps an output page to its column notes
+    (:func:`table_html`). Call at the end of a rule script."""
     outs = [str(p) for p in snakemake.output]
     done = []
     for out in outs:
         if out.endswith(".html") and out[:-5] + ".tsv" in outs:
             tsv = out[:-5] + ".tsv"
             title = tsv.split("results/", 1)[-1]
-            write_table_html(tsv, out, title)
+            write_table_html(tsv, out, title, (notes or {}).get(out))
             done.append(out)
     return done

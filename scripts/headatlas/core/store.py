@@ -1006,7 +1006,8 @@ def describe_store(directories: Sequence[str | Path]) -> dict:
             "cells_per_head": int(st.cell_offsets[-1]),
             "bytes": int(sum(e["size"] for man in st.manifests for e in man["files"].values())),
             "storage_dtype": m.get("storage_dtype"),
-            "maps": m.get("maps", True),
+            "maps": all(man.get("maps", True) for man in st.manifests),  # what is on disk, not the meta's claim
+            "maps_mode": m.get("maps_mode", "full" if m.get("maps", True) else "none"),
             "reps": m.get("reps"),
             "layout_version": st.manifests[0]["layout_version"],
             "map_layout": st.map_layout,
