@@ -22,6 +22,7 @@ import numpy as np
 from .corpora import CorpusError, tsv_records
 from .data import Record
 from .extract import length_batches
+from .integrity import replace_dir
 from .models import ModelError, ModelSpec, model_kind, resolve
 from .progress import progress
 
@@ -188,8 +189,7 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     log.info(
         "%s on %s: dev accuracy %.4f (majority baseline %.4f) after %d steps in %.0f s",
         base_spec.name, name, accuracy, metrics["majority_baseline"], steps, metrics["seconds"],

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .align import bos_id
+from .integrity import replace_dir
 
 
 class ModelError(RuntimeError):
@@ -314,8 +315,7 @@ def assemble_zip_parts(spec: ModelSpec, out_dir: str | Path) -> dict:
             f"model {spec.name!r}: no config.json under {prefix or 'the top'} of the zip archive "
             f"(config key models[{spec.name}].source.path)"
         )
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(model, out_dir)
+    replace_dir(model, out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     return {"parts": [str(f) for f in files], "files": len(kept)}
 
@@ -411,11 +411,36 @@ def pick_device(spec: ModelSpec) -> str:
     return spec.device
 
 
+# a tokenizer with fewer entries than this share of the model's vocab_size has lost its vocabulary (a directory
+# without tokenizer.json and vocab.txt gets the 5 special tokens); models pad vocab_size by a few percent at most
+MIN_VOCAB_SHARE = 0.5
+
+
+def check_vocabulary(spec: ModelSpec, tokenizer, config, where) -> None:
+    """The tokenizer's vocabulary against the model's ``vocab_size``: not larger (ids past the embeddings), not
+    much smaller (a lost vocabulary, every word [UNK])."""
+    size, n = getattr(config, "vocab_size", None), len(tokenizer)
+    if not size:
+        return
+    if n > size or n < MIN_VOCAB_SHARE * size:
+        raise ModelError(
+            f"model {spec.name!r}: its tokenizer in {where} has {n} entries, the model's vocab_size is {size}: "
+            + ("ids past the embeddings" if n > size else "is tokenizer.json (or the vocabulary file) missing?")
+        )
+
+
 def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | None = None):
-    """Load (model, tokenizer) with eager attention, in eval mode, on ``device``."""
+    """Load (model, tokenizer) with eager attention, in eval mode, on ``device``; a sealed directory (a model
+    cache a rule wrote) is checked first, the tokenizer's vocabulary against the model's after."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+    from .integrity import IntegrityError, check_inputs
+
     loc, kwargs = resolve(spec, cache_dir)
+    try:
+        check_inputs([loc])
+    except IntegrityError as e:
+        raise ModelError(f"model {spec.name!r}: {e}") from None
     try:
         config = AutoConfig.from_pretrained(loc, **kwargs)
         architecture(config.model_type, spec.name)
@@ -433,6 +458,7 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
         raise ModelError(
             f"model {spec.name!r}: tokenizer {type(tokenizer).__name__} is not a fast tokenizer; offsets are needed"
         )
+    check_vocabulary(spec, tokenizer, config, loc)
     model.eval()
     model.to(device or pick_device(spec))
     return model, tokenizer, config
@@ -496,8 +522,7 @@ def _dequantize(spec: ModelSpec, path: Path, out_dir: Path, tmp: Path) -> dict:
         plain.tie_weights()
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     return {"gguf": str(path), "model_type": config.model_type, "layers": config.num_hidden_layers}
 
 
@@ -595,8 +620,7 @@ def random_init_model(base: ModelSpec, base_dir: str | Path | None, seed: int, o
     tokenizer.save_pretrained(tmp)
     info = {"base": base.name, "seed": seed, "kept": keep, "model_type": config.model_type}
     (tmp / "random_init.json").write_text(json.dumps(info, indent=2) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     return info
 
 

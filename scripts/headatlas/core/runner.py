@@ -1,4 +1,4 @@
-"""Helpers for the thin rule scripts: logging to the rule's log file, thread limits."""
+"""Helpers for the thin rule scripts: logging to the rule's log file, thread limits, input checks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 
 
 def setup(snakemake, threads: int | None = None) -> logging.Logger:
-    """Send log records (and uncaught errors) to the rule's log file; pin thread counts."""
+    """Send log records (and uncaught errors) to the rule's log file; pin thread counts; check the rule's sealed
+    inputs (:func:`headatlas.core.integrity.check_inputs`)."""
     log_path = snakemake.log[0] if len(snakemake.log) else None
     handlers = [logging.StreamHandler(sys.stderr)]
     if log_path:
@@ -28,6 +29,9 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     n = threads if threads is not None else snakemake.threads
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
     pin_torch_threads(n)
+    from .integrity import check_inputs
+
+    check_inputs(getattr(snakemake, "input", ()))
     return log
 
 
