@@ -64,9 +64,9 @@ def test_random_bytes_in_a_score_file_fail_its_reader(tmp_path, monkeypatch):
 
 
 def test_a_model_directory_without_tokenizer_json_is_an_error_naming_it(tiny_models, tmp_path):
-    from headatlas.core.models import ModelError, load
-
     from conftest import tiny_spec
+
+    from headatlas.core.models import ModelError, load
 
     d = shutil.copytree(tiny_models["bert"], tmp_path / "bert")
     (d / "tokenizer.json").unlink()
