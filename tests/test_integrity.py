@@ -220,25 +220,52 @@ def _reorder(value):
     return value
 
 
-@pytest.mark.slow
-def test_reordered_config_plans_nothing_and_a_sample_change_only_the_samples_jobs(tmp_path, tiny_models):
-    from test_workflow import dry_run, output_of, run_snakemake, tiny_config
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_models):
+    """An up-to-date tiny run (BERT; ewt full maps, wiki a map sample of 4; Clark's surface and Pande)."""
+    from test_workflow import output_of, run_snakemake, tiny_config
 
+    workdir = tmp_path_factory.mktemp("finished")
     cfg = tiny_config(tiny_models, models=("bert",))
     cfg["corpora"]["wiki"].update(maps="sample", sample=4)
     cfg["analysis"]["pande"] = {"corpora": ["ewt"]}
-    proc = run_snakemake(tmp_path, cfg)
+    proc = run_snakemake(workdir, cfg)
     assert proc.returncode == 0, output_of(proc)[-4000:]
-    assert dry_run(tmp_path, cfg)[0] == {}
-    stats, _, text = dry_run(tmp_path, _reorder(cfg))
+    return workdir, cfg
+
+
+@pytest.mark.slow
+def test_the_same_config_in_another_key_order_plans_nothing(finished_run):
+    from test_workflow import dry_run
+
+    workdir, cfg = finished_run
+    assert dry_run(workdir, cfg)[0] == {}
+    stats, _, text = dry_run(workdir, _reorder(cfg))
     assert stats == {}, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_sample_change_plans_only_the_samples_jobs(finished_run):
+    from test_workflow import dry_run
+
+    workdir, cfg = finished_run
     changed = yaml.safe_load(yaml.safe_dump(cfg))
     changed["corpora"]["wiki"]["sample"] = 2
-    stats, jobs, text = dry_run(tmp_path, changed)
+    stats, jobs, text = dry_run(workdir, changed)
     assert {w.get("corpus") for r, w in jobs if r == "extract_attention"} == {"wiki"}, text[-3000:]
-    assert not {"prepare_corpus", "parse_corpus", "pande_scores"} & set(stats), stats
-    # a damaged sealed output reruns its job
-    table = next((tmp_path / "results").rglob("surface.tsv"))
-    table.write_text(table.read_text().replace("\t0.", "\t9.", 1))
-    stats, _, text = dry_run(tmp_path, cfg)
-    assert "damaged output, its job will rerun" in text and stats.get("clark_surface_stats") == 1, text[-3000:]
+    assert not {"prepare_corpus", "parse_corpus", "pande_scores", "clark_gradients"} & set(stats), stats
+
+
+@pytest.mark.slow
+def test_a_damaged_sealed_output_reruns_its_job(finished_run):
+    from test_workflow import dry_run
+
+    workdir, cfg = finished_run
+    table = next((workdir / "results").rglob("surface.tsv"))
+    good = table.read_bytes()
+    table.write_bytes(good.replace(b"\t0.", b"\t9.", 1))
+    try:
+        stats, _, text = dry_run(workdir, cfg)
+        assert "damaged output, its job will rerun" in text and stats.get("clark_surface_stats") == 1, text[-3000:]
+    finally:
+        table.write_bytes(good)

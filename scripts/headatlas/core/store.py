@@ -347,9 +347,11 @@ def store_problem(directory: str | Path) -> str | None:
 
 def reduced_problem(path: str | Path) -> str | None:
     """Why a fused result ``<store>/reduced/<name>.h5`` cannot be read (missing from, or not matching, its
-    store's manifest), or None."""
+    store's manifest), or None (also for a result saved outside a store)."""
     path = Path(path)
     store = path.parent.parent
+    if not (store / MANIFEST).is_file():  # not inside a store (a reader of stores has refused one without manifest)
+        return None
     try:
         man = read_manifest(store)
     except StoreError as e:
