@@ -269,3 +269,12 @@ def test_a_damaged_sealed_output_reruns_its_job(finished_run):
         assert "damaged output, its job will rerun" in text and stats.get("clark_surface_stats") == 1, text[-3000:]
     finally:
         table.write_bytes(good)
+
+
+def test_a_model_named_dotdot_stops_the_workflow_before_any_job(tmp_path, tiny_models):
+    from test_workflow import output_of, run_snakemake, tiny_config
+
+    cfg = tiny_config(tiny_models, models=("bert",))
+    cfg["models"][0]["name"] = ".."
+    proc = run_snakemake(tmp_path, cfg, "--dry-run")
+    assert proc.returncode != 0 and "'..' does not match" in output_of(proc), output_of(proc)[-3000:]

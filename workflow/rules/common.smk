@@ -217,6 +217,13 @@ def model_dir(model):
     return None
 
 
+def model_source(model):
+    """What of a model entry changes the directory cache_model / assemble_model write: its name and source (so
+    editing its batch_size or max_length does not rebuild the cache and re-extract every corpus).
+    """
+    return {"name": model, "source": MODELS[model]["source"]}
+
+
 def model_inputs(model):
     """What a model is loaded from (inputs of the jobs that load it). The directory its own rule writes, else its
     local config, weights and tokenizer files (so new weights re-extract; [] for a hub id).

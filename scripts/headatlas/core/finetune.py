@@ -22,7 +22,7 @@ import numpy as np
 from .corpora import CorpusError, tsv_records
 from .data import Record
 from .extract import length_batches
-from .integrity import replace_dir
+from .integrity import check_target, replace_dir
 from .models import ModelError, ModelSpec, model_kind, resolve
 from .progress import progress
 
@@ -99,6 +99,7 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     t0 = time.time()
+    check_target(out_dir)  # before the training, not after it
     torch.set_num_threads(threads)
     steps = int(task.get("steps", 300))
     batch_size = int(task.get("batch_size", 32))
@@ -183,7 +184,7 @@ def finetune(base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: st
         "loss_curve": [round(float(np.mean(losses[i : i + 50])), 6) for i in range(0, len(losses), 50)],
         "seconds": round(time.time() - t0, 1),
     }
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

