@@ -143,6 +143,12 @@ def test_a_table_missing_columns_or_out_of_range_names_the_file(tmp_path):
         read_table(path, columns=["entropy", "mean_distance"])
     with pytest.raises(IntegrityError, match=r"surface.tsv: 1 values of entropy are not in \[0, inf\]"):
         read_table(path)
+    from headatlas.clark.surface import SHARE_STATS
+    from headatlas.core.integrity import SHARE_RANGE, check_table
+
+    shares = pd.DataFrame({"cls": [0.2, 4e23], "entropy": [1.0, 2.0]})
+    with pytest.raises(IntegrityError, match=r"x.tsv: 1 values of cls are not in \[0, 1.01\] \(first 4e\+23\)"):
+        check_table("x.tsv", shares, ranges=dict.fromkeys(SHARE_STATS, SHARE_RANGE))
 
 
 def test_a_truncated_gzip_corpus_names_the_file(tmp_path, ewt_records):

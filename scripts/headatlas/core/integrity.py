@@ -274,6 +274,8 @@ def shard_set_faults(directory: Path, names: Sequence[str]) -> list[str]:
 
 # --- values --------------------------------------------------------------------------------------------
 
+# attention shares: sums of a row's cells, which stored maps may exceed 1 by rounding (core.store.ROW_SUM_TOL)
+SHARE_RANGE = (0.0, 1.0 + 1e-2)
 # column or array name -> (low, high) that every finite value must lie in (NaN allowed: "no value")
 RANGES = (
     (re.compile(r"(^|_)(share|frac|fraction|accuracy|p|pvalue|p_value|q|qvalue|stability)(_|$)"), (0.0, 1.0)),
@@ -288,15 +290,16 @@ def value_range(name: str) -> tuple[float, float] | None:
     return None
 
 
-def check_values(where: str | Path, arrays: dict, finite: Sequence[str] = ()) -> None:
-    """Float values: never infinite; in :data:`RANGES` by name (shares, fractions, accuracies and p-values in
-    [0, 1], entropies >= 0); the arrays named in ``finite`` without NaN either."""
+def check_values(where: str | Path, arrays: dict, finite: Sequence[str] = (), ranges: dict | None = None) -> None:
+    """Float values: never infinite; in ``ranges`` (name -> (low, high)) or else in :data:`RANGES` by name
+    (shares, fractions, accuracies and p-values in [0, 1], entropies >= 0); the arrays named in ``finite``
+    without NaN either."""
     for name, value in arrays.items():
         a = np.asarray(value)
         if a.dtype.kind != "f" or a.size == 0:
             continue
         bad = np.isinf(a) | (np.isnan(a) if name in finite else False)
-        bounds = value_range(str(name))
+        bounds = (ranges or {}).get(name) or value_range(str(name))
         if bounds is not None:
             with np.errstate(invalid="ignore"):
                 bad |= (a < bounds[0]) | (a > bounds[1])
@@ -309,9 +312,9 @@ def check_values(where: str | Path, arrays: dict, finite: Sequence[str] = ()) ->
             )
 
 
-def read_table(path: str | Path, columns: Sequence[str] = (), rows: int | None = None):
+def read_table(path: str | Path, columns: Sequence[str] = (), rows: int | None = None, ranges: dict | None = None):
     """A TSV another rule wrote: sealed (checked), the ``columns`` present, ``rows`` rows when given, values in
-    range (:func:`check_values`)."""
+    range (:func:`check_values`, ``ranges`` as there)."""
     import pandas as pd
 
     check_file(path)
@@ -319,17 +322,19 @@ def read_table(path: str | Path, columns: Sequence[str] = (), rows: int | None =
         table = pd.read_csv(path, sep="\t")
     except (ValueError, OSError, UnicodeDecodeError) as e:
         raise IntegrityError(f"{path}: not a readable table ({type(e).__name__}: {e}); {rebuild(path)}") from None
-    check_table(path, table, columns, rows)
+    check_table(path, table, columns, rows, ranges)
     return table
 
 
-def check_table(path: str | Path, table, columns: Sequence[str] = (), rows: int | None = None) -> None:
+def check_table(
+    path: str | Path, table, columns: Sequence[str] = (), rows: int | None = None, ranges: dict | None = None
+) -> None:
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise IntegrityError(f"{path}: missing columns {missing} (it has {list(table.columns)}); {rebuild(path)}")
     if rows is not None and len(table) != rows:
         raise IntegrityError(f"{path}: {len(table)} rows, expected {rows}; {rebuild(path)}")
-    check_values(path, {c: table[c].to_numpy() for c in table.columns if table[c].dtype.kind == "f"})
+    check_values(path, {c: table[c].to_numpy() for c in table.columns if table[c].dtype.kind == "f"}, ranges=ranges)
 
 
 def check_unk_share(records, tokenizer, where: str, limit: float) -> float:
