@@ -4,12 +4,11 @@ import sys
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-import pandas as pd  # noqa: E402
-
 from headatlas.atlas import analysis as at  # noqa: E402
 from headatlas.atlas import columns  # noqa: E402
 from headatlas.atlas.figures import agreement_figure, atlas_grid  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
+from headatlas.core.integrity import read_table  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
@@ -19,7 +18,10 @@ log = setup(sm)
 model, out = sm.wildcards.model, sm.output
 with AttentionStore(sm.input.tokens) as store:
     n_layers, n_heads = store.n_layers, store.n_heads
-tables = {k: pd.read_csv(sm.input[k], sep="\t") if k in sm.input.keys() else None for k in at.TABLE_NAMES}
+tables = {k: read_table(sm.input[k]) if k in sm.input.keys() else None for k in at.TABLE_NAMES}
+for k, table in tables.items():
+    if table is not None:
+        table.attrs["path"] = sm.input[k]  # errors of the join name the file
 t = at.atlas_tables(model, n_layers, n_heads, tables, at.AtlasSettings.from_config(sm.params.atlas))
 for key in ("atlas", "agreement", "relations", "profile"):
     with atomic_path(out[key]) as tmp:

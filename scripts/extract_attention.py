@@ -7,7 +7,8 @@ sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.device import job_device  # noqa: E402
-from headatlas.core.models import ModelSpec, load  # noqa: E402
+from headatlas.core.integrity import check_unk_share  # noqa: E402
+from headatlas.core.models import ModelSpec, load, resolve  # noqa: E402
 from headatlas.core.runner import as_dirs, setup  # noqa: E402
 from headatlas.fused import extract_shard, extraction_spec  # noqa: E402
 
@@ -33,11 +34,15 @@ todo = list(jobs())
 # every corpus's max_length against the loaded config before any store is written
 spec = ModelSpec.from_config(todo[0][3]["model"])
 device = job_device(spec.device, sm.resources.get("gpu"))
-model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.model else None, device=device)
+cache_dir = sm.input.model[0] if sm.input.model else None
+model, tokenizer, config = load(spec, cache_dir=cache_dir, device=device)
 for job in todo:
     extraction_spec(job[3], config)
 loaded = records = None
 for corpus, path, trees, p, shard, n, out in todo:
     if path != loaded:  # one corpus in memory at a time
         loaded, records = path, load_records(path)
+        share = check_unk_share(records, tokenizer, f"model {spec.name!r} ({resolve(spec, cache_dir)[0]}) on {path}",
+                                sm.config["extraction"]["max_unk_share"])  # fmt: skip
+        log.info("corpus %s: %.3f%% of its tokens are the tokenizer's unknown token", corpus, 100 * share)
     extract_shard(records, p, corpus, shard, n, out, model, tokenizer, config, as_dirs(trees))

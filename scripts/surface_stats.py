@@ -6,8 +6,9 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
 from headatlas.clark.reducers import SurfaceReducer  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
+from headatlas.clark.surface import SHARE_STATS, SurfaceSettings  # noqa: E402
 from headatlas.core.html import write_tables_html  # noqa: E402
+from headatlas.core.integrity import SHARE_RANGE, check_table  # noqa: E402
 from headatlas.core.io import atomic_path  # noqa: E402
 from headatlas.core.reduce import reduce_corpus  # noqa: E402
 from headatlas.core.runner import setup  # noqa: E402
@@ -17,6 +18,7 @@ log = setup(sm)
 reducer = SurfaceReducer(SurfaceSettings.from_config(sm.params.surface).smoothing)
 reducer.analysis = "clark_surface"
 table = reduce_corpus(list(sm.input), reducer)
+check_table(sm.output[0], table, ranges=dict.fromkeys(SHARE_STATS, SHARE_RANGE))  # never written out of range
 with atomic_path(sm.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
 log.info("%d heads, %d sequences, model kind %s", len(table), table["n_sequences"].iloc[0], table["model_kind"].iloc[0])

@@ -383,15 +383,26 @@ def test_atlas_script_writes_well_formed_tables_with_nan(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_models_through_every_analysis(tmp_path):
+def test_tiny_models_through_every_analysis(tmp_path, monkeypatch):
     """clark_surface, pande, clark_syntax, jomyaeng and the atlas on the tiny BERT and GPT-2
-    (the default config's analysis block, corpora cut by tests/tiny_workflow.py)."""
+    (the default config's analysis block, corpora cut by tests/tiny_workflow.py), built from a checkout that
+    holds a finished run's results/ (files there that the tiny run must neither read nor depend on)."""
     import os
     import subprocess
     import sys
 
+    import tiny_workflow
     from tiny_workflow import REPO, write_tiny
 
+    checkout = tmp_path / "checkout"
+    (checkout / "config").mkdir(parents=True)
+    (checkout / "config" / "config.yaml").write_bytes((REPO / "config" / "config.yaml").read_bytes())
+    (checkout / "resources").symlink_to(REPO / "resources")
+    for rel in ("results/probing/sentences.jsonl.gz", "results/probing/downstream_sentences.jsonl.gz"):
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / rel).write_bytes(b"a finished run's file, not the tiny run's")
+    monkeypatch.setattr(tiny_workflow, "REPO", checkout)
+    tmp_path = tmp_path / "run"
     cfg = write_tiny(tmp_path)
     (tmp_path / "resources").symlink_to(REPO / "resources")  # the analysis block's relative resources/ paths
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")

@@ -201,7 +201,9 @@ def test_end_to_end_outputs(e2e):
     workdir, cfg, proc = e2e
     assert proc.returncode == 0, output_of(proc)[-6000:]
     results = workdir / "results"
-    assert sorted(p.name for p in (results / "corpora").iterdir()) == ["ewt.jsonl.gz", "wiki.jsonl.gz"]
+    assert sorted(p.name for p in (results / "corpora").iterdir()) == [
+        "ewt.jsonl.gz", "ewt.jsonl.gz.sha256", "wiki.jsonl.gz", "wiki.jsonl.gz.sha256"
+    ]  # each with its seal (docs/integrity.md)  # fmt: skip
     for model in ("bert", "gpt2"):
         for corpus in ("ewt", "wiki"):
             d = results / "attention" / model / corpus / "shard0of1"

@@ -150,9 +150,15 @@ def build_models(root: str | Path) -> dict[str, Path]:
     return dirs
 
 
+# what a run writes in a checkout: never read from there (a test must not depend on the user's results)
+RUN_OUTPUTS = ("results", "logs", ".snakemake")
+
+
 def _absolute(path: str) -> str:
+    """A bundled input path made absolute (the tiny run works in its own directory); a path to what a rule
+    writes (``results/...``) stays relative, so the tiny run builds it, whatever the checkout's results/ holds."""
     p = Path(path)
-    if not p.is_absolute() and (REPO / p).exists():
+    if not p.is_absolute() and p.parts[:1] and p.parts[0] not in RUN_OUTPUTS and (REPO / p).exists():
         return str(REPO / p)
     return path
 

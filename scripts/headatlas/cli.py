@@ -10,7 +10,8 @@ Each subcommand is a function ``add_<name>(subparsers)`` that adds its parser an
     headatlas atlas MODEL            the atlas summary of a finished run, every family (results/atlas/MODEL)
     headatlas export headvis RUN OUT the run's atlases as HeadVis's static data/ layout
     headatlas store DIR...           describe a store (its shards, in order)
-    headatlas store verify DIR...    check manifest, checksums and every value; exit 1 on any fault
+    headatlas store verify DIR...    check stores (manifest, checksums, every value), shard sets and every sealed
+                                     file below DIR (results/: the whole run); exit 1 on any fault
 """
 
 from __future__ import annotations
@@ -42,16 +43,16 @@ def _store_describe(args) -> int:
 
 
 def _store_verify(args) -> int:
-    from .core.store import StoreError, store_dirs, verify_store
+    from .core.integrity import run_faults
+    from .core.store import MANIFEST, verify_store
 
-    try:
-        dirs = [s for d in args.dirs for s in store_dirs(d)]
-    except StoreError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     status = 0
-    for d in dirs:
-        faults = verify_store(d)
+    for d in map(Path, args.dirs):
+        d = d.parent if d.name == MANIFEST else d
+        if not d.is_dir():
+            faults = [f"{d}: missing"]
+        else:  # a store, or any directory above stores (a corpus, a model, the whole run: results/)
+            faults = verify_store(d) if (d / MANIFEST).is_file() else run_faults(d)
         for line in faults:
             print(f"FAULT {line}")
         print(f"{d}: {'ok' if not faults else f'{len(faults)} fault(s)'}", file=sys.stderr)
@@ -76,10 +77,11 @@ def add_store(subparsers) -> None:
     describe.add_argument("--json", action="store_true", help="print JSON")
     describe.set_defaults(func=_store_describe)
     verify = sub.add_parser(
-        "verify", help="check manifest, checksums, token table and every value; exit 1 on any fault"
+        "verify",
+        help="check stores (manifest, checksums, every value), shard sets and every sealed file; exit 1 on any fault",
     )
     verify.add_argument(
-        "dirs", nargs="+", metavar="DIR", help="store or corpus directories, each store checked on its own"
+        "dirs", nargs="+", metavar="DIR", help="stores, corpus directories or a whole run directory (results/)"
     )
     verify.set_defaults(func=_store_verify)
 

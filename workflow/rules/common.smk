@@ -9,7 +9,9 @@ from snakemake.utils import validate
 
 from headatlas.core.inputs import (
     bos_warning,
+    canonical,
     check_max_length,
+    corpus_build_spec,
     check_yaml,
     config_bases,
     local_model_config,
@@ -19,6 +21,7 @@ from headatlas.core.inputs import (
     next_steps,
     uncached_hub_warning,
 )
+from headatlas.core.integrity import check_name, damaged
 from headatlas.core.models import ModelSpec, check_installed
 from headatlas.core.store import store_problem
 from headatlas.fused import PLANS, reducer_specs
@@ -37,10 +40,16 @@ if _bases:
     config.update(_merged)
 config.pop("extends", None)
 validate(config, "../schemas/config.schema.yaml")
+# every dict in sorted key order: the same config in any key order plans nothing (docs/integrity.md)
+_canonical = canonical(dict(config))
+config.clear()
+config.update(_canonical)
 
 
 def _check_config():
-    names = [m["name"] for m in config["models"]]
+    names = [check_name(m["name"], "models[].name") for m in config["models"]]
+    for corpus in config["corpora"]:
+        check_name(corpus, "corpora")
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         raise ValueError(f"config key models: duplicate model names {dups}")
@@ -226,6 +235,13 @@ def model_dir(model):
     return None
 
 
+def model_source(model):
+    """What of a model entry changes the directory cache_model / assemble_model write: its name and source (so
+    editing its batch_size or max_length does not rebuild the cache and re-extract every corpus).
+    """
+    return {"name": model, "source": MODELS[model]["source"]}
+
+
 def model_inputs(model):
     """What a model is loaded from (inputs of the jobs that load it). The directory its own rule writes, else its
     local config, weights and tokenizer files (so new weights re-extract; [] for a hub id).
@@ -398,6 +414,9 @@ def analysis_section(key, schema):
     """Validate (and fill defaults of) config['analysis'][key] against its own schema file."""
     section = config["analysis"].setdefault(key, {})
     validate(section, schema)
+    config["analysis"][key] = section = canonical(
+        section
+    )  # its defaults in sorted key order too
     ANALYSES[key] = section
     return section
 
@@ -467,3 +486,18 @@ def _rerun_damaged_stores():
 
 
 _rerun_damaged_stores()
+
+
+# --- integrity of every other sealed output (owner: headatlas.core.integrity; docs/integrity.md) ------------
+# A sealed file that no longer matches its <file>.sha256 (or a sealed model directory whose files changed size)
+# is dated back to the epoch like a damaged store, so that its job reruns.
+def _rerun_damaged_outputs():
+    for path, problem in damaged("results"):
+        logger.warning(f"damaged output, its job will rerun: {problem}")
+        stamp = Path(path) / ".snakemake_timestamp"
+        if stamp.exists():
+            os.utime(stamp, (0, 0))
+        os.utime(path, (0, 0))
+
+
+_rerun_damaged_outputs()

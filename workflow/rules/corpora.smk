@@ -14,6 +14,6 @@ rule prepare_corpus:
         mem_mb=2000,
         runtime=10,
     params:
-        spec=lambda wc: CORPORA[wc.corpus],
+        spec=lambda wc: corpus_build_spec(CORPORA[wc.corpus]),
     script:
         "../../scripts/prepare_corpus.py"

@@ -14,7 +14,7 @@ rule cache_model:
         mem_mb=6000,
         runtime=20,
     params:
-        model=lambda wc: MODELS[wc.model],
+        model=lambda wc: model_source(wc.model),
     script:
         "../../scripts/cache_model.py"
 
@@ -76,6 +76,6 @@ rule assemble_model:
         mem_mb=1000,
         runtime=20,
     params:
-        model=lambda wc: MODELS[wc.model],
+        model=lambda wc: model_source(wc.model),
     script:
         "../../scripts/assemble_model.py"

@@ -250,8 +250,18 @@ def build_atlas(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.Da
         frames = [tables.get(k) for k in source.tables]
         if any(f is None for f in frames):
             continue
-        df = source.columns(*frames)
+        files = ", ".join(str(f.attrs.get("path", k)) for f, k in zip(frames, source.tables))
+        try:
+            df = source.columns(*frames)
+        except KeyError as e:
+            raise ValueError(f"{files}: missing column {e} (atlas source {source.name}); rebuild the table") from None
         _check_heads(df, source.name, n_layers, n_heads)
+        covered = len(df[KEY].drop_duplicates())
+        if covered < n_layers * n_heads:  # a cut table would become NaN columns
+            raise ValueError(
+                f"{files}: rows for {covered} of the {n_layers} x {n_heads} heads (atlas source {source.name}); "
+                "the table is incomplete: delete it and rerun snakemake"
+            )
         if df.duplicated(KEY).any():
             raise ValueError(f"{source.name}: more than one row per head")
         atlas = atlas.merge(df, on=KEY, how="left")

@@ -45,6 +45,8 @@ STATS = [
     "cls_entropy",
     "cls_entropy_uniform",
 ]
+# the statistics that are attention shares (in [0, 1]; the rest are entropies): what a reader of surface.tsv checks
+SHARE_STATS = STATS[:8]
 # Behaviour labels in Clark's override order: a later rule overrides an earlier one.
 LABEL_ORDER = ["next", "prev", "broad", "cls", "sep", "punct"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -122,13 +123,21 @@ def _bad_utf8(path: Path) -> str:
 
 def read_lines(path: str | Path) -> Iterator[str]:
     """The lines of a UTF-8 text file (``.gz`` read transparently), as text-mode ``open`` yields them;
-    an undecodable byte raises CorpusError naming the file, line and column."""
+    an undecodable byte raises CorpusError naming the file, line and column, a truncated or corrupt gzip stream
+    one naming the file."""
     path = Path(path)
-    with _open(path, "r") as fh:
-        try:
-            yield from fh
-        except UnicodeDecodeError:
-            raise CorpusError(_bad_utf8(path)) from None
+    n = 0
+    try:
+        with _open(path, "r") as fh:
+            for n, line in enumerate(fh, 1):  # noqa: B007 (n: where a broken gzip stream ends)
+                yield line
+    except UnicodeDecodeError:
+        raise CorpusError(_bad_utf8(path)) from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise CorpusError(
+            f"{path}: truncated or corrupt gzip file after line {n} ({type(e).__name__}: {e}); "
+            "rebuild or copy it again (a results/ file: delete it and rerun snakemake)"
+        ) from None
 
 
 def write_records(records: Iterable[Record], path: str | Path) -> int:

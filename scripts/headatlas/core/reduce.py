@@ -741,7 +741,7 @@ def save_reduced(store_dir: str | Path, reducer: Reducer, result, meta: dict | N
 
     path = reduced_file(store_dir, reducer)
     arrays = reducer.to_arrays(result)
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(path, sealed=False) as tmp, h5py.File(tmp, "w") as f:  # sealed by the store's manifest
         for key, value in arrays.items():
             a = np.asarray(value)
             if a.dtype.kind in "OUS":
@@ -766,12 +766,22 @@ def _read_reduced(path: Path, reducer: Reducer) -> dict:
         raise ReduceError(
             f"{path}: missing: the corpus was not reduced fused with reducer {reducer.name} ({where.rstrip(', ') or 'no analysis'}); {rerun}"
         )
+    from .integrity import IntegrityError, check_values
+    from .store import reduced_problem
+
+    problem = reduced_problem(path)  # its sha256 in the store's manifest
+    if problem:
+        raise ReduceError(f"{where}{problem}")
     try:
         with h5py.File(path, "r") as f:
             stored = json.loads(f.attrs["params"])
             arrays = {k: (f[k].asstr()[()] if f[k].attrs.get("kind") in ("O", "U", "S") else f[k][()]) for k in f}
     except Exception as e:
         raise ReduceError(f"{path}: cannot read the reduced result ({type(e).__name__}: {e}); {rerun}") from None
+    try:
+        check_values(path, arrays)
+    except IntegrityError as e:
+        raise ReduceError(str(e)) from None
     want = json.loads(json.dumps(reducer.params(), sort_keys=True))
     if stored != want:
         diff = sorted(k for k in set(stored) | set(want) if stored.get(k) != want.get(k))

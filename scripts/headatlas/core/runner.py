@@ -1,4 +1,4 @@
-"""Helpers for the thin rule scripts: logging to the rule's log file, thread limits."""
+"""Helpers for the thin rule scripts: logging to the rule's log file, thread limits, input checks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 
 
 def setup(snakemake, threads: int | None = None) -> logging.Logger:
-    """Send log records (and uncaught errors) to the rule's log file; pin thread counts."""
+    """Send log records (and uncaught errors) to the rule's log file; pin thread counts; check the rule's sealed
+    inputs (:func:`headatlas.core.integrity.check_inputs`)."""
     log_path = snakemake.log[0] if len(snakemake.log) else None
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(_quiet_transformers)
@@ -32,6 +33,9 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     os.environ.setdefault("TQDM_DISABLE", "1")  # weight-loading and GGUF bars: noise in a workflow's output
     pin_torch_threads(n)
     after_import("transformers", _transformers_to_log)
+    from .integrity import check_inputs
+
+    check_inputs(getattr(snakemake, "input", ()))
     return log
 
 

@@ -59,6 +59,7 @@ import numpy as np
 
 from .data import SPECIAL_NAMES, SPECIAL_NONE, TokenizedRecord
 from .figures import head_label
+from .integrity import check_target, replace_dir
 from .io import compressed
 
 log = logging.getLogger("headatlas.core.store")
@@ -304,8 +305,12 @@ def store_dirs(directory: str | Path) -> list[Path]:
         return [d]
     shards = {m: p for p in d.iterdir() if (m := SHARD_NAME.fullmatch(p.name)) and p.is_dir()}
     if shards:
-        counts = {int(m.group(2)) for m in shards}
-        return [shards[m] for m in sorted(shards, key=lambda m: int(m.group(1)))] if len(counts) == 1 else [d]
+        from .integrity import shard_set_faults
+
+        faults = shard_set_faults(d, [m.group(0) for m in shards])
+        if faults:
+            raise StoreError(faults[0])
+        return [shards[m] for m in sorted(shards, key=lambda m: int(m.group(1)))]
     found = sorted(p.parent for p in d.rglob(MANIFEST) if p.parent.name != NESTED[1])
     if not found:
         return [d]
@@ -319,14 +324,44 @@ def store_dirs(directory: str | Path) -> list[Path]:
 
 
 def store_problem(directory: str | Path) -> str | None:
-    """Why an existing store directory is not usable (cheap checks of :func:`read_manifest`), or
-    None when it is, or when it does not exist (then it is simply not built yet)."""
-    if not Path(directory).exists():
+    """Why an existing store directory is not usable, or None when it is, or when it does not exist (then it is
+    simply not built yet): the cheap checks of :func:`read_manifest`, on its nested ``sample/`` store too, and the
+    checksums of its small files (fused results, the sample's manifest)."""
+    directory = Path(directory)
+    if not directory.exists():
         return None
     try:
-        read_manifest(directory)
+        man = read_manifest(directory)
+        if (directory / NESTED[1]).is_dir() or f"{NESTED[1]}/{MANIFEST}" in man["files"]:
+            read_manifest(directory / NESTED[1])
     except StoreError as e:
         return str(e)
+    for name, entry in man["files"].items():
+        if name.startswith(tuple(f"{n}/" for n in NESTED)) and entry.get(man.get("checksum", CHECKSUM)):
+            if file_checksum(directory / name) != entry[man.get("checksum", CHECKSUM)]:
+                return (
+                    f"{directory / name}: {CHECKSUM} differs from {directory / MANIFEST} (contents changed); {REBUILD}"
+                )
+    return None
+
+
+def reduced_problem(path: str | Path) -> str | None:
+    """Why a fused result ``<store>/reduced/<name>.h5`` cannot be read (missing from, or not matching, its
+    store's manifest), or None (also for a result saved outside a store)."""
+    path = Path(path)
+    store = path.parent.parent
+    if not (store / MANIFEST).is_file():  # not inside a store (a reader of stores has refused one without manifest)
+        return None
+    try:
+        man = read_manifest(store)
+    except StoreError as e:
+        return str(e)
+    entry = man["files"].get(f"{NESTED[0]}/{path.name}")
+    if entry is None:
+        return f"{path}: not listed in {store / MANIFEST}; {REBUILD}"
+    want = entry.get(man.get("checksum", CHECKSUM))
+    if want is not None and file_checksum(path) != want:
+        return f"{path}: {CHECKSUM} differs from {store / MANIFEST} (contents changed); {REBUILD}"
     return None
 
 
@@ -388,7 +423,7 @@ class AttentionWriter:
         rep_shapes: tuple[int, int] | None = None,
         map_layout: str = "full",
     ):
-        self.out_dir = Path(out_dir)
+        self.out_dir = check_target(out_dir)
         self.tmp = self.out_dir.with_name(self.out_dir.name + f".tmp{os.getpid()}")
         remove_stale_temporaries(self.out_dir)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -495,8 +530,7 @@ class AttentionWriter:
             f.attrs["meta"] = json.dumps(meta)
         (self.tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         self._write_manifest()
-        shutil.rmtree(self.out_dir, ignore_errors=True)
-        os.replace(self.tmp, self.out_dir)
+        replace_dir(self.tmp, self.out_dir, sealed=False)  # its manifest is its seal
 
     def _write_manifest(self) -> None:
         """manifest.json, last: every file's size and checksum, each layer's counts."""
@@ -712,6 +746,12 @@ class AttentionStore:
                 if seen and s < max(seen):
                     raise StoreError(f"{d}: shard {s} given after shard {max(seen)}; give shards in order")
                 seen[s] = d
+            missing = sorted(set(range(int(self.meta.get("n_shards") or 0))) - set(seen))
+            if missing:
+                raise StoreError(
+                    f"{first.parent}: incomplete set of shards: shards {missing} of {self.meta['n_shards']} not "
+                    "given; a store of several shards is read with all of them"
+                )
             last = -1
             for d, ri in zip(self.dirs, record_index):
                 if len(ri) and ri[0] <= last:

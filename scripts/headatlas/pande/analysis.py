@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.finetune import read_metrics
+from ..core.integrity import IntegrityError, check_file, check_values, rebuild
 from ..core.io import atomic_path, compressed
 from . import figures as pf
 from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues, with_stability
@@ -48,15 +49,27 @@ def save_scores(path: str | Path, result: dict, meta: dict) -> None:
 
 
 def load_scores(path: str | Path) -> dict:
+    """A score file of rule pande_scores, checked (its seal, its shapes, no infinite score)."""
     import h5py
 
-    with h5py.File(path, "r") as f:
-        out = {k: f[k][()] for k in ("scores", "pair_counts", "is_pair")}
-        out["lengths"] = f["lengths"][()] if "lengths" in f else None
-        for k in ("record_id", "roles", "relations"):
-            out[k] = [str(x) for x in f[k].asstr()[()]]
-        out["notes"] = json.loads(f.attrs["notes"])
-        out["meta"] = json.loads(f.attrs["meta"])
+    check_file(path)
+    try:
+        with h5py.File(path, "r") as f:
+            out = {k: f[k][()] for k in ("scores", "pair_counts", "is_pair")}
+            out["lengths"] = f["lengths"][()] if "lengths" in f else None
+            for k in ("record_id", "roles", "relations"):
+                out[k] = [str(x) for x in f[k].asstr()[()]]
+            out["notes"] = json.loads(f.attrs["notes"])
+            out["meta"] = json.loads(f.attrs["meta"])
+    except (OSError, KeyError, ValueError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"{path}: cannot read the score file ({type(e).__name__}: {e}); {rebuild(path)}") from None
+    shape = out["scores"].shape
+    if len(shape) != 4 or shape[0] != len(out["record_id"]) or shape[3] != len(out["roles"]):
+        raise IntegrityError(
+            f"{path}: scores of shape {shape} for {len(out['record_id'])} records and {len(out['roles'])} roles; "
+            f"{rebuild(path)}"
+        )
+    check_values(path, {"scores": out["scores"]})
     return out
 
 
