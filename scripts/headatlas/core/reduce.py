@@ -689,19 +689,24 @@ def fused_reduce(
     corpus: str = "",
     record_id: Sequence[str] | None = None,
     first_index: int = 0,
+    path: str = "auto",
 ) -> list:
     """Run ``model`` (loaded by :func:`headatlas.core.models.load`: eager attention, eval mode) over
     ``tokenized`` in length-bucketed batches and reduce each layer's attention as soon as it is computed
-    (:class:`FusedFeed`). Returns ``[r.result() for r in reducers]``.
+    (:class:`FusedFeed`, or without maps by :class:`~headatlas.core.mapfree.MapFreeFeed` when ``path`` is
+    ``auto`` and every reducer has a map-free form, :func:`~headatlas.core.mapfree.plan_feed`).
+    Returns ``[r.result() for r in reducers]``.
     """
     import torch
+
+    from .mapfree import longest_of, open_feed
 
     n_layers, n_heads = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
     rid = None if record_id is None else np.asarray(record_id)
     info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid, first_index)
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
     device = next(model.parameters()).device
-    with FusedFeed(model, reducers, info) as feed, torch.inference_mode():
+    with open_feed(model, reducers, info, longest_of(tokenized), path) as feed, torch.inference_mode():
         for pos in length_batches([len(t) for t in tokenized], batch_size):
             feed.begin(ReduceBatch.from_tokenized(tokenized, pos, records))
             model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))

@@ -106,16 +106,35 @@ class DetectorReducer(Reducer):
         import torch
 
         causal = self.info.causal
-        key = ("detectors", causal, self.seed)
-        if key not in batch._cache:
-            batch._cache[key] = targets(batch, causal, self.seed)
-        t = batch._cache[key]
+        t = self._targets(batch)
         a = clean_maps(attn, batch, causal)
         obs = _mass(a, t["target"], t["den"])
         obs[..., 0] = prev_token_score(a, torch.as_tensor(batch.lengths, device=a.device)[:, None]).double()
         nul = _mass(a, np.where(t["target"] >= 0, t["null"][:, None, :], -1), t["den"])
         self.scores[batch.seq, layer] = obs.cpu().numpy()
         self.null[batch.seq, layer] = nul.cpu().numpy()
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        from ..core.mapfree import Needs
+
+        return Needs()  # every score is one key per query: q, k and LSE suffice
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The same scores without the maps: A[i, target] = exp(s_it - LSE_i) (:meth:`FreeLayer.at`)."""
+        import torch
+
+        t = self._targets(batch)
+        den = torch.as_tensor(t["den"], device=view.q.device)[:, None, :]
+        obs = view.at(t["target"]).sum(-1).double() / den
+        nul = view.at(np.where(t["target"] >= 0, t["null"][:, None, :], -1)).sum(-1).double() / den
+        self.scores[batch.seq, layer] = obs.cpu().numpy()
+        self.null[batch.seq, layer] = nul.cpu().numpy()
+
+    def _targets(self, batch: ReduceBatch) -> dict:
+        key = ("detectors", self.info.causal, self.seed)
+        if key not in batch._cache:
+            batch._cache[key] = targets(batch, self.info.causal, self.seed)
+        return batch._cache[key]
 
     def result(self) -> dict:
         return {"scores": self.scores, "null": self.null}

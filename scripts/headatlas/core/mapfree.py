@@ -1,0 +1,394 @@
+"""Map-free attention: per-head statistics from q, k, each row's log-sum-exp and A.V' passes of a fused kernel.
+
+With s_ij = scale * q_i . k_j (post-rotary) over the keys query i may see (padding and the causal mask exactly
+as the model's mask) and A = softmax(s), a fused kernel (CPU: ``_scaled_dot_product_flash_attention_for_cpu``;
+CUDA: the memory-efficient kernel) returns the model's output A.V and LSE_i = log sum_j exp(s_ij). Then
+
+- attention to one key per row (a fixed key, an offset, an induction / duplicate target, an arc):
+  A[i, t] = exp(s_it - LSE_i), one dot product per target (:meth:`FreeLayer.at`);
+- attention summed over a set of keys given by an indicator m_j: (A.m)_i, one value column of an extra kernel
+  pass (:attr:`Needs.values`; up to head-size columns per pass);
+- the same restricted to keys j <= i (an encoder's "lower" half, e.g. for |i - j|): a causal pass, rescaled by
+  exp(LSE^<=_i - LSE_i) (:attr:`Needs.lower`);
+- entropy H_i = LSE_i - scale * q_i . (A.K)_i, one pass with the keys as values (:attr:`Needs.entropy`).
+
+No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
+(:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
+with ``set_attn_implementation`` while a :class:`MapFreeFeed` is open and back to eager after it.
+
+A reducer has a map-free form when it defines ``mapfree_needs(batch, causal) -> Needs`` and
+``update_free(layer, view: FreeLayer, batch)``; one that needs whole rows says why in ``full_rows``.
+:func:`plan_feed` picks the map-free feed when every reducer has a map-free form and the model type's score is
+bilinear (:func:`mapfree_support`), else the eager :class:`~headatlas.core.reduce.FusedFeed` (the reference),
+and says which and why once in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .models import ModelError
+from .reduce import FeedInfo, FusedFeed, ReduceBatch, ReduceError, Reducer, _fail, release_scratch
+
+log = logging.getLogger("headatlas.core.mapfree")
+
+MAPFREE = "headatlas_mapfree"  # the attention implementation's name in transformers' registries
+
+# model type -> why its statistics cannot be computed map-free (every other type of core.models.ARCHITECTURES can)
+NOT_MAPFREE = {
+    "deberta": "disentangled relative-position scores, not in transformers' attention functions",
+    "deberta-v2": "disentangled relative-position scores, not in transformers' attention functions",
+    "mpnet": "relative-position bucket bias added to the scores",
+    "openai-gpt": "attention not in transformers' attention functions",
+    "gemma2": "logit soft-capping and sliding-window layers",
+    "gemma3_text": "sliding-window layers",
+}
+
+
+def mapfree_support(config, longest: int = 0) -> str | None:
+    """None when a model of ``config`` can go map-free on sequences of up to ``longest`` tokens, else why not."""
+    mt = getattr(config, "model_type", "")
+    if mt in NOT_MAPFREE:
+        return NOT_MAPFREE[mt]
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "logit soft-capping"
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and int(window) < longest:
+        return f"sliding window of {window} tokens, shorter than the longest sequence ({longest})"
+    return None
+
+
+def mapfree_markdown() -> str:
+    """The map-free column of the architecture table (docs/mapfree.md; tests/test_mapfree.py checks both)."""
+    from .models import ARCHITECTURES
+
+    lines = ["| model type | map-free |", "|---|---|"]
+    for mt in ARCHITECTURES:
+        why = NOT_MAPFREE.get(mt)
+        lines.append(f"| `{mt}` | {'yes' if why is None else 'no: ' + why} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the kernel ------------------------------------------------------------------------------------------------
+
+
+def _additive(mask, dtype):
+    """A boolean (True = attend) or additive mask as the additive float mask the kernels take."""
+    import torch
+
+    if mask is None or mask.dtype != torch.bool:
+        return None if mask is None else mask.to(dtype)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+
+
+def attention_lse(q, k, v, mask, causal: bool, scale: float):
+    """(A.v [B, H, n, dv], LSE [B, H, n] float32) of a fused kernel; ``k``, ``v`` may have fewer (grouped) heads.
+    ``mask``: additive float or None; ``causal`` only with ``mask`` None. A value width other than the head size
+    is padded with zeros or split into head-size passes (the kernels need equal widths)."""
+    import torch
+
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv != d:
+        parts = [v[..., i : i + d] for i in range(0, dv, d)]
+        outs = []
+        lse = None
+        for p in parts:
+            w = p.shape[-1]
+            p = torch.nn.functional.pad(p, (0, d - w)) if w < d else p
+            o, lse = attention_lse(q, k, p, mask, causal, scale)
+            outs.append(o[..., :w])
+        return torch.cat(outs, -1), lse
+    if q.device.type == "cuda":  # memory-efficient kernel: float bias, LSE padded to a multiple of 32 (untested here)
+        g = q.shape[1] // k.shape[1]
+        if g > 1:
+            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        bias = None if mask is None else mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, True, 0.0, causal, scale=scale
+        )[:2]
+        return out, lse[..., : q.shape[2]].float()
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v.contiguous(), 0.0, causal, attn_mask=mask, scale=scale
+    )
+    return out, lse.float()
+
+
+_ACTIVE: list = []  # the open MapFreeFeed (at most one)
+
+
+def mapfree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature: the fused kernel's output (as the SDPA forward's), and the
+    layer's q, k, LSE handed to the open :class:`MapFreeFeed`'s reducers. Returns no weights."""
+    for arg in ("softcap", "position_bias", "sliding_window"):
+        if kwargs.get(arg) is not None:
+            raise ModelError(f"map-free attention: {type(module).__name__} passes {arg}; its type must run eager")
+    if dropout and module.training:
+        raise ModelError("map-free attention: dropout in training mode; load the model in eval mode")
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    mask = _additive(attention_mask, query.dtype)
+    causal = bool(query.shape[2] > 1 and mask is None and is_causal)
+    out, lse = attention_lse(query, key, value, mask, causal, scale)
+    if _ACTIVE and _ACTIVE[-1].batch is not None:
+        _ACTIVE[-1].layer(query, key, lse, mask, causal, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register :data:`MAPFREE` with transformers' attention and mask registries (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(MAPFREE, mapfree_attention)
+    AttentionMaskInterface.register(MAPFREE, sdpa_mask)
+
+
+# --- what reducers declare and receive --------------------------------------------------------------------------
+
+
+@dataclass
+class Needs:
+    """What a map-free reducer needs beyond q, k and LSE on one batch: ``entropy`` (a pass with K as values),
+    ``values`` (name -> [B, n, c] key columns: (A.m)_i) and ``lower`` (the same over keys j <= i only). Names
+    are shared between reducers (the same name must mean the same columns): a column is computed once."""
+
+    entropy: bool = False
+    values: dict = field(default_factory=dict)
+    lower: dict = field(default_factory=dict)
+
+
+def key_positions(batch: ReduceBatch, device):
+    """[B, n, 1] float32 key positions 0..n-1 (the value column of mean distances)."""
+    import torch
+
+    return torch.arange(batch.n, device=device, dtype=torch.float32)[None, :, None].expand(len(batch), -1, -1)
+
+
+class FreeLayer:
+    """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded),
+    lse [B, H, n], ``scale``, and the declared passes. Every method returns 0 on padded query rows."""
+
+    def __init__(self, q, k, lse, scale, batch, causal, values, lower, ak):
+        self.q, self.k, self.lse, self.scale, self.batch, self.causal = q, k, lse, scale, batch, causal
+        self._values, self._lower, self._ak = values, lower, ak
+        self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
+
+    def at(self, target):
+        """[B, H, T, n] attention of each query i to key ``target[b, t, i]`` ([B, T, n] ints, -1: none; 0 where
+        none, outside the sequence or, under a causal mask, after i): exp(scale q_i . k_t - LSE_i)."""
+        import torch
+
+        t = torch.as_tensor(target, device=self.q.device)
+        bsz, h, n, d = self.q.shape
+        hk = self.k.shape[1]
+        g = h // hk
+        n_t = t.shape[1]
+        idx = torch.arange(n, device=t.device)
+        ok = (t >= 0) & (t < self.batch.tensor("lengths", t.device)[:, None, None]) & self.valid[:, None, :]
+        if self.causal:
+            ok &= t <= idx
+        tc = t.clamp(min=0)
+        kt = self.k.gather(2, tc.reshape(bsz, 1, n_t * n, 1).expand(bsz, hk, n_t * n, d)).view(bsz, hk, n_t, n, d)
+        q = self.q.reshape(bsz, hk, g, n, d)
+        s = torch.einsum("bkgnd,bktnd->bkgtn", q, kt).reshape(bsz, h, n_t, n) * self.scale  # [B, H, T, n]
+        a = torch.exp(s.float() - self.lse[:, :, None, :])
+        return torch.where(ok[:, None], a, 0.0)
+
+    def column(self, key_index):
+        """[B, H, n] attention to one key per sequence (``key_index`` [B] or an int: 0 = the first token)."""
+        ki = np.broadcast_to(np.asarray(key_index, dtype=np.int64), (len(self.batch),))
+        return self.at(np.repeat(ki[:, None, None], self.batch.n, 2))[:, :, 0]
+
+    def value(self, name: str):
+        """[B, H, n, c] (A.m)_i of a declared ``values`` column."""
+        return torch_where_valid(self._values[name], self.valid)
+
+    def lower(self, name: str):
+        """[B, H, n, c] sum_{j <= i} A_ij m_j of a declared ``lower`` column."""
+        return torch_where_valid(self._lower[name], self.valid)
+
+    def entropy(self):
+        """[B, H, n] row entropy in nats, LSE_i - scale q_i . (A.K)_i (the ``entropy`` pass)."""
+        import torch
+
+        h = self.lse - self.scale * (self.q.float() * self._ak.float()).sum(-1)
+        return torch.where(self.valid[:, None], h, 0.0)
+
+
+def torch_where_valid(x, valid):
+    import torch
+
+    return torch.where(valid[:, None, :, None], x, 0.0)
+
+
+# --- the feed ---------------------------------------------------------------------------------------------------
+
+
+class MapFreeFeed:
+    """The map-free counterpart of :class:`~headatlas.core.reduce.FusedFeed` (same begin / end / results): while
+    open, the model runs :data:`MAPFREE` attention and every layer's q, k, LSE and declared passes go to the
+    reducers' ``update_free``."""
+
+    def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo):
+        self.model, self.reducers, self.info = model, list(reducers), info
+        self.batch, self.calls, self.plan = None, 0, None
+        self.previous = None
+
+    def __enter__(self):
+        register()
+        for r in self.reducers:
+            r.start(self.info)
+        self.previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation(MAPFREE)
+        if self.model.config._attn_implementation != MAPFREE:
+            raise ModelError(f"model {self.info.model!r}: cannot switch its attention to {MAPFREE}")
+        _ACTIVE.append(self)
+        return self
+
+    def begin(self, batch: ReduceBatch) -> None:
+        import torch
+
+        self.batch, self.calls = batch, 0
+        needs = [r.mapfree_needs(batch, self.info.causal) for r in self.reducers]
+        dev = next(self.model.parameters()).device
+
+        def stack(kind):
+            cols: dict = {}
+            for nd in needs:
+                for name, v in getattr(nd, kind).items():
+                    cols.setdefault(name, torch.as_tensor(v, dtype=torch.float32, device=dev))
+            if not cols:
+                return None, {}
+            at, off = {}, 0
+            for name, v in cols.items():
+                at[name] = slice(off, off + v.shape[-1])
+                off += v.shape[-1]
+            return torch.cat(list(cols.values()), -1)[:, None], at  # [B, 1, n, C]
+
+        self.plan = (any(nd.entropy for nd in needs), stack("values"), stack("lower"))
+
+    def _passes(self, q, k, cols, mask, causal, scale):
+        """A.cols [B, H, n, C] in passes of head-size columns, and the passes' LSE."""
+        import torch
+
+        bsz, h, n, d = q.shape
+        hk = k.shape[1]
+        n_cols = cols.shape[-1]
+        outs, lse = [], None
+        for i in range(0, n_cols, d):
+            c = cols[..., i : i + d]
+            w = c.shape[-1]
+            v = torch.nn.functional.pad(c, (0, d - w)) if w < d else c
+            o, lse = attention_lse(q, k, v.to(q.dtype).expand(bsz, hk, n, d), mask, causal, scale)
+            outs.append(o[..., :w])
+        return torch.cat(outs, -1).float(), lse
+
+    def layer(self, q, k, lse, mask, causal, scale) -> None:
+        import torch
+
+        layer, batch, info = self.calls, self.batch, self.info
+        self.calls += 1
+        if q.shape[1] != info.n_heads:
+            raise ModelError(
+                f"model {info.model!r}: layer {layer + 1} has {q.shape[1]} query heads, expected {info.n_heads}"
+            )
+        n = batch.n
+        if q.shape[2] != n:  # an extra position is not part of the sequences (cut after the kernel)
+            raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
+        entropy, (vcols, vat), (lcols, lat) = self.plan
+        ak = attention_lse(q, k, k, mask, causal, scale)[0] if entropy else None
+        values = {}
+        if vcols is not None:
+            out = self._passes(q, k, vcols, mask, causal, scale)[0]
+            values = {name: out[..., s] for name, s in vat.items()}
+        lower = {}
+        if lcols is not None:
+            if info.causal:  # every visible key is j <= i: the same as the full pass
+                out = self._passes(q, k, lcols, mask, causal, scale)[0]
+            else:  # right padding: a real query's keys j <= i are real, so the causal kernel needs no mask
+                out, lse_low = self._passes(q, k, lcols, None, True, scale)
+                out = out * torch.exp(lse_low.float() - lse)[..., None]
+            lower = {name: out[..., s] for name, s in lat.items()}
+        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, ak)
+        for r in self.reducers:
+            try:
+                r.update_free(layer, view, batch)
+            except ReduceError:
+                raise
+            except Exception as e:
+                raise _fail(r, info, batch, layer, e) from e
+
+    def end(self) -> None:
+        if self.batch is not None and self.calls != self.info.n_layers:
+            raise ModelError(
+                f"model {self.info.model!r}: the map-free attention ran {self.calls} times for {self.info.n_layers} layers"
+            )
+        self.batch, self.plan = None, None
+
+    def results(self) -> list:
+        return [r.result() for r in self.reducers]
+
+    def __exit__(self, *exc):
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if self.previous is not None:
+            self.model.set_attn_implementation(self.previous)
+        self.batch = None
+        release_scratch()
+        return False
+
+
+def has_mapfree(reducer: Reducer) -> bool:
+    return callable(getattr(reducer, "update_free", None)) and callable(getattr(reducer, "mapfree_needs", None))
+
+
+PATHS = ("auto", "eager", "mapfree")
+
+
+def plan_feed(model, reducers: Sequence[Reducer], longest: int = 0, path: str = "auto") -> tuple[str, str]:
+    """("mapfree" | "eager", why): the cheapest feed that serves every reducer on ``model`` (``path`` auto), or
+    the one asked for (``mapfree`` fails with the reason when it cannot serve them)."""
+    if path not in PATHS:
+        raise ValueError(f"attention path must be one of {PATHS}, not {path!r}")
+    if path == "eager":
+        return "eager", "asked for"
+    why = mapfree_support(model.config, longest)
+    if why is None:
+        rows = [r for r in reducers if not has_mapfree(r)]
+        if rows:
+            why = "whole rows needed by " + ", ".join(
+                f"{r.name} ({getattr(r, 'full_rows', 'no map-free form')})" for r in rows
+            )
+    if why is None and not any(True for _ in reducers):
+        why = "no reducer"
+    if why is None:
+        return "mapfree", "every reducer has a map-free form"
+    if path == "mapfree":
+        raise ModelError(f"model type {model.config.model_type}: cannot run map-free: {why}")
+    return "eager", why
+
+
+def open_feed(model, reducers: Sequence[Reducer], info: FeedInfo, longest: int = 0, path: str = "auto"):
+    """The feed :func:`plan_feed` picks, as a context manager; the choice and its reason go to the log once."""
+    kind, why = plan_feed(model, reducers, longest, path)
+    log.info("model %s, corpus %s: %s attention (%s)", info.model or "?", info.corpus or "?", kind, why)
+    return (MapFreeFeed if kind == "mapfree" else FusedFeed)(model, reducers, info)
+
+
+def longest_of(tokenized) -> int:
+    return int(max((len(t) for t in tokenized), default=0))
+
+
+def offset_targets(batch: ReduceBatch, offsets) -> np.ndarray:
+    """[B, len(offsets), n] key i + offset of every query i (-1 outside the sequence)."""
+    n = batch.n
+    idx = np.arange(n)
+    t = idx[None, :] + np.asarray(list(offsets), dtype=np.int64)[:, None]  # [T, n]
+    ok = (t >= 0) & (t[None] < batch.lengths[:, None, None])
+    return np.where(ok, t[None], -1)
