@@ -35,7 +35,8 @@ def mapfree_reducers():
 
 
 def max_diff(a, b) -> float:
-    """Max abs difference of two reducer results (tables: float columns; dicts: arrays), NaN where both are."""
+    """Max difference of two reducer results (tables: float columns; dicts: arrays), NaN where both are:
+    absolute up to 1, relative above (the distances in tokens)."""
     if hasattr(a, "columns"):
         cols = [c for c in a.columns if a[c].dtype.kind == "f"]
         return max(max_diff(a[c].to_numpy(), b[c].to_numpy()) for c in cols)
@@ -44,7 +45,8 @@ def max_diff(a, b) -> float:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     assert np.array_equal(np.isnan(a), np.isnan(b))
     ok = ~np.isnan(a)
-    return float(np.abs(a[ok] - b[ok]).max()) if ok.any() else 0.0
+    # absolute for fractions and nats, relative above 1 (mean distances in tokens: float32 rounds them to ~1e-7 x)
+    return float((np.abs(a[ok] - b[ok]) / np.maximum(1.0, np.abs(a[ok]))).max()) if ok.any() else 0.0
 
 
 def compare(model, tokenized, kind, records, pad, name, batch_size=4):

@@ -118,6 +118,22 @@ def attention_lse(q, k, v, mask, causal: bool, scale: float):
     return out, lse.float()
 
 
+def wide_pass(q, k, v, mask, causal: bool, scale: float):
+    """:func:`attention_lse` for values of any width w: narrower ones padded to the head size, wider ones with q
+    and k padded by zero columns to w (rounded up to 8; the scores do not change, ``scale`` is explicit), so the
+    entropy's K and extra value columns share one pass."""
+    import torch
+
+    d, w = q.shape[-1], v.shape[-1]
+    pad = torch.nn.functional.pad
+    if w <= d:
+        out, lse = attention_lse(q, k, pad(v, (0, d - w)) if w < d else v, mask, causal, scale)
+        return out[..., :w], lse
+    wide = -(-w // 8) * 8
+    out, lse = attention_lse(pad(q, (0, wide - d)), pad(k, (0, wide - d)), pad(v, (0, wide - w)), mask, causal, scale)
+    return out[..., :w], lse
+
+
 _ACTIVE: list = []  # the open MapFreeFeed (at most one)
 
 
@@ -161,6 +177,17 @@ class Needs:
     entropy: bool = False
     values: dict = field(default_factory=dict)
     lower: dict = field(default_factory=dict)
+    targets: dict = field(default_factory=dict)  # name -> [B, n] key of each query (-1: none): FreeLayer.target
+
+
+def offset_target(batch: ReduceBatch, offset: int) -> np.ndarray:
+    """[B, n] key i + offset of every query i (-1 outside the sequence): the target named ``offset:<o>``."""
+    return offset_targets(batch, (offset,))[:, 0]
+
+
+def key_target(batch: ReduceBatch, key: int) -> np.ndarray:
+    """[B, n] the same key for every query (the target named ``key:<j>``, e.g. 0: the first token)."""
+    return np.full((len(batch), batch.n), key, dtype=np.int64)
 
 
 def key_positions(batch: ReduceBatch, device):
@@ -174,10 +201,16 @@ class FreeLayer:
     """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded),
     lse [B, H, n], ``scale``, and the declared passes. Every method returns 0 on padded query rows."""
 
-    def __init__(self, q, k, lse, scale, batch, causal, values, lower, ak):
+    def __init__(self, q, k, lse, scale, batch, causal, values, lower, ak, targets=None):
         self.q, self.k, self.lse, self.scale, self.batch, self.causal = q, k, lse, scale, batch, causal
         self._values, self._lower, self._ak = values, lower, ak
+        self._flat = None
         self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
+        self._targets = {}
+        if targets:  # every declared target of the layer in one pass over the keys
+            names, rows = zip(*targets.items())
+            got = self.at(np.stack(rows, 1))
+            self._targets = {name: got[:, :, i] for i, name in enumerate(names)}
 
     def at(self, target):
         """[B, H, T, n] attention of each query i to key ``target[b, t, i]`` ([B, T, n] ints, -1: none; 0 where
@@ -193,17 +226,30 @@ class FreeLayer:
         ok = (t >= 0) & (t < self.batch.tensor("lengths", t.device)[:, None, None]) & self.valid[:, None, :]
         if self.causal:
             ok &= t <= idx
-        tc = t.clamp(min=0)
-        kt = self.k.gather(2, tc.reshape(bsz, 1, n_t * n, 1).expand(bsz, hk, n_t * n, d)).view(bsz, hk, n_t, n, d)
-        q = self.q.reshape(bsz, hk, g, n, d)
-        s = torch.einsum("bkgnd,bktnd->bkgtn", q, kt).reshape(bsz, h, n_t, n) * self.scale  # [B, H, T, n]
+        # the target keys' rows by one index_select of the flattened keys (a gather with an index per element is
+        # 40x slower on a CPU), then per (sequence, key head, query) one small product [g, d] x [d, T]
+        flat = self._flat_keys()
+        base = (torch.arange(bsz, device=t.device)[:, None] * hk + torch.arange(hk, device=t.device)) * n
+        rows = (base[:, :, None, None] + t.clamp(min=0).transpose(1, 2)[:, None]).reshape(-1)  # [B, Hkv, n, T]
+        kt = flat.index_select(0, rows).view(bsz, hk, n, n_t, d)
+        q = self.q.reshape(bsz, hk, g, n, d).permute(0, 1, 3, 2, 4)  # [B, Hkv, n, g, d]
+        s = torch.matmul(q, kt.transpose(-1, -2)).permute(0, 1, 3, 4, 2).reshape(bsz, h, n_t, n) * self.scale
         a = torch.exp(s.float() - self.lse[:, :, None, :])
         return torch.where(ok[:, None], a, 0.0)
+
+    def _flat_keys(self):
+        if self._flat is None:
+            self._flat = self.k.reshape(-1, self.k.shape[-1])  # [B * Hkv * n, d] (one copy per layer)
+        return self._flat
 
     def column(self, key_index):
         """[B, H, n] attention to one key per sequence (``key_index`` [B] or an int: 0 = the first token)."""
         ki = np.broadcast_to(np.asarray(key_index, dtype=np.int64), (len(self.batch),))
         return self.at(np.repeat(ki[:, None, None], self.batch.n, 2))[:, :, 0]
+
+    def target(self, name: str):
+        """[B, H, n] attention of each query to its key of a declared ``targets`` row."""
+        return self._targets[name]
 
     def value(self, name: str):
         """[B, H, n, c] (A.m)_i of a declared ``values`` column."""
@@ -258,11 +304,13 @@ class MapFreeFeed:
         needs = [r.mapfree_needs(batch, self.info.causal) for r in self.reducers]
         dev = next(self.model.parameters()).device
 
-        def stack(kind):
+        def stack(*kinds):
             cols: dict = {}
-            for nd in needs:
-                for name, v in getattr(nd, kind).items():
-                    cols.setdefault(name, torch.as_tensor(v, dtype=torch.float32, device=dev))
+            for kind in kinds:
+                for nd in needs:
+                    for name, v in getattr(nd, kind).items():
+                        key = name if kind == "values" else (kind, name)
+                        cols.setdefault(key, torch.as_tensor(v, dtype=torch.float32, device=dev))
             if not cols:
                 return None, {}
             at, off = {}, 0
@@ -271,23 +319,14 @@ class MapFreeFeed:
                 off += v.shape[-1]
             return torch.cat(list(cols.values()), -1)[:, None], at  # [B, 1, n, C]
 
-        self.plan = (any(nd.entropy for nd in needs), stack("values"), stack("lower"))
-
-    def _passes(self, q, k, cols, mask, causal, scale):
-        """A.cols [B, H, n, C] in passes of head-size columns, and the passes' LSE."""
-        import torch
-
-        bsz, h, n, d = q.shape
-        hk = k.shape[1]
-        n_cols = cols.shape[-1]
-        outs, lse = [], None
-        for i in range(0, n_cols, d):
-            c = cols[..., i : i + d]
-            w = c.shape[-1]
-            v = torch.nn.functional.pad(c, (0, d - w)) if w < d else c
-            o, lse = attention_lse(q, k, v.to(q.dtype).expand(bsz, hk, n, d), mask, causal, scale)
-            outs.append(o[..., :w])
-        return torch.cat(outs, -1).float(), lse
+        targets: dict = {}
+        for nd in needs:
+            for name, t in nd.targets.items():
+                targets.setdefault(name, np.asarray(t, dtype=np.int64))
+        # under a causal mask every visible key is j <= i: the lower columns are values of the one pass
+        low = (None, {}) if self.info.causal else stack("lower")
+        values = stack("values", "lower") if self.info.causal else stack("values")
+        self.plan = (any(nd.entropy for nd in needs), values, low, targets)
 
     def layer(self, q, k, lse, mask, causal, scale) -> None:
         import torch
@@ -301,21 +340,23 @@ class MapFreeFeed:
         n = batch.n
         if q.shape[2] != n:  # an extra position is not part of the sequences (cut after the kernel)
             raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
-        entropy, (vcols, vat), (lcols, lat) = self.plan
-        ak = attention_lse(q, k, k, mask, causal, scale)[0] if entropy else None
-        values = {}
-        if vcols is not None:
-            out = self._passes(q, k, vcols, mask, causal, scale)[0]
-            values = {name: out[..., s] for name, s in vat.items()}
-        lower = {}
-        if lcols is not None:
-            if info.causal:  # every visible key is j <= i: the same as the full pass
-                out = self._passes(q, k, lcols, mask, causal, scale)[0]
-            else:  # right padding: a real query's keys j <= i are real, so the causal kernel needs no mask
-                out, lse_low = self._passes(q, k, lcols, None, True, scale)
-                out = out * torch.exp(lse_low.float() - lse)[..., None]
-            lower = {name: out[..., s] for name, s in lat.items()}
-        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, ak)
+        entropy, (vcols, vat), (lcols, lat), targets = self.plan
+        bsz, hk, d = q.shape[0], k.shape[1], q.shape[-1]
+        parts = ([k] if entropy else []) + ([vcols.expand(bsz, hk, n, -1)] if vcols is not None else [])
+        ak, values, lower = None, {}, {}
+        if parts:  # the entropy's K and every value column in one pass
+            out = wide_pass(q, k, torch.cat([p.to(q.dtype) for p in parts], -1), mask, causal, scale)[0].float()
+            ak, out = (out[..., :d], out[..., d:]) if entropy else (None, out)
+            for name, sl in vat.items():
+                if isinstance(name, tuple):
+                    lower[name[1]] = out[..., sl]
+                else:
+                    values[name] = out[..., sl]
+        if lcols is not None:  # right padding: a real query's keys j <= i are real: the causal kernel, no mask
+            out, lse_low = wide_pass(q, k, lcols.to(q.dtype).expand(bsz, hk, n, -1), None, True, scale)
+            out = out.float() * torch.exp(lse_low.float() - lse)[..., None]
+            lower = {name[1]: out[..., sl] for name, sl in lat.items()}
+        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, ak, targets)
         for r in self.reducers:
             try:
                 r.update_free(layer, view, batch)

@@ -73,11 +73,9 @@ def free_position_stats(view, batch: ReduceBatch, causal: bool, window: int):
     lower pass: sum_j A_ij |i - j| = (A.pos)_i - i + 2 (i L_i - sum_{j <= i} A_ij j), L_i = sum_{j <= i} A_ij)."""
     import torch
 
-    from .mapfree import offset_targets
-
     valid = view.valid[:, None]
-    sink = view.column(0)
-    local = view.at(offset_targets(batch, range(-window, (0 if causal else window) + 1))).sum(2)
+    sink = view.target("key:0")
+    local = sum(view.target(f"offset:{o}") for o in band(window, causal))
     i = torch.arange(batch.n, device=valid.device, dtype=torch.float32)
     apos = view.value("pos")[..., 0]
     if causal:
@@ -88,15 +86,21 @@ def free_position_stats(view, batch: ReduceBatch, causal: bool, window: int):
     return torch.stack([sink, local, view.entropy(), torch.where(valid, dis, 0.0)], -1)
 
 
-def position_needs(batch: ReduceBatch, causal: bool):
+def position_needs(batch: ReduceBatch, causal: bool, window: int):
     """The passes :func:`free_position_stats` needs (:class:`~headatlas.core.mapfree.Needs`)."""
     import torch
 
-    from .mapfree import Needs, key_positions
+    from .mapfree import Needs, key_positions, key_target, offset_target
 
     pos = key_positions(batch, "cpu")
     lower = {} if causal else {"one_pos": torch.cat([torch.ones_like(pos), pos], -1)}
-    return Needs(entropy=True, values={"pos": pos}, lower=lower)
+    targets = {"key:0": key_target(batch, 0)} | {f"offset:{o}": offset_target(batch, o) for o in band(window, causal)}
+    return Needs(entropy=True, values={"pos": pos}, lower=lower, targets=targets)
+
+
+def band(window: int, causal: bool) -> range:
+    """The key offsets j - i of Pande's local window (j <= i under a causal mask)."""
+    return range(-window, (0 if causal else window) + 1)
 
 
 class PositionReducer(Reducer):
@@ -124,7 +128,7 @@ class PositionReducer(Reducer):
         self._add(layer, batch_position_stats(attn, batch, self.info.causal, self.window), batch)
 
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        return position_needs(batch, causal)
+        return position_needs(batch, causal, self.window)
 
     def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
         self._add(layer, free_position_stats(view, batch, self.info.causal, self.window), batch)
