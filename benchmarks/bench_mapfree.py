@@ -78,8 +78,6 @@ def max_diff(a, b) -> float:
 
 
 def run_setting(name: str, length: int, n_inputs: int, reps: int, cache: Path, equality: bool, modes) -> dict:
-    import torch
-
     from headatlas.core.corpora import wiki_long_segments
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
@@ -128,8 +126,6 @@ def run_setting(name: str, length: int, n_inputs: int, reps: int, cache: Path, e
         e = run("eager_fused")[1]
         f = run("free_all")[1]
         out["max_abs_diff"] = {r.name: max_diff(a, b) for r, a, b in zip(reducers("free_all"), e, f)}
-    del model
-    torch.set_num_threads(1)
     return out
 
 
