@@ -189,3 +189,16 @@ def test_real_mapfree_equals_eager(name, tmp_path_factory, ewt_records):
     differ = fe.argmax(1) != ff.argmax(1)
     top2 = np.sort(fe, 1)[:, -2:]
     assert not (differ & (top2[:, 1] - top2[:, 0] > 1e-5)).any()  # only (near-)exact ties may differ
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_shifted_equals_at(causal):
+    """The fixed-offset fast path (FreeLayer.shifted, used for targets named offset:<o>) equals the general
+    one-target-per-query path, grouped heads and padding included."""
+    torch.manual_seed(1)
+    batch = _batch([7, 4])
+    q, k = torch.randn(2, 6, 7, 8), torch.randn(2, 3, 7, 8)
+    lse = torch.logsumexp(q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3, -1)
+    view = FreeLayer(q, k, lse, 0.3, batch, causal, {}, {}, None)
+    for o in (-8, -2, -1, 0, 1, 3, 7):
+        torch.testing.assert_close(view.shifted(o), view.at(offset_targets(batch, (o,)))[:, :, 0], rtol=0, atol=1e-6)

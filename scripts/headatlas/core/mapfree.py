@@ -207,10 +207,33 @@ class FreeLayer:
         self._flat = None
         self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
         self._targets = {}
-        if targets:  # every declared target of the layer in one pass over the keys
-            names, rows = zip(*targets.items())
+        offsets = {name: int(name[7:]) for name in targets or () if name.startswith("offset:")}
+        for name, o in offsets.items():  # a fixed offset: q against the shifted keys, no index
+            self._targets[name] = self.shifted(o)
+        rest = {name: t for name, t in (targets or {}).items() if name not in offsets}
+        if rest:  # every other declared target of the layer in one pass over the keys
+            names, rows = zip(*rest.items())
             got = self.at(np.stack(rows, 1))
-            self._targets = {name: got[:, :, i] for i, name in enumerate(names)}
+            self._targets.update({name: got[:, :, i] for i, name in enumerate(names)})
+
+    def shifted(self, offset: int):
+        """[B, H, n] attention of each query i to key i + ``offset`` (0 outside the sequence or the mask): the
+        same as :meth:`at` with :func:`offset_target`, from one product of q with the shifted keys."""
+        import torch
+
+        bsz, h, n, d = self.q.shape
+        hk = self.k.shape[1]
+        out = torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
+        lo, hi = max(0, -offset), min(n, n - offset)  # queries whose key i + offset is inside 0..n-1
+        if hi <= lo or (self.causal and offset > 0):
+            return out
+        q = self.q[:, :, lo:hi].reshape(bsz, hk, h // hk, hi - lo, d)
+        k = self.k[:, :, lo + offset : hi + offset, None].transpose(2, 3)  # [B, Hkv, 1, m, d]
+        s = torch.mul(q, k).sum(-1).reshape(bsz, h, hi - lo) * self.scale
+        out[:, :, lo:hi] = torch.exp(s.float() - self.lse[:, :, lo:hi])
+        idx = torch.arange(n, device=out.device)
+        ok = self.valid & (idx + offset < self.batch.tensor("lengths", out.device)[:, None])
+        return out.mul_(ok[:, None])
 
     def at(self, target):
         """[B, H, T, n] attention of each query i to key ``target[b, t, i]`` ([B, T, n] ints, -1: none; 0 where
