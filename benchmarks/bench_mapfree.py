@@ -4,6 +4,8 @@ Run from the repository root with the project's environment::
 
     PYTHONPATH=scripts python benchmarks/bench_mapfree.py --out benchmarks/results_mapfree.json
     PYTHONPATH=scripts python benchmarks/bench_mapfree.py --runs smollm2:2048:1 --reps 2   # one setting
+    PYTHONPATH=scripts python benchmarks/bench_mapfree.py --runs smollm2:8192:1 --reps 1 --no-warmup \
+        --modes free_all,sdpa --out benchmarks/results_mapfree_8192.json   # peak RSS map-free first
 
 Inputs: WikiText-2 running text cut to the length (``wiki_long_segments``, a few inputs per setting:
 ``--runs model:length:inputs,...``). Per setting, every mode runs once per repetition, in rotation, on the
@@ -77,7 +79,9 @@ def max_diff(a, b) -> float:
     return float((np.abs(a[ok] - b[ok]) / np.maximum(1.0, np.abs(a[ok]))).max()) if ok.any() else 0.0
 
 
-def run_setting(name: str, length: int, n_inputs: int, reps: int, cache: Path, equality: bool, modes) -> dict:
+def run_setting(
+    name: str, length: int, n_inputs: int, reps: int, cache: Path, equality: bool, modes, warmup: bool = True
+) -> dict:
     from headatlas.core.corpora import wiki_long_segments
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
@@ -106,11 +110,14 @@ def run_setting(name: str, length: int, n_inputs: int, reps: int, cache: Path, e
         res = fused_reduce(model, tokenized, reducers(mode), bs, kind, None, pad, name, "wiki", path=path)
         return time.perf_counter() - t0, res
 
-    run("sdpa")  # warm-up
+    if warmup:
+        run("sdpa")
     times = {m: [] for m in modes}
+    rss = {}  # peak RSS of the process after each mode's first run (modes in --modes order)
     for _ in range(reps):
         for m in modes:
             times[m].append(run(m)[0])
+            rss.setdefault(m, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     best = {m: min(t) for m, t in times.items()}
     out = {
         "model": name,
@@ -121,6 +128,7 @@ def run_setting(name: str, length: int, n_inputs: int, reps: int, cache: Path, e
         "all_seconds": times,
         "ratio_to_sdpa": {m: best["sdpa"] / best[m] for m in modes},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb_after": rss,
     }
     if equality:
         e = run("eager_fused")[1]
@@ -137,6 +145,7 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--equality", action="store_true", help="also max abs diff, map-free vs eager-fused")
+    p.add_argument("--no-warmup", action="store_true", help="no warm-up forward (long inputs)")
     p.add_argument("--cache", type=Path, default=REPO / "results" / "models" / "bench")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -145,7 +154,7 @@ def main(argv=None) -> None:
     results = []
     for item in args.runs.split(","):
         name, length, n = item.split(":")
-        r = run_setting(name, int(length), int(n), args.reps, args.cache, args.equality, modes)
+        r = run_setting(name, int(length), int(n), args.reps, args.cache, args.equality, modes, not args.no_warmup)
         results.append(r)
         line = "  ".join(f"{m} {r['ratio_to_sdpa'][m]:.3f}" for m in modes)
         print(f"{name} {length} x{r['inputs']}: sdpa {r['seconds']['sdpa']:.2f} s; ratio to sdpa: {line}", flush=True)
