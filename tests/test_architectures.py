@@ -423,3 +423,35 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
     with torch.inference_mode():
         out = model(**inputs)
     assert out.attentions is None and not model._forward_hooks
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_mapfree_equals_replayed(model_type, arch_model, arch_store, arch_records):
+    """A type the map-free table (headatlas.core.mapfree, docs/mapfree.md) calls map-free gives, without maps,
+    the statistics a replay of its stored maps gives (every map-free reducer, within 1e-5); any other type is
+    planned eager by itself."""
+    from headatlas.core.extract import tokenize_records
+    from headatlas.core.mapfree import mapfree_support, plan_feed
+    from headatlas.core.position import PositionReducer
+    from headatlas.core.reduce import fused_reduce, replay
+    from headatlas.detectors.reducers import DetectorReducer
+
+    spec, model, tok, config, _ = arch_model(model_type)
+    kind = model_kind(config, spec)
+    reducers = lambda: [PositionReducer(2, (0, 1, 4, 16)), DetectorReducer(seed=1)]  # noqa: E731
+    why = mapfree_support(config, spec.max_length)
+    if why is not None:
+        assert plan_feed(model, reducers(), spec.max_length) == ("eager", why)
+        return
+    with AttentionStore(arch_store(model_type)) as store:
+        replayed = replay(store, reducers(), batch_size=2, records=arch_records)
+    tokenized, _ = tokenize_records(
+        arch_records, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec)
+    )
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    free = fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type, path="mapfree")
+    for col in ("sink", "local", "entropy", "distance"):
+        np.testing.assert_allclose(free[0][col], replayed[0][col], rtol=0, atol=1e-5, err_msg=col)
+    for key in ("scores", "null"):
+        np.testing.assert_allclose(free[1][key], replayed[1][key], rtol=0, atol=1e-5, equal_nan=True, err_msg=key)
+    assert model.config._attn_implementation == "eager"

@@ -340,8 +340,8 @@ def test_minilm_fused_equals_replayed(tmp_path):
     with AttentionStore(tmp_path) as store:
         replayed = replay(store, [DetectorReducer()], 8, corpus="ewt")[0]
     tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")
-    fused = fused_reduce(model, tokenized, [DetectorReducer()], 16, "encoder", None, tokenizer.pad_token_id, "minilm")[
-        0
-    ]
+    fused = fused_reduce(
+        model, tokenized, [DetectorReducer()], 16, "encoder", None, tokenizer.pad_token_id, "minilm", path="eager"
+    )[0]
     for key in ("scores", "null"):
         np.testing.assert_allclose(fused[key], replayed[key], rtol=0, atol=1e-6, equal_nan=True, err_msg=key)

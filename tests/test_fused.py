@@ -5,6 +5,7 @@ partial output behind."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import h5py
@@ -407,3 +408,20 @@ def test_empty_shard_combines(tiny_loaded, records, stores, tmp_path):
     for r in reducers():
         part = load_reduced([tmp_path / "empty"], r)
         assert_same(load_reduced([one], r), type(r).combine([load_reduced([one], r), part]), r.name)
+
+
+def test_specs_name_reducers_by_registered_name():
+    """An extraction's params name each reducer by its registered name and params, not by a module path, and
+    every registered name resolves to a class whose ``name`` it is."""
+    import importlib
+
+    from headatlas.fused import REDUCERS
+
+    for s in reducer_specs(SECTIONS, "t"):
+        assert set(s) == {"analysis", "name", "reducer", "params"} and s["reducer"] in REDUCERS
+        assert "headatlas" not in json.dumps(s)
+    for name, path in REDUCERS.items():
+        module, _, cls = path.partition(":")
+        assert getattr(importlib.import_module(module), cls).name == name
+    with pytest.raises(ReduceError, match="not registered"):
+        build_reducers([{"analysis": "x", "name": "x", "reducer": "nope", "params": {}}])

@@ -40,6 +40,19 @@ PLANS: dict[str, str] = {
 }
 
 
+# registered reducer name (the class's ``name``) -> "module:Class": what an extraction's params name a reducer by
+REDUCERS: dict[str, str] = {
+    "clark_surface": "headatlas.clark.reducers:SurfaceReducer",
+    "clark_js": "headatlas.clark.reducers:JSReducer",
+    "pande_sieves": "headatlas.pande.reducers:SieveReducer",
+    "clark_syntax_heads": "headatlas.clark.syntax_reducers:HeadPredictionReducer",
+    "clark_syntax_coref": "headatlas.clark.syntax_reducers:CorefReducer",
+    "clark_syntax_word_maps": "headatlas.clark.syntax_reducers:WordMapsReducer",
+    "position": "headatlas.core.position:PositionReducer",
+    "detectors": "headatlas.detectors.reducers:DetectorReducer",
+}
+
+
 def plan_function(key: str) -> Callable[[dict, str], list[Reducer]]:
     module, _, name = PLANS[key].partition(":")
     return getattr(importlib.import_module(module), name)
@@ -53,6 +66,10 @@ def corpus_reducers(sections: dict[str, dict], corpus: str) -> list[Reducer]:
         if key not in sections:
             continue
         for r in plan_function(key)(sections[key], corpus):
+            if REDUCERS.get(type(r).name) != f"{type(r).__module__}:{type(r).__qualname__}":
+                raise ValueError(
+                    f"reducer class {type(r).__qualname__}: register its name {type(r).name!r} in fused.REDUCERS"
+                )
             r.analysis = key
             out.append(r)
     names = [r.name for r in out]
@@ -69,7 +86,7 @@ def reducer_specs(sections: dict[str, dict], corpus: str) -> list[dict]:
 
 def build_reducers(specs: list[dict]) -> list[Reducer]:
     """The reducers of :func:`reducer_specs`, rebuilt in the extraction job."""
-    return [reducer_from_spec(s) for s in specs]
+    return [reducer_from_spec(s, REDUCERS) for s in specs]
 
 
 def sample_records(n_records: int, k: int, seed: int) -> np.ndarray:

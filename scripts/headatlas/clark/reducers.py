@@ -165,6 +165,7 @@ class SurfaceReducer(Reducer):
     table (means over the sequences where a statistic is defined)."""
 
     name = "clark_surface"
+    full_rows = "entropy of the smoothed rows (1 - eps) A + eps / k: no LSE identity"
 
     def __init__(self, smoothing: float = 1e-4):
         self.smoothing = smoothing
@@ -291,6 +292,7 @@ class JSReducer(Reducer):
     ``n_sequences`` sequences' maps leave the device."""
 
     name = "clark_js"
+    full_rows = "Jensen-Shannon distances between whole rows of two heads"
     needs_all_layers = True
 
     def __init__(self, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000):

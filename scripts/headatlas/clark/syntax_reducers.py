@@ -360,6 +360,8 @@ class _WordReducer(Reducer):
     """Shared parts: the word mode, per-sequence bookkeeping (layer 0 of a batch), device results kept
     until ``flush_every`` (batch, layer) results are pending, then copied to the host at once."""
 
+    full_rows = "not ported (arcs: per-row targets summed over a word's pieces; word maps: A.M columns)"
+
     analysis = ANALYSIS
     result_type: type = _Arrays
 

@@ -245,7 +245,8 @@ def extract(
     ``buffer_bytes``; within a window, batches are bucketed by length.
 
     Fused (``reducers`` given, ``maps`` off): the same forward pass also feeds every layer's attention to
-    ``reducers`` (:class:`headatlas.core.reduce.FusedFeed`) and writes their results to ``reduced/<name>.h5``,
+    ``reducers`` (:class:`headatlas.core.reduce.FusedFeed`, or without maps when every reducer has a map-free
+    form and no sample is kept: :func:`headatlas.core.mapfree.plan_feed`) and writes their results to ``reduced/<name>.h5``,
     and the maps of the sequences of the records ``sample`` (corpus record indices; None: no sample) to
     the nested store ``sample/``; all inside the output directory, which appears only when complete.
     ``corpus_records`` (the whole corpus, indexed by record index, with the trees the reducers use)
@@ -317,7 +318,8 @@ def extract(
     head_buf = hidden_buf = None
     feed = None
     if fused:
-        from .reduce import FeedInfo, FusedFeed, ReduceBatch, SampleMaps
+        from .mapfree import longest_of, open_feed
+        from .reduce import FeedInfo, ReduceBatch, SampleMaps
 
         if corpus_records is None:
             corpus_records = [None] * first_index + list(records)
@@ -377,7 +379,7 @@ def extract(
                     )
                 )
                 keep = [SampleMaps(keep_pos, sample_writer, tol)]
-            feed = stack.enter_context(FusedFeed(model, list(reducers) + keep, info))
+            feed = stack.enter_context(open_feed(model, list(reducers) + keep, info, longest_of(tokenized)))
         m = meta or {}  # progress names the model, the corpus and (when split) the shard
         shard = f"shard{m['shard']}of{m['n_shards']}" if m.get("n_shards", 1) > 1 else ""
         what = " ".join(filter(None, ["extract", spec.name, m.get("corpus"), shard]))

@@ -67,6 +67,42 @@ def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
     return torch.stack([sink, local, cat_chunks(ent), cat_chunks(dis)], -1)
 
 
+def free_position_stats(view, batch: ReduceBatch, causal: bool, window: int):
+    """:func:`batch_position_stats` without the maps (:class:`~headatlas.core.mapfree.FreeLayer`): sink and
+    local from 1 + the band's targets, entropy from its pass, distance from A.pos (and, for an encoder, the
+    lower pass: sum_j A_ij |i - j| = (A.pos)_i - i + 2 (i L_i - sum_{j <= i} A_ij j), L_i = sum_{j <= i} A_ij)."""
+    import torch
+
+    valid = view.valid[:, None]
+    sink = view.target("key:0")
+    local = sum(view.target(f"offset:{o}") for o in band(window, causal))
+    i = torch.arange(batch.n, device=valid.device, dtype=torch.float32)
+    apos = view.value("pos")[..., 0]
+    if causal:
+        dis = i - apos
+    else:
+        low = view.lower("one_pos")
+        dis = apos - i + 2 * (i * low[..., 0] - low[..., 1])
+    return torch.stack([sink, local, view.entropy(), torch.where(valid, dis, 0.0)], -1)
+
+
+def position_needs(batch: ReduceBatch, causal: bool, window: int):
+    """The passes :func:`free_position_stats` needs (:class:`~headatlas.core.mapfree.Needs`)."""
+    import torch
+
+    from .mapfree import Needs, key_positions, key_target, offset_target
+
+    pos = key_positions(batch, "cpu")
+    lower = {} if causal else {"one_pos": torch.cat([torch.ones_like(pos), pos], -1)}
+    targets = {"key:0": key_target(batch, 0)} | {f"offset:{o}": offset_target(batch, o) for o in band(window, causal)}
+    return Needs(entropy=True, values={"pos": pos}, lower=lower, targets=targets)
+
+
+def band(window: int, causal: bool) -> range:
+    """The key offsets j - i of Pande's local window (j <= i under a causal mask)."""
+    return range(-window, (0 if causal else window) + 1)
+
+
 class PositionReducer(Reducer):
     """Per head and query-position bucket: mean sink, local, entropy and distance (module docstring).
     ``result()`` is a table with one row per (layer, head, bucket)."""
@@ -89,21 +125,32 @@ class PositionReducer(Reducer):
         self.seen = np.zeros(info.n_layers, dtype=bool)
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        self._add(layer, batch_position_stats(attn, batch, self.info.causal, self.window), batch)
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        return position_needs(batch, causal, self.window)
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        self._add(layer, free_position_stats(view, batch, self.info.causal, self.window), batch)
+
+    def _add(self, layer: int, s, batch: ReduceBatch) -> None:
+        """Add one layer's [B, H, n, 4] row statistics to the per-bucket sums."""
         import torch
 
-        s = batch_position_stats(attn, batch, self.info.causal, self.window).double()  # [B, H, n, 4]
-        key = ("position_buckets", str(attn.device), self.edges)
+        s = s.double()
+        dev = s.device
+        key = ("position_buckets", str(dev), self.edges)
         if key not in batch._cache:
             n = batch.n
             valid = np.arange(n)[None, :] < batch.lengths[:, None]
             onehot = np.zeros((len(batch), n, len(self.edges)), dtype=np.float64)
             b, i = np.nonzero(valid)
             onehot[b, i, bucket_of(i, self.edges)] = 1.0
-            batch._cache[key] = (torch.as_tensor(onehot, device=attn.device), onehot.sum((0, 1)).astype(np.int64))
+            batch._cache[key] = (torch.as_tensor(onehot, device=dev), onehot.sum((0, 1)).astype(np.int64))
         onehot, counts = batch._cache[key]
         if self.total is None:
             shape = (self.info.n_layers, self.info.n_heads, len(self.edges), len(STATS))
-            self.total = torch.zeros(shape, dtype=torch.float64, device=attn.device)
+            self.total = torch.zeros(shape, dtype=torch.float64, device=dev)
         self.total[layer] += torch.einsum("bhns,bnk->hks", s, onehot)
         if layer == 0:
             self.count += counts

@@ -370,19 +370,23 @@ class Reducer:
         raise NotImplementedError(f"{cls.__name__} cannot combine shards")
 
     def spec(self) -> dict:
-        """What rebuilds this reducer in another process (:func:`reducer_from_spec`): JSON-able."""
-        cls = type(self)
-        return {
-            "analysis": self.analysis,
-            "name": self.name,
-            "class": f"{cls.__module__}:{cls.__qualname__}",
-            "params": self.params(),
-        }
+        """What rebuilds this reducer in another process (:func:`reducer_from_spec`): JSON-able. The reducer is
+        named by its class's registered name (the class attribute ``name``, a key of ``headatlas.fused.REDUCERS``),
+        so moving or renaming the class changes no extraction's cache key."""
+        return {"analysis": self.analysis, "name": self.name, "reducer": type(self).name, "params": self.params()}
 
 
-def reducer_from_spec(spec: dict) -> Reducer:
-    """The reducer a :meth:`Reducer.spec` describes."""
-    module, _, qualname = spec["class"].partition(":")
+def reducer_from_spec(spec: dict, registry: dict[str, str] | None = None) -> Reducer:
+    """The reducer a :meth:`Reducer.spec` describes; ``registry`` maps registered names to ``module:Class``
+    (``headatlas.fused.REDUCERS``). A spec of an older run names its class by ``class`` (module:qualname)."""
+    if "reducer" in spec:
+        if registry is None or spec["reducer"] not in registry:
+            known = sorted(registry or ())
+            raise ReduceError(f"reducer {spec['reducer']!r} is not registered (known: {known})")
+        path = registry[spec["reducer"]]
+    else:
+        path = spec["class"]
+    module, _, qualname = path.partition(":")
     cls = importlib.import_module(module)
     for part in qualname.split("."):
         cls = getattr(cls, part)
@@ -651,6 +655,7 @@ class SampleMaps(Reducer):
     checked as the store path checks maps at the source (finite, rows summing to 1 within ``tol``)."""
 
     name = "sample_maps"
+    full_rows = "the sample store keeps its sequences' maps"
 
     def __init__(self, positions, writer, tol: float):
         self.local = {int(k): i for i, k in enumerate(positions)}
@@ -689,19 +694,24 @@ def fused_reduce(
     corpus: str = "",
     record_id: Sequence[str] | None = None,
     first_index: int = 0,
+    path: str = "auto",
 ) -> list:
     """Run ``model`` (loaded by :func:`headatlas.core.models.load`: eager attention, eval mode) over
     ``tokenized`` in length-bucketed batches and reduce each layer's attention as soon as it is computed
-    (:class:`FusedFeed`). Returns ``[r.result() for r in reducers]``.
+    (:class:`FusedFeed`, or without maps by :class:`~headatlas.core.mapfree.MapFreeFeed` when ``path`` is
+    ``auto`` and every reducer has a map-free form, :func:`~headatlas.core.mapfree.plan_feed`).
+    Returns ``[r.result() for r in reducers]``.
     """
     import torch
+
+    from .mapfree import longest_of, open_feed
 
     n_layers, n_heads = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
     rid = None if record_id is None else np.asarray(record_id)
     info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid, first_index)
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
     device = next(model.parameters()).device
-    with FusedFeed(model, reducers, info) as feed, torch.inference_mode():
+    with open_feed(model, reducers, info, longest_of(tokenized), path) as feed, torch.inference_mode():
         for pos in length_batches([len(t) for t in tokenized], batch_size):
             feed.begin(ReduceBatch.from_tokenized(tokenized, pos, records))
             model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))

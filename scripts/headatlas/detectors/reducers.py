@@ -106,16 +106,48 @@ class DetectorReducer(Reducer):
         import torch
 
         causal = self.info.causal
-        key = ("detectors", causal, self.seed)
-        if key not in batch._cache:
-            batch._cache[key] = targets(batch, causal, self.seed)
-        t = batch._cache[key]
+        t = self._targets(batch)
         a = clean_maps(attn, batch, causal)
         obs = _mass(a, t["target"], t["den"])
         obs[..., 0] = prev_token_score(a, torch.as_tensor(batch.lengths, device=a.device)[:, None]).double()
         nul = _mass(a, np.where(t["target"] >= 0, t["null"][:, None, :], -1), t["den"])
         self.scores[batch.seq, layer] = obs.cpu().numpy()
         self.null[batch.seq, layer] = nul.cpu().numpy()
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        """Every score is one key per query: the targets (shared by name with other reducers), q, k and LSE."""
+        from ..core.mapfree import Needs, key_target, offset_target
+
+        t = self._targets(batch)
+        return Needs(
+            targets={
+                "offset:-1": offset_target(batch, -1),
+                "detectors:duplicate": t["target"][:, 1],
+                "detectors:induction": t["target"][:, 2],
+                "key:0": key_target(batch, 0),
+                "detectors:null": t["null"],
+            }
+        )
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The same scores without the maps: A[i, target] = exp(s_it - LSE_i) (:meth:`FreeLayer.target`)."""
+        import torch
+
+        t = self._targets(batch)
+        dev = view.q.device
+        den = torch.as_tensor(t["den"], device=dev)[:, None, :]
+        names = ("offset:-1", "detectors:duplicate", "detectors:induction", "key:0")
+        obs = torch.stack([view.target(k) for k in names], 2)  # [B, H, D, n]
+        has = torch.as_tensor(t["target"] >= 0, device=dev)[:, None]  # [B, 1, D, n]
+        nul = view.target("detectors:null")[:, :, None] * has
+        self.scores[batch.seq, layer] = (obs.sum(-1).double() / den).cpu().numpy()
+        self.null[batch.seq, layer] = (nul.sum(-1).double() / den).cpu().numpy()
+
+    def _targets(self, batch: ReduceBatch) -> dict:
+        key = ("detectors", self.info.causal, self.seed)
+        if key not in batch._cache:
+            batch._cache[key] = targets(batch, self.info.causal, self.seed)
+        return batch._cache[key]
 
     def result(self) -> dict:
         return {"scores": self.scores, "null": self.null}

@@ -256,6 +256,7 @@ class SieveReducer(Reducer):
     The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse)."""
 
     name = "pande_sieves"
+    full_rows = "not ported (the block-restricted entropy needs a K-times-indicator pass)"
     needs_records = True
 
     def __init__(self, settings: SieveSettings | None = None, flush_every: int = 256):

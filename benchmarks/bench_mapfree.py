@@ -1,0 +1,168 @@
+"""Map-free extraction against the model's SDPA forward (CPU, one thread, modes alternating in one process).
+
+Run from the repository root with the project's environment::
+
+    PYTHONPATH=scripts python benchmarks/bench_mapfree.py --out benchmarks/results_mapfree.json
+    PYTHONPATH=scripts python benchmarks/bench_mapfree.py --runs smollm2:2048:1 --reps 2   # one setting
+    PYTHONPATH=scripts python benchmarks/bench_mapfree.py --runs smollm2:8192:1 --reps 1 --no-warmup \
+        --modes free_all,sdpa --out benchmarks/results_mapfree_8192.json   # peak RSS map-free first
+
+Inputs: WikiText-2 running text cut to the length (``wiki_long_segments``, a few inputs per setting:
+``--runs model:length:inputs,...``). Per setting, every mode runs once per repetition, in rotation, on the
+same loaded model (``torch.set_num_threads(1)``), and each mode's time is its fastest repetition:
+
+- ``sdpa``: the model's forward with transformers' SDPA attention (the baseline of every ratio);
+- ``eager``: the same forward with eager attention (the maps exist; the reference path runs it);
+- ``eager_fused``: :func:`headatlas.core.reduce.fused_reduce` on the eager path with every map-free reducer
+  (position-bucket statistics, detectors);
+- ``free_targets``: the map-free path with the detectors only (one key per query: no extra kernel pass);
+- ``free_entropy``: the detectors and an entropy pass (K as the values);
+- ``free_all``: the map-free path with every map-free reducer (entropy pass, position column pass, and for an
+  encoder the lower pass of the mean distance).
+
+The per-statistic cost is the difference between consecutive map-free modes. ``--equality`` also reports the
+max abs difference of every map-free reducer's result, map-free against eager-fused, on the same inputs.
+The machine may be shared: ratios within one process and rotation are the comparable numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_scaling import BOS, MODELS, WIKI, model_dir  # noqa: E402
+
+MODES = ("sdpa", "eager", "eager_fused", "free_targets", "free_entropy", "free_all")
+
+
+def reducers(mode: str):
+    from headatlas.core.mapfree import Needs
+    from headatlas.core.position import PositionReducer
+    from headatlas.core.reduce import Reducer
+    from headatlas.detectors.reducers import DetectorReducer
+
+    class EntropyPass(Reducer):  # the entropy pass alone (its result is discarded): the cost of one K pass
+        name = "entropy_pass"
+
+        def mapfree_needs(self, batch, causal):
+            return Needs(entropy=True)
+
+        def update_free(self, layer, view, batch):
+            view.entropy()
+
+        def result(self):
+            return None
+
+    if mode == "free_targets":
+        return [DetectorReducer()]
+    if mode == "free_entropy":
+        return [DetectorReducer(), EntropyPass()]
+    return [PositionReducer(), DetectorReducer()]
+
+
+def max_diff(a, b) -> float:
+    import numpy as np
+
+    if hasattr(a, "columns"):
+        return max(max_diff(a[c].to_numpy(), b[c].to_numpy()) for c in a.columns if a[c].dtype.kind == "f")
+    if isinstance(a, dict):
+        return max(max_diff(a[k], b[k]) for k in a)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    ok = ~np.isnan(a) & ~np.isnan(b)
+    # absolute for fractions and nats, relative above 1 (mean distances in tokens: float32 rounds them to ~1e-7 x)
+    return float((np.abs(a[ok] - b[ok]) / np.maximum(1.0, np.abs(a[ok]))).max()) if ok.any() else 0.0
+
+
+def run_setting(
+    name: str, length: int, n_inputs: int, reps: int, cache: Path, equality: bool, modes, warmup: bool = True
+) -> dict:
+    from headatlas.core.corpora import wiki_long_segments
+    from headatlas.core.extract import tokenize_records
+    from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
+    from headatlas.core.reduce import bare_forward, fused_reduce
+
+    entry = dict(MODELS[name], name=name, max_length=length, batch_size=max(1, n_inputs))
+    if name in BOS:
+        entry["bos_token"] = BOS[name]
+    spec = ModelSpec.from_config(entry)
+    model, tok, config = load(spec, model_dir(name, cache), device="cpu")
+    kind = model_kind(config, spec)
+    records = wiki_long_segments(WIKI, n_inputs, length, seed=0)
+    tokenized, _ = tokenize_records(records, tok, kind, length, "truncate", decoder_bos(tok, config, spec))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    bs = len(tokenized)
+
+    def run(mode: str):
+        if mode in ("sdpa", "eager"):
+            model.set_attn_implementation(mode)
+            try:
+                return bare_forward(model, tokenized, bs, pad), None
+            finally:
+                model.set_attn_implementation("eager")
+        path = "eager" if mode == "eager_fused" else "mapfree"
+        t0 = time.perf_counter()
+        res = fused_reduce(model, tokenized, reducers(mode), bs, kind, None, pad, name, "wiki", path=path)
+        return time.perf_counter() - t0, res
+
+    if warmup:
+        run("sdpa")
+    times = {m: [] for m in modes}
+    rss = {}  # peak RSS of the process after each mode's first run (modes in --modes order)
+    for _ in range(reps):
+        for m in modes:
+            times[m].append(run(m)[0])
+            rss.setdefault(m, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    best = {m: min(t) for m, t in times.items()}
+    out = {
+        "model": name,
+        "length": length,
+        "inputs": len(tokenized),
+        "tokens": int(sum(len(t) for t in tokenized)),
+        "seconds": best,
+        "all_seconds": times,
+        "ratio_to_sdpa": {m: best["sdpa"] / best[m] for m in modes},
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb_after": rss,
+    }
+    if equality:
+        e = run("eager_fused")[1]
+        f = run("free_all")[1]
+        out["max_abs_diff"] = {r.name: max_diff(a, b) for r, a, b in zip(reducers("free_all"), e, f)}
+    return out
+
+
+def main(argv=None) -> None:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", default="minilm:128:16,minilm:512:4,smollm2:128:16,smollm2:512:4,smollm2:2048:1")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--equality", action="store_true", help="also max abs diff, map-free vs eager-fused")
+    p.add_argument("--no-warmup", action="store_true", help="no warm-up forward (long inputs)")
+    p.add_argument("--cache", type=Path, default=REPO / "results" / "models" / "bench")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    modes = tuple(args.modes.split(","))
+    results = []
+    for item in args.runs.split(","):
+        name, length, n = item.split(":")
+        r = run_setting(name, int(length), int(n), args.reps, args.cache, args.equality, modes, not args.no_warmup)
+        results.append(r)
+        line = "  ".join(f"{m} {r['ratio_to_sdpa'][m]:.3f}" for m in modes)
+        print(f"{name} {length} x{r['inputs']}: sdpa {r['seconds']['sdpa']:.2f} s; ratio to sdpa: {line}", flush=True)
+        if "max_abs_diff" in r:
+            print(f"  max abs diff map-free vs eager-fused: {r['max_abs_diff']}", flush=True)
+        if args.out:
+            args.out.write_text(json.dumps({"threads": 1, "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

