@@ -1,5 +1,4 @@
-"""GPU benchmark: the workflow's fused (or, where the library has it, map-free) extraction against the SDPA and eager
-forward passes, on fixed-length inputs, with tokens/s and peak device memory. Called by benchmarks/gpu_check.sh::
+"""GPU benchmark: the workflow's map-free and eager-fused extraction against the SDPA and eager forward passes, on fixed-length inputs, with tokens/s and peak device memory. Called by benchmarks/gpu_check.sh::
 
     PYTHONPATH=scripts python3 benchmarks/bench_gpu.py --json out.json              # on the device (CUDA)
     PYTHONPATH=scripts python benchmarks/bench_gpu.py --device cpu --smoke           # here: the same code, tiny sizes
@@ -13,9 +12,11 @@ batches, each run ``--repeats`` times after a warm-up (median reported):
 
 - ``sdpa``: the SDPA forward pass (no maps): the baseline of every ratio;
 - ``eager``: the eager forward pass (every map computed, none kept): the bound the map-free path removes;
-- ``fused``: :func:`headatlas.core.reduce.fused_reduce` with Clark's surface statistics (the reducer every
-  fused corpus runs), on the eager model. Where ``headatlas.core.mapfree`` exists and supports the model,
-  fused_reduce plans the map-free path itself; ``path`` says which ran.
+- ``fused``: :func:`headatlas.core.reduce.fused_reduce` with the position statistics and the detectors on the
+  eager-fused path (every map materialised, then reduced);
+- ``mapfree``: the same reducers on the map-free path (q, k, LSE and value passes of the fused kernel;
+  docs/mapfree.md); where the model type has no map-free form, ``mapfree_unsupported`` says why and the mode
+  runs what the workflow would plan.
 
 Peak device memory: ``torch.cuda.max_memory_allocated`` over each mode's runs (both models' weights included;
 ``resident_mb`` is what was allocated before the mode started).
@@ -24,7 +25,6 @@ Peak device memory: ``torch.cuda.max_memory_allocated`` over each mode's runs (b
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -63,7 +63,6 @@ def run_case(name: str, size: dict, args) -> dict:
     import torch
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
     from headatlas.core.reduce import bare_forward, fused_reduce
@@ -97,23 +96,30 @@ def run_case(name: str, size: dict, args) -> dict:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     n_tok = sum(len(t) for t in tokenized)
     out["tokens"] = n_tok
-    out["path"] = "fused"
-    if importlib.util.find_spec("headatlas.core.mapfree"):
-        from headatlas.core import mapfree
+    # map-free: the statistics that have a map-free form (position statistics and detectors), planned as the
+    # workflow plans them; "fused" is the eager-fused path (maps materialised) with the same reducers
+    from headatlas.core.mapfree import mapfree_support
+    from headatlas.core.position import PositionReducer
+    from headatlas.detectors.reducers import DetectorReducer
 
-        why = mapfree.mapfree_support(config, T)
-        out["path"] = "map-free" if why is None else "fused"
-        if why:
-            out["mapfree_unsupported"] = why
+    why = mapfree_support(config, T)
+    if why:
+        out["mapfree_unsupported"] = why
 
-    def fused(toks, recs):
-        fused_reduce(eager, toks, [SurfaceReducer()], B, kind, recs, pad, name, "bench")
-        cuda_sync(args.device)
+    def reduce_with(path):
+        def run(toks, recs):
+            fused_reduce(
+                eager, toks, [PositionReducer(), DetectorReducer()], B, kind, recs, pad, name, "bench", path=path
+            )
+            cuda_sync(args.device)
+
+        return run
 
     modes = {
         "sdpa": lambda toks, recs: bare_forward(sdpa, toks, B, pad),
         "eager": lambda toks, recs: bare_forward(eager, toks, B, pad),
-        "fused": fused,
+        "fused": reduce_with("eager"),
+        "mapfree": reduce_with("auto" if why else "mapfree"),
     }
     out["modes"] = {}
     for mode, f in modes.items():
@@ -138,12 +144,9 @@ def run_case(name: str, size: dict, args) -> dict:
         print(f"[bench_gpu] {name} {mode}: {row}", file=sys.stderr, flush=True)
     m = out["modes"]
     ok = {k for k, v in m.items() if "tokens_per_s" in v}
-    if {"sdpa", "fused"} <= ok:
-        out[f"{out['path']}_over_sdpa"] = round(m["fused"]["tokens_per_s"] / m["sdpa"]["tokens_per_s"], 4)
-    if {"sdpa", "eager"} <= ok:
-        out["eager_over_sdpa"] = round(m["eager"]["tokens_per_s"] / m["sdpa"]["tokens_per_s"], 4)
-    if {"eager", "fused"} <= ok:
-        out[f"{out['path']}_over_eager"] = round(m["fused"]["tokens_per_s"] / m["eager"]["tokens_per_s"], 4)
+    for a, b in (("mapfree", "sdpa"), ("fused", "sdpa"), ("eager", "sdpa"), ("mapfree", "eager"), ("fused", "eager")):
+        if {a, b} <= ok:
+            out[f"{a}_over_{b}"] = round(m[a]["tokens_per_s"] / m[b]["tokens_per_s"], 4)
     return out
 
 
