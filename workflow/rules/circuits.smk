@@ -33,11 +33,9 @@ rule circuits_weights:
         "../../scripts/circuits_weights.py"
 
 
-rule circuits_induction:
+rule circuits_causal:
     input:
-        model=model_cache,
-        detectors="results/detectors/{model}/heads.tsv",
-        pairs="results/circuits/{model}/composition.tsv",
+        unpack(circuits_causal_inputs),
     output:
         summary="results/circuits/{model}/induction.tsv",
         summary_html=report(
@@ -47,33 +45,7 @@ rule circuits_induction:
             subcategory="{model}",
             labels={"item": "Do induction heads need previous-token heads? (table)"},
         ),
-        heads="results/circuits/{model}/induction_heads.tsv",
-    log:
-        "logs/circuits_induction/{model}.log",
-    benchmark:
-        "results/benchmarks/circuits_induction/{model}.tsv"
-    conda:
-        "../../envs/headatlas.yaml"
-    threads: CIRCUITS["threads"]
-    resources:
-        mem_mb=4000,
-        runtime=30,
-        gpu=lambda wc: uses_gpu(wc.model),
-    params:
-        circuits={k: CIRCUITS[k] for k in CIRCUIT_KEYS},
-        induction=CIRCUITS["induction"],
-        detectors=lambda wc: {
-            k: ANALYSES["detectors"][k] for k in CIRCUIT_DETECTOR_KEYS
-        },
-        model=lambda wc: MODELS[wc.model],
-    script:
-        "../../scripts/circuits_induction.py"
-
-
-rule circuits_long:
-    input:
-        unpack(circuits_long_inputs),
-    output:
+        per_head="results/circuits/{model}/induction_heads.tsv",
         runs="results/circuits/{model}/needle_runs.tsv",
         heads="results/circuits/{model}/long_heads.tsv",
         bins="results/circuits/{model}/retrieval_bins.tsv",
@@ -86,9 +58,9 @@ rule circuits_long:
         ),
         sets="results/circuits/{model}/long_sets.tsv",
     log:
-        "logs/circuits_long/{model}.log",
+        "logs/circuits_causal/{model}.log",
     benchmark:
-        "results/benchmarks/circuits_long/{model}.tsv"
+        "results/benchmarks/circuits_causal/{model}.tsv"
     conda:
         "../../envs/headatlas.yaml"
     threads: CIRCUITS["threads"]
@@ -98,10 +70,14 @@ rule circuits_long:
         gpu=lambda wc: uses_gpu(wc.model),
     params:
         circuits={k: CIRCUITS[k] for k in CIRCUIT_KEYS},
+        induction=CIRCUITS["induction"],
         long={k: v for k, v in CIRCUITS["long"].items() if k != "haystack"},
+        detectors=lambda wc: {
+            k: ANALYSES["detectors"][k] for k in CIRCUIT_DETECTOR_KEYS
+        },
         model=lambda wc: MODELS[wc.model],
     script:
-        "../../scripts/circuits_long.py"
+        "../../scripts/circuits_causal.py"
 
 
 rule circuits_model:

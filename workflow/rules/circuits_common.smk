@@ -15,23 +15,20 @@ CIRCUIT_KEYS = [
 CIRCUIT_DETECTOR_KEYS = ["n_sequences", "length", "repeat_length", "seed", "batch_size"]
 
 
-def circuits_induction_on(model):
-    """The induction check runs where it is on and the detectors cover the model (it reads their table)."""
-    return CIRCUITS["induction"]["activate"] and model in analysis_models("detectors")
-
-
 def circuits_targets():
     out = []
     for m in analysis_models("circuits"):
         out += [
             f"results/circuits/{m}/{f}"
-            for f in ("heads.tsv", "agreement.tsv", "composition.png")
+            for f in (
+                "heads.tsv",
+                "agreement.tsv",
+                "composition.png",
+                "composition_summary.tsv",
+                "induction.tsv",
+                "retrieval_bins.tsv",
+            )
         ]
-        out.append(f"results/circuits/{m}/composition_summary.tsv")
-        if circuits_induction_on(m):
-            out.append(f"results/circuits/{m}/induction.tsv")
-        if CIRCUITS["long"]["activate"]:
-            out.append(f"results/circuits/{m}/retrieval_bins.tsv")
     return out
 
 
@@ -42,14 +39,15 @@ def circuits_model_inputs(wildcards):
     """What the per-model join reads: its own tables, and the detectors' and ablation's TSVs where they exist."""
     m = wildcards.model
     out = {
-        "weights": f"results/circuits/{m}/weights_heads.tsv",
-        "pairs": f"results/circuits/{m}/composition.tsv",
+        name: f"results/circuits/{m}/{f}.tsv"
+        for name, f in (
+            ("weights", "weights_heads"),
+            ("pairs", "composition"),
+            ("long", "long_heads"),
+            ("induction", "induction"),
+            ("induction_heads", "induction_heads"),
+        )
     }
-    if CIRCUITS["long"]["activate"]:
-        out["long"] = f"results/circuits/{m}/long_heads.tsv"
-    if circuits_induction_on(m):
-        out["induction"] = f"results/circuits/{m}/induction.tsv"
-        out["induction_heads"] = f"results/circuits/{m}/induction_heads.tsv"
     if m in analysis_models("detectors"):
         out["detectors"] = f"results/detectors/{m}/heads.tsv"
     if m in analysis_models("ablation"):
@@ -57,8 +55,15 @@ def circuits_model_inputs(wildcards):
     return out
 
 
-def circuits_long_inputs(wildcards):
-    out = {"model": model_cache(wildcards), "haystack": CIRCUITS["long"]["haystack"]}
-    if wildcards.model in analysis_models("detectors"):
-        out["detectors"] = f"results/detectors/{wildcards.model}/heads.tsv"
+def circuits_causal_inputs(wildcards):
+    """The model, the haystack, the composition pairs and, where they cover the model, the detectors' table (the
+    induction check's head lists and the short-range induction scores)."""
+    m = wildcards.model
+    out = {
+        "model": model_cache(wildcards),
+        "haystack": CIRCUITS["long"]["haystack"],
+        "pairs": f"results/circuits/{m}/composition.tsv",
+    }
+    if m in analysis_models("detectors"):
+        out["detectors"] = f"results/detectors/{m}/heads.tsv"
     return out

@@ -322,3 +322,65 @@ def long_skipped(model: str, n_layers: int, n_heads: int, reason: str) -> dict:
     row = {"model": model, "status": "skipped", "reason": reason}
     return {"runs": pd.DataFrame([row]), "heads": heads, "bins": pd.DataFrame([row]), "sets": pd.DataFrame([row]),
             "note": f"long inputs: skipped: {reason}"}  # fmt: skip
+
+
+def model_kind_only(spec, cache_dir) -> tuple[str, object]:
+    """(kind, config) of a model from its config alone (no weights loaded: an encoder's skipped rules stay cheap)."""
+    from transformers import AutoConfig
+
+    from ..core.models import model_kind, resolve
+
+    loc, kwargs = resolve(spec, cache_dir)
+    config = AutoConfig.from_pretrained(loc, **kwargs)
+    return model_kind(config, spec), config
+
+
+def _main_means(detectors: pd.DataFrame, detector: str, n_layers: int, n_heads: int) -> np.ndarray:
+    """[L, H] the detectors' mean score of ``detector`` on its main input (NaN where absent)."""
+    out = np.full((n_layers, n_heads), np.nan)
+    d = detectors[detectors["main"].map(lambda v: str(v) == "True") & (detectors["detector"] == detector)]
+    out[d["layer"].to_numpy(int), d["head"].to_numpy(int)] = d["mean"].to_numpy(float)
+    return out
+
+
+def induction_check(spec, model, tokenizer, config, detectors: pd.DataFrame, pairs: pd.DataFrame, det_settings,
+                    settings) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """The causal check of one loaded causal model (:mod:`headatlas.circuits.induction`) on the detectors'
+    repeated random sequences (``det_settings``: their DetectorSettings): (summary, per induction head)."""
+    from ..core.models import decoder_bos
+    from ..detectors.inputs import random_inputs
+    from .induction import ablation_check, ablation_tables
+
+    bos = decoder_bos(tokenizer, config, spec)
+    seqs, kinds = random_inputs(tokenizer, "decoder", bos, det_settings, spec.max_length, 0, spec.name)
+    repeated = [t for t, k in zip(seqs, kinds) if k == "repeated"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    result = ablation_check(model, repeated, "decoder", pad, spec.name, detectors, settings, det_settings.batch_size)
+    n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
+    comp = composition_from_pairs(pairs, n_layers, n_heads)
+    prev = _main_means(detectors, "prev", n_layers, n_heads)
+    return ablation_tables(result, spec.name, settings, comp, prev, n_heads)
+
+
+def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, detectors: pd.DataFrame | None,
+                settings: CircuitSettings, log=None) -> dict:  # fmt: skip
+    """The long-input tables of one causal model (:func:`long_tables`): needle runs on ``haystack`` (text), the
+    long-range echo / induction scores, their overlap with the detectors' short-range induction heads."""
+    from ..core.models import decoder_bos
+    from .longrange import chat_frame, long_range_scores, needle_inputs, retrieval_runs
+
+    n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
+    positions = int(getattr(config, "max_position_embeddings", 0) or spec.max_length)
+    bos = decoder_bos(tokenizer, config, spec)
+    hay = np.asarray(tokenizer(haystack, add_special_tokens=False)["input_ids"])
+    items = needle_inputs(tokenizer, hay, long, bos, positions, chat_frame(tokenizer) if long.chat else None)
+    runs = retrieval_runs(lm_model, tokenizer, items, long, log)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    lr = long_range_scores(model, tokenizer, "decoder", bos, long, pad, spec.name)
+    short = None if detectors is None else _main_means(detectors, "induction", n_layers, n_heads).ravel()
+    return long_tables(runs["runs"], runs["scores"], lr, short, spec.name, n_layers, n_heads, settings)
+
+
+def skipped(model: str, reason: str) -> pd.DataFrame:
+    """A one-row table saying why a part did not run."""
+    return pd.DataFrame([{"model": model, "status": "skipped", "reason": reason}])
