@@ -261,3 +261,14 @@ def test_ablating_the_last_layer_leaves_every_induction_score(tiny_loaded, bpe_t
 def test_induction_settings_from_config():
     s = InductionSettings.from_config({"n_prev": 2, "activate": True, "random_sets": 0})
     assert (s.n_prev, s.random_sets) == (2, 0)
+
+
+def test_atlas_reads_the_circuit_columns():
+    from headatlas.atlas.analysis import build_atlas
+
+    heads = pd.DataFrame({"model": "m", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "label": ["1-1", "1-2", "2-1", "2-2"],
+                          "circ_copying": [0.9, 0.0, 0.1, 0.2], "circ_copying_p": [0.0, 1.0, 0.5, 0.4],
+                          "circ_copying_chance": 0.01, "circ_k_in_from": ["", "", "1-1", "1-2"]})  # fmt: skip
+    atlas = build_atlas("m", 2, 2, {"circuits": heads})
+    assert atlas["circ_copying"].tolist() == [0.9, 0.0, 0.1, 0.2]
+    assert "circ_copying_p" not in atlas and "circ_copying_chance" not in atlas and "circ_k_in_from" in atlas
