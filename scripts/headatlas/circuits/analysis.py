@@ -345,15 +345,16 @@ def _main_means(detectors: pd.DataFrame, detector: str, n_layers: int, n_heads: 
 
 def induction_check(spec, model, tokenizer, config, detectors: pd.DataFrame, pairs: pd.DataFrame, det_settings,
                     settings) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
-    """The causal check of one loaded causal model (:mod:`headatlas.circuits.induction`) on the detectors'
-    repeated random sequences (``det_settings``: their DetectorSettings): (summary, per induction head)."""
+    """The causal check of one loaded causal model (:mod:`headatlas.circuits.induction`) on the first
+    ``settings.n_sequences`` of the detectors' repeated random sequences (``det_settings``: their DetectorSettings):
+    (summary, per induction head)."""
     from ..core.models import decoder_bos
     from ..detectors.inputs import random_inputs
     from .induction import ablation_check, ablation_tables
 
     bos = decoder_bos(tokenizer, config, spec)
     seqs, kinds = random_inputs(tokenizer, "decoder", bos, det_settings, spec.max_length, 0, spec.name)
-    repeated = [t for t, k in zip(seqs, kinds) if k == "repeated"]
+    repeated = [t for t, k in zip(seqs, kinds) if k == "repeated"][: settings.n_sequences]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     result = ablation_check(model, repeated, "decoder", pad, spec.name, detectors, settings, det_settings.batch_size)
     n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads

@@ -29,6 +29,7 @@ class InductionSettings:
 
     n_prev: int = 4
     n_induction: int = 4
+    n_sequences: int = 16
     random_sets: int = 10
     bootstrap: int = 1000
     ci: float = 0.95
