@@ -63,9 +63,10 @@ def composition_figure(pairs: pd.DataFrame, heads: pd.DataFrame, detectors: pd.D
                        n_edges: int, png, svg) -> None:  # fmt: skip
     n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
     roles = head_roles(heads, detectors)
-    fig, axes = plt.subplots(1, 3, figsize=(3 * max(4.5, 0.28 * n_layers + 1.5), max(3.5, 0.32 * n_heads + 1.6)),
-                             squeeze=False, layout="constrained")  # fmt: skip
-    for ax, mode in zip(axes[0], MODES):
+    w, h = max(4.5, 0.32 * n_layers + 1.5), max(3.5, 0.32 * n_heads + 1.6)
+    rows = 3 if n_layers > 12 else 1  # many layers: the panels one above the other
+    fig, axes = plt.subplots(rows, 3 // rows, figsize=(w * 3 // rows, h * rows), squeeze=False, layout="constrained")
+    for ax, mode in zip(axes.ravel(), MODES):
         ax.set_title(f"{model}: {MODE_TITLES[mode]}, top {n_edges} by z", fontsize=9)
         lay, hd = np.divmod(np.arange(n_layers * n_heads), n_heads)
         colours = [ROLE_COLOURS[roles.get((a, b), "")] for a, b in zip(lay, hd)]
@@ -75,9 +76,9 @@ def composition_figure(pairs: pd.DataFrame, heads: pd.DataFrame, detectors: pd.D
             zs = e[f"comp_{mode}_z"].to_numpy(float)
             widths = 0.6 + 2.4 * (zs - zs.min()) / (np.ptp(zs) or 1.0)
             named = set()
-            for (_, r), w in zip(e.iterrows(), widths):
+            for (_, r), lw in zip(e.iterrows(), widths):
                 a, b, c, d = (int(r[k]) for k in ("writer_layer", "writer_head", "reader_layer", "reader_head"))
-                ax.plot([a + 1, c + 1], [b + 1, d + 1], color="0.25", lw=w, alpha=0.55, zorder=2)
+                ax.plot([a + 1, c + 1], [b + 1, d + 1], color="0.25", lw=lw, alpha=0.55, zorder=2)
                 named |= {(a, b), (c, d)}
             for a, b in sorted(named):
                 ax.annotate(head_label(a, b), (a + 1, b + 1), fontsize=6, xytext=(2, 2), textcoords="offset points")
