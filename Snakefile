@@ -35,6 +35,7 @@ include: "workflow/rules/detectors.smk"
 include: "workflow/rules/atlas.smk"
 include: "workflow/rules/ablation.smk"
 include: "workflow/rules/position.smk"
+include: "workflow/rules/circuits.smk"
 
 
 rule all:

@@ -186,6 +186,7 @@ def test_registry_declares_every_table_once_and_in_join_order():
         "probes",
         "detectors",
         "ablation",
+        "circuits",
     ]
     assert {s.analysis for s in at.ATLAS_SOURCES} == {
         "clark_surface",
@@ -194,6 +195,7 @@ def test_registry_declares_every_table_once_and_in_join_order():
         "jomyaeng",
         "detectors",
         "ablation",
+        "circuits",
     }
     settings = {"surface_corpus": "wiki"}
     behaviour = at.ATLAS_SOURCES[0]

@@ -181,6 +181,13 @@ def ablation_columns(ablation: pd.DataFrame) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def circuit_columns(circuits: pd.DataFrame) -> pd.DataFrame:
+    """The circuits table's ``circ_*`` columns as they are (composition z, copying, successor, retrieval, echo,
+    long-range induction, the induction check; docs/circuits.md), without its per-test p-values and chance levels."""
+    cols = [c for c in circuits.columns if c.startswith("circ_") and not c.endswith(("_p", "_chance"))]
+    return circuits[KEY + cols]
+
+
 @dataclass(frozen=True)
 class AtlasSource:
     """What one analysis adds to the atlas: which TSVs, which columns, how they are joined.
@@ -225,6 +232,7 @@ ATLAS_SOURCES = (
     AtlasSource("probes", "jomyaeng", {"probes": "results/jomyaeng/{model}/heads.tsv"}, probe_columns),
     AtlasSource("detectors", "detectors", {"detectors": "results/detectors/{model}/heads.tsv"}, detector_columns),
     AtlasSource("ablation", "ablation", {"ablation": "results/ablation/{model}/heads.tsv"}, ablation_columns),
+    AtlasSource("circuits", "circuits", {"circuits": "results/circuits/{model}/heads.tsv"}, circuit_columns),
 )
 TABLE_NAMES = [k for source in ATLAS_SOURCES for k in source.tables]
 

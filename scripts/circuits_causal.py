@@ -1,0 +1,59 @@
+"""Rule circuits_causal: the induction check (mean-ablated previous-token heads) and the long-input scores
+(retrieval, long-range echo and induction) of one causal model; an encoder's tables say why they are skipped."""
+
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+import pandas as pd  # noqa: E402
+
+from headatlas.circuits import analysis as A  # noqa: E402
+from headatlas.circuits.induction import InductionSettings  # noqa: E402
+from headatlas.circuits.longrange import LongSettings  # noqa: E402
+from headatlas.core.html import write_tables_html  # noqa: E402
+from headatlas.core.io import atomic_path  # noqa: E402
+from headatlas.core.models import ModelSpec, lm_head_model, load, resolve  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+from headatlas.detectors.inputs import DetectorSettings  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+spec = ModelSpec.from_config(sm.params.model)
+settings = A.CircuitSettings.from_config(sm.params.circuits)
+common = {k: sm.params.circuits[k] for k in ("bootstrap", "ci", "seed")}
+ind_settings = InductionSettings.from_config({**sm.params.induction, **common})
+long = LongSettings.from_config({**sm.params.long, "seed": settings.seed})
+cache = sm.input.model[0] if sm.input.model else None
+kind, config = A.model_kind_only(spec, cache)
+n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
+detectors = A.read_table(sm.input.detectors) if "detectors" in sm.input.keys() else None
+lm_model, reason = None, f"{kind}: not a causal model"
+if kind == "decoder":
+    loc, kwargs = resolve(spec, cache)
+    lm_model, reason = lm_head_model(loc, kind, kwargs)
+if lm_model is None:
+    summary, per_head = A.skipped(spec.name, reason), pd.DataFrame()
+    tables = A.long_skipped(spec.name, n_layers, n_heads, reason)
+else:
+    model, tokenizer, config = load(spec, cache_dir=cache)
+    if not sm.params.induction["activate"] or detectors is None:
+        why = "off" if not sm.params.induction["activate"] else "analysis.detectors does not cover the model"
+        summary, per_head = A.skipped(spec.name, why), pd.DataFrame()
+    else:
+        det = DetectorSettings.from_config(sm.params.detectors)
+        pairs = A.read_table(sm.input.pairs)
+        summary, per_head = A.induction_check(spec, model, tokenizer, config, detectors, pairs, det, ind_settings)
+    if sm.params.long["activate"]:
+        with open(sm.input.haystack, encoding="utf-8") as fh:
+            text = fh.read()
+        tables = A.long_inputs(spec, lm_model, model, tokenizer, config, text, long, detectors, settings, log)
+    else:
+        tables = A.long_skipped(spec.name, n_layers, n_heads, "analysis.circuits.long.activate is false")
+tables["heads"]["circ_note"] = tables["note"]
+outputs = {"summary": summary, "per_head": per_head, **{k: tables[k] for k in ("runs", "heads", "bins", "sets")}}
+for key, df in outputs.items():
+    with atomic_path(sm.output[key]) as tmp:
+        df.to_csv(tmp, sep="\t", index=False, float_format="%.5g")
+log.info("model %s: induction check\n%s\n%s", spec.name, summary.T.to_string(), per_head.to_string())
+log.info("model %s: long inputs\n%s\n%s", spec.name, tables["bins"].to_string(), tables["sets"].to_string())
+write_tables_html(sm)
