@@ -58,6 +58,7 @@ FAMILIES = {
     "probe": "Jo & Myaeng (probing)",
     "det": "detectors",
     "ablation": "ablation",
+    "circ": "circuits",
 }
 
 FRACTION = "fraction of the row's attention, 0-1"
@@ -158,8 +159,59 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(r"ablation_(.+)_ci_(low|high)", "{1} end of the bootstrap CI of the {0} ablation effect", "as the effect"),
     Column(
-        r"ablation_(.+)_method", "how the {0} effect was measured: exact, estimated, none or skipped: <reason>", "label"
+        r"ablation_(.+)_method", "how the {0} effect was measured: exact, atp, ig, none or skipped: <reason>", "label"
     ),
+    # circuits (circuits/analysis.py): composition from the weights, copying, successor, long inputs
+    Column(
+        r"circ_(q|k|v)_in_z",
+        "largest {0}-composition with an earlier head writing into this one, z against random orientations",
+        "z (sd units)",
+    ),
+    Column(r"circ_(q|k|v)_in_from", "the earlier head of that largest {0}-composition (layer-head)", "label"),
+    Column(
+        r"circ_(q|k|v)_out_z",
+        "largest {0}-composition with a later head reading this one, z against random orientations",
+        "z (sd units)",
+    ),
+    Column(r"circ_(q|k|v)_out_to", "the later head of that largest {0}-composition (layer-head)", "label"),
+    Column(
+        r"circ_copying",
+        "copying: share of the listed tokens whose own logit is in the top 5 of the head's OV circuit",
+        "fraction of tokens, 0-1",
+    ),
+    Column(
+        r"circ_neg_copying",
+        "copy suppression: share of the listed tokens whose own logit is in the bottom 5 of the head's OV circuit",
+        "fraction of tokens, 0-1",
+    ),
+    Column(
+        r"circ_successor",
+        "successor score (Gould et al.): share of ordinal tokens whose successor ranks first through the OV circuit",
+        "fraction of tokens, 0-1",
+    ),
+    Column(
+        r"circ_retrieval",
+        "retrieval score (Wu et al.): share of needle tokens the head copies while the model answers",
+        "fraction of needle tokens, 0-1",
+    ),
+    Column(r"circ_retrieval_positive", "retrieval score's CI lies above 0"),
+    Column(r"circ_retrieval_runs", "needle runs the model answered (ROUGE-1 recall > 0.5)", "count"),
+    Column(r"circ_echo_long(?:_(\d+))?", "long-range echo: attention to the earlier occurrence of the token", FRACTION),
+    Column(
+        r"circ_induction_long(?:_(\d+))?",
+        "long-range induction: attention to the token after the earlier occurrence",
+        FRACTION,
+    ),
+    Column(r"circ_echo_top1", "among RazorAttention's top 1% echo heads"),
+    Column(r"circ_induction_top14", "among RazorAttention's top 14% long-range induction heads"),
+    Column(
+        r"circ_induction_drop",
+        "induction heads: drop of the induction score when the top previous-token heads are mean-ablated",
+        "difference of attention fractions",
+    ),
+    Column(r"circ_prev_ablated", "one of the previous-token heads ablated in the induction check"),
+    Column(r"circ_(.+)_sig", "{0} above chance: binomial test, Benjamini-Hochberg FDR"),
+    Column(r"circ_note", "what was skipped for this model, and why", "label"),
     Column(
         r"(.+)_kind", "how {0} was obtained: exact, estimated (checked), unreliable or skipped: <reason>", "label"
     ),  # fmt: skip

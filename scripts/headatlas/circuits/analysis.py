@@ -255,7 +255,7 @@ def agreement(heads: pd.DataFrame, detectors: pd.DataFrame | None, ablation: pd.
               settings: CircuitSettings) -> pd.DataFrame:  # fmt: skip
     """Spearman (bootstrap CI over heads) and top-k overlap between every pair of: retrieval, echo and induction at
     long range, short-range induction and sink (detectors), the LM-loss ablation effect."""
-    from ..atlas.analysis import spearman_ci, topk_overlap
+    from ..core.agreement import spearman_ci, topk_overlap
 
     s = settings
     cols = {}
