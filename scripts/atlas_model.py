@@ -1,19 +1,15 @@
 """Rule atlas: join every analysis per head of one model; agreement between methods."""
 
-import sys
+from headatlas.atlas import analysis as at
+from headatlas.atlas import columns
+from headatlas.atlas.figures import agreement_figure, atlas_grid
+from headatlas.core.html import write_tables_html
+from headatlas.core.integrity import read_table
+from headatlas.core.io import atomic_path
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.atlas import analysis as at  # noqa: E402
-from headatlas.atlas import columns  # noqa: E402
-from headatlas.atlas.figures import agreement_figure, atlas_grid  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.integrity import read_table  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 model, out = sm.wildcards.model, sm.output
 with AttentionStore(sm.input.tokens) as store:

@@ -1,17 +1,13 @@
 """Rule clark_headlines: Clark et al.'s headline claims beside this model's analogues."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.surface import SurfaceSettings, clark_headlines
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import atomic_path
+from headatlas.core.runner import setup
 
-import pandas as pd  # noqa: E402
-
-from headatlas.clark.surface import SurfaceSettings, clark_headlines  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 behaviour = pd.read_csv(sm.input.behaviour, sep="\t")
 clustering = pd.read_csv(sm.input.layers, sep="\t").iloc[0].to_dict()

@@ -1,20 +1,17 @@
 """Rule clark_js_distances: summed Jensen-Shannon distance between every pair of heads, replayed from stored
 maps or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
-import sys
 import time
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.clustering import distance_long
+from headatlas.clark.reducers import JSReducer
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.io import atomic_path
+from headatlas.core.reduce import reduce_corpus
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
 
-from headatlas.clark.clustering import distance_long  # noqa: E402
-from headatlas.clark.reducers import JSReducer  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.reduce import reduce_corpus  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 c = SurfaceSettings.from_config(sm.params.surface).clustering
 t0 = time.time()

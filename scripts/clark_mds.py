@@ -1,20 +1,16 @@
 """Rule clark_mds: MDS of the head distances, within- vs between-layer distance, Fig. 6."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.clustering import mds_tables
+from headatlas.clark.figures import fig6_mds
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.figures import save_figure
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import atomic_path
+from headatlas.core.runner import setup
 
-import pandas as pd  # noqa: E402
-
-from headatlas.clark.clustering import mds_tables  # noqa: E402
-from headatlas.clark.figures import fig6_mds  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 c = SurfaceSettings.from_config(sm.params.surface).clustering
 heads, layers, stats = mds_tables(

@@ -1,19 +1,15 @@
 """Rule clark_syntax_table3: Table 3 analogue (probe UAS beside the paper's) and its figure."""
 
-import sys
-
 import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.parsing_probe import table3
+from headatlas.clark.syntax_figures import plot_table3
+from headatlas.core.figures import save_figure
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import atomic_path
+from headatlas.core.runner import setup
 
-from headatlas.clark.parsing_probe import table3  # noqa: E402
-from headatlas.clark.syntax_figures import plot_table3  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 model = sm.wildcards.model
 uas = pd.read_csv(sm.input.uas, sep="\t")

@@ -1,16 +1,12 @@
 """Rule jomyaeng_downstream_tasks: the downstream (transfer) tasks' sentences and items."""
 
-import sys
+from headatlas.core.data import write_records
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import atomic_path
+from headatlas.core.runner import setup
+from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.data import write_records  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 specs = [DownstreamSpec.from_config(name, p) for name, p in sm.params.tasks.items()]
 records, table = generate_downstream(specs, sm.params.seed)

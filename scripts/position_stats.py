@@ -1,16 +1,12 @@
 """Rule position_stats: per head and query-position bucket, where a head looks (headatlas.core.position)."""
 
-import sys
+from headatlas.core import reduce
+from headatlas.core.io import atomic_path
+from headatlas.core.position import PositionReducer
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core import reduce  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.position import PositionReducer  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 p = sm.params.position
 reducer = PositionReducer(p["local_window"], p["edges"])

@@ -1,19 +1,15 @@
 """Rule clark_surface_stats: per-head surface statistics (Clark et al. Sec. 3), replayed from stored maps
 or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
-import sys
+from headatlas.clark.reducers import SurfaceReducer
+from headatlas.clark.surface import SHARE_STATS, SurfaceSettings
+from headatlas.core.html import write_tables_html
+from headatlas.core.integrity import SHARE_RANGE, check_table
+from headatlas.core.io import atomic_path
+from headatlas.core.reduce import reduce_corpus
+from headatlas.core.runner import setup
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.clark.reducers import SurfaceReducer  # noqa: E402
-from headatlas.clark.surface import SHARE_STATS, SurfaceSettings  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.integrity import SHARE_RANGE, check_table  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.reduce import reduce_corpus  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 reducer = SurfaceReducer(SurfaceSettings.from_config(sm.params.surface).smoothing)
 reducer.analysis = "clark_surface"
