@@ -5,7 +5,7 @@ from headatlas.atlas import columns
 from headatlas.atlas.figures import agreement_figure, atlas_grid
 from headatlas.core.html import write_tables_html
 from headatlas.core.integrity import read_table
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore
 
@@ -20,8 +20,7 @@ for k, table in tables.items():
         table.attrs["path"] = sm.input[k]  # errors of the join name the file
 t = at.atlas_tables(model, n_layers, n_heads, tables, at.AtlasSettings.from_config(sm.params.atlas))
 for key in ("atlas", "agreement", "relations", "profile"):
-    with atomic_path(out[key]) as tmp:
-        t[key].to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(t[key], out[key])
 atlas_grid(t["atlas"], n_layers, n_heads, model, out.grid, out.grid_svg)
 agreement_figure(t["scores"], t["agreement"], model, out.agreement_png, out.agreement_svg)
 log.info(

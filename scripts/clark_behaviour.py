@@ -3,14 +3,13 @@
 from headatlas.clark.surface import SHARE_STATS, STATS, SurfaceSettings, behaviour_table
 from headatlas.core.html import write_tables_html
 from headatlas.core.integrity import SHARE_RANGE, read_table
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 
 sm = snakemake
 log = setup(sm)
 surface = read_table(sm.input[0], ["layer", "head", *STATS], ranges=dict.fromkeys(SHARE_STATS, SHARE_RANGE))
 table = behaviour_table(surface, SurfaceSettings.from_config(sm.params.surface))
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output[0])
 log.info("labels: %s", table["label"].value_counts().to_dict())
 write_tables_html(sm)  # the HTML page of each reported TSV

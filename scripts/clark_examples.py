@@ -5,7 +5,7 @@ import pandas as pd
 from headatlas.clark.figures import examples_figure
 from headatlas.clark.surface import SurfaceSettings
 from headatlas.core.figures import save_figure
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.reduce import map_dirs
 from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore
@@ -17,8 +17,7 @@ with AttentionStore(map_dirs(list(sm.input.maps), "Fig. 1 examples")) as store: 
     table, fig = examples_figure(
         store, pd.read_csv(sm.input.behaviour, sep="\t"), sm.wildcards.model, sm.wildcards.corpus, settings
     )
-with atomic_path(sm.output.table) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output.table)
 save_figure(fig, sm.output.png, sm.output.svg)
 log.info(
     "sequence %s, heads %s",

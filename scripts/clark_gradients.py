@@ -9,7 +9,7 @@ from headatlas.clark.surface import SurfaceSettings
 from headatlas.core.data import load_records
 from headatlas.core.device import job_device
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec
 from headatlas.core.runner import setup
 
@@ -29,7 +29,6 @@ table = gradient_table(
     batch_size=g.batch_size,
     device=job_device(spec.device, sm.resources.get("gpu")),
 )
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output[0])
 log.info("status %s, %.1f s", table["status"].iloc[0], time.time() - t0)
 write_tables_html(sm)  # the HTML page of each reported TSV

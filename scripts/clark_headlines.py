@@ -4,7 +4,7 @@ import pandas as pd
 
 from headatlas.clark.surface import SurfaceSettings, clark_headlines
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 
 sm = snakemake
@@ -14,7 +14,6 @@ clustering = pd.read_csv(sm.input.layers, sep="\t").iloc[0].to_dict()
 gradients = pd.read_csv(sm.input.gradients, sep="\t")
 table = clark_headlines(behaviour, clustering, gradients, SurfaceSettings.from_config(sm.params.surface).broad_entropy)
 table.insert(0, "model", sm.wildcards.model)
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+write_tsv(table, sm.output[0], float_format="%.4g")
 log.info("%s", table[["claim", "measured", "holds"]].to_string())
 write_tables_html(sm)  # the HTML page of each reported TSV

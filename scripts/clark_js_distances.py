@@ -6,7 +6,7 @@ import time
 from headatlas.clark.clustering import distance_long
 from headatlas.clark.reducers import JSReducer
 from headatlas.clark.surface import SurfaceSettings
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.reduce import reduce_corpus
 from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore
@@ -22,6 +22,5 @@ with AttentionStore(list(sm.input)) as store:
     table = distance_long(d, store.n_layers, store.n_heads, store.meta["model"], n_tok)
 table["n_sequences"] = n_seq
 table["n_tokens"] = n_tok
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.8g")
+write_tsv(table, sm.output[0], float_format="%.8g")
 log.info("%d heads, %d sequences, %d query tokens, %.1f s", len(d), n_seq, n_tok, time.time() - t0)

@@ -7,7 +7,7 @@ from headatlas.clark.figures import fig6_mds
 from headatlas.clark.surface import SurfaceSettings
 from headatlas.core.figures import save_figure
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 
 sm = snakemake
@@ -17,10 +17,8 @@ heads, layers, stats = mds_tables(
     pd.read_csv(sm.input.distances, sep="\t"), pd.read_csv(sm.input.behaviour, sep="\t"), sm.wildcards.model,
     seed=c.seed, n_init=c.mds_n_init, max_iter=c.mds_max_iter, eps=c.mds_eps, permutations=c.permutations,
 )  # fmt: skip
-with atomic_path(sm.output.heads) as tmp:
-    heads.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-with atomic_path(sm.output.layers) as tmp:
-    layers.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(heads, sm.output.heads)
+write_tsv(layers, sm.output.layers)
 save_figure(fig6_mds(heads, sm.wildcards.model, sm.wildcards.corpus, stats), sm.output.png, sm.output.svg)
 log.info(
     "within %.4f between %.4f p %.3g stress %.3g",

@@ -3,7 +3,7 @@
 from headatlas.clark.syntax import HeadSettings, run_heads
 from headatlas.core.data import load_records
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import as_dirs as dirs
 from headatlas.core.runner import setup
 
@@ -15,7 +15,6 @@ outputs = run_heads(
     dirs(sm.input.data_maps), load_records(sm.input.data_corpus), HeadSettings.from_config(p.heads), sm.wildcards.model
 )
 for key, frame in outputs.items():
-    with atomic_path(sm.output[key]) as tmp:
-        frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(frame, sm.output[key])
 log.info("best heads:\n%s", outputs["relations"].to_string(index=False))
 write_tables_html(sm)  # the HTML page of each reported TSV

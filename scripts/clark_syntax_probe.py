@@ -3,7 +3,7 @@
 from headatlas.clark.glove import Glove
 from headatlas.clark.parsing_probe import ProbeSettings, run_probes
 from headatlas.core.data import load_records
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import as_dirs as dirs
 from headatlas.core.runner import setup
 
@@ -17,5 +17,4 @@ outputs = run_probes(
     settings=settings, word_mode=p.word_mode, model=sm.wildcards.model,
 )  # fmt: skip
 for key, frame in outputs.items():
-    with atomic_path(sm.output[key]) as tmp:
-        frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(frame, sm.output[key])

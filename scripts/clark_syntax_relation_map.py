@@ -2,12 +2,11 @@
 
 from headatlas.clark.syntax import RELATION_MAP
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 
 sm = snakemake
 log = setup(sm)
-with atomic_path(sm.output[0]) as tmp:
-    RELATION_MAP.to_csv(tmp, sep="\t", index=False)
+write_tsv(RELATION_MAP, sm.output[0], float_format=None)
 log.info("%d relation rows", len(RELATION_MAP))
 write_tables_html(sm)  # the HTML page of each reported TSV

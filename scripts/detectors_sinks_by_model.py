@@ -3,14 +3,13 @@
 import pandas as pd
 
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 from headatlas.detectors.analysis import sinks_by_model
 
 sm = snakemake
 log = setup(sm)
 table = sinks_by_model([pd.read_csv(p, sep="\t") for p in sm.input])
-with atomic_path(sm.output.table) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output.table)
 log.info("sink shares:\n%s", table.to_string(index=False))
 write_tables_html(sm)  # the HTML page of each reported TSV

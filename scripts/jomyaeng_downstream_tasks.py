@@ -2,7 +2,7 @@
 
 from headatlas.core.data import write_records
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import atomic_path, write_tsv
 from headatlas.core.runner import setup
 from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream
 
@@ -12,9 +12,7 @@ specs = [DownstreamSpec.from_config(name, p) for name, p in sm.params.tasks.item
 records, table = generate_downstream(specs, sm.params.seed)
 with atomic_path(sm.output.sentences) as tmp:
     write_records(records, tmp)
-with atomic_path(sm.output.table) as tmp:
-    table.to_csv(tmp, sep="\t", index=False)
-with atomic_path(sm.output.stats) as tmp:
-    downstream_stats(table).to_csv(tmp, sep="\t", index=False, float_format="%.4f")
+write_tsv(table, sm.output.table, float_format=None)
+write_tsv(downstream_stats(table), sm.output.stats, float_format="%.4f")
 log.info("%d items over %d tasks, %d distinct sentences", len(table), len(specs), len(records))
 write_tables_html(sm)  # the HTML page of each reported TSV

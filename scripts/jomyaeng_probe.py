@@ -3,7 +3,7 @@ model's tasks in turn (analysis.jomyaeng.probe_jobs: model; the same files and n
 
 import time
 
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import as_dirs, setup
 from headatlas.core.store import AttentionStore
 from headatlas.jomyaeng.analysis import TopNSettings, probe_task, task_data, task_features
@@ -49,6 +49,5 @@ for task, spec, shards, table_path, output in jobs():
         heads, layers, data, ProbeConfig.from_config(sm.params.probe),
         TopNSettings.from_config(sm.params.top), model=sm.wildcards.model, task=task,
     )  # fmt: skip
-    with atomic_path(output) as tmp:
-        result.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(result, output)
     log.info("task %s: %d probes written in %.1f s", task, len(result), time.time() - t0)

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 from headatlas.jomyaeng.analysis import TopNSettings, model_tables
 
@@ -12,8 +12,7 @@ log = setup(sm)
 results = pd.concat([pd.read_csv(p, sep="\t") for p in sm.input], ignore_index=True)
 tables = model_tables(results, TopNSettings.from_config(sm.params.top))
 for key, frame in tables.items():
-    with atomic_path(sm.output[key]) as tmp:
-        frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(frame, sm.output[key])
 heads = tables["heads"]
 log.info(
     "model %s: %d layers x %d heads, %d tasks",

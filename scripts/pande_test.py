@@ -2,7 +2,6 @@
 (with the stability of each label), and the same tests on each corpus alone."""
 
 from headatlas.core.html import write_tables_html
-from headatlas.core.io import atomic_path
 from headatlas.core.runner import setup
 from headatlas.pande.analysis import model_table, write_table
 from headatlas.pande.hypothesis import HypothesisSettings
@@ -11,7 +10,6 @@ sm = snakemake
 log = setup(sm)
 settings = HypothesisSettings.from_config(sm.params.tests)
 table, by_corpus = model_table(list(sm.input), sm.wildcards.model, settings, threads=sm.threads)
-with atomic_path(sm.output.heads) as tmp, atomic_path(sm.output.by_corpus) as tmp2:
-    write_table(table, tmp)
-    write_table(by_corpus, tmp2)
+write_table(table, sm.output.heads)
+write_table(by_corpus, sm.output.by_corpus)
 write_tables_html(sm)  # the HTML page of each reported TSV

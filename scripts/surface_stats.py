@@ -5,7 +5,7 @@ from headatlas.clark.reducers import SurfaceReducer
 from headatlas.clark.surface import SHARE_STATS, SurfaceSettings
 from headatlas.core.html import write_tables_html
 from headatlas.core.integrity import SHARE_RANGE, check_table
-from headatlas.core.io import atomic_path
+from headatlas.core.io import write_tsv
 from headatlas.core.reduce import reduce_corpus
 from headatlas.core.runner import setup
 
@@ -15,7 +15,6 @@ reducer = SurfaceReducer(SurfaceSettings.from_config(sm.params.surface).smoothin
 reducer.analysis = "clark_surface"
 table = reduce_corpus(list(sm.input), reducer)
 check_table(sm.output[0], table, ranges=dict.fromkeys(SHARE_STATS, SHARE_RANGE))  # never written out of range
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output[0])
 log.info("%d heads, %d sequences, model kind %s", len(table), table["n_sequences"].iloc[0], table["model_kind"].iloc[0])
 write_tables_html(sm)  # the HTML page of each reported TSV
