@@ -27,7 +27,7 @@ FLOAT_FORMAT = "%.10g"
 
 
 def save_scores(path: str | Path, result: dict, meta: dict) -> None:
-    """Write the output of :func:`headatlas.pande.sieves.score_store` as one HDF5 file."""
+    """Write the output of ``score_store`` (tests/reference/sieves.py) as one HDF5 file."""
     import h5py
 
     text = h5py.string_dtype(encoding="utf-8")
