@@ -3,8 +3,14 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
-from headatlas.core.inputs import check_yaml  # noqa: E402
+# The one route to the headatlas library (docs/architecture.md): scripts/ on sys.path for this parse,
+# and on PYTHONPATH for every job, which inherits it (local runs, SLURM, conda envs without the package).
+_scripts = str(Path(workflow.basedir) / "scripts")
+sys.path.insert(0, _scripts)
+from headatlas.core.inputs import check_yaml
+from headatlas.core.runner import export_library_path
+
+export_library_path(_scripts)
 
 min_version("9.0")
 

@@ -25,8 +25,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))  # the numpy references (tests/reference)
 
-from headatlas.clark.syntax import head_table, relation_masks, store_correctness  # noqa: E402
+from reference.clark import store_correctness
+
+from headatlas.clark.syntax import head_table, relation_masks
 from headatlas.core.corpora import build_corpus  # noqa: E402
 from headatlas.core.extract import extract  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402

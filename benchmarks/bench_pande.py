@@ -11,7 +11,7 @@ BLAS to ``--threads`` threads (default 1, as the rules run), and times:
 
 1. ``headatlas.core.extract.extract`` with the extraction rule's defaults (maps and per-head
    representations, float32), i.e. the ``extract_attention`` job without its start-up;
-2. scoring: ``headatlas.pande.sieves.score_store`` over the store just written (all layers, heads
+2. scoring: ``score_store`` of tests/reference/sieves.py over the store just written (all layers, heads
    and the 10 default roles: local, delimiter, delimiter_cls, delimiter_sep, block, syntactic
    and nsubj/obj/amod/advmod);
 3. testing: ``headatlas.pande.hypothesis.head_table`` with the default settings (faithful t-test,
@@ -40,6 +40,7 @@ try:
     import headatlas  # noqa: F401
 except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))  # the numpy references (tests/reference)
 
 MODELS = {
     "minilm": {
@@ -72,13 +73,14 @@ def main(argv=None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
     import torch
+    from reference.sieves import score_store
 
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, dequantize_gguf, load, package_versions
     from headatlas.core.store import AttentionStore
     from headatlas.pande.hypothesis import HypothesisSettings, head_table, scipy_t_pvalues
-    from headatlas.pande.sieves import SieveSettings, blas_threads, score_store
+    from headatlas.pande.sieves import SieveSettings, blas_threads
 
     torch.set_num_threads(args.threads)
     records = sentence_records(read_conllu(EWT))[: args.n]

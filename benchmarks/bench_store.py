@@ -38,6 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))  # the numpy references (tests/reference)
 EWT = REPO / "resources" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
 MINILM = {
     "name": "minilm",
@@ -79,15 +80,16 @@ def main(argv=None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
     import torch
+    from reference.sieves import score_store
+    from reference.surface import surface_table
     from threadpoolctl import threadpool_limits
 
-    from headatlas.clark.surface import surface_table
     from headatlas.core import store as store_mod
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, load
     from headatlas.core.store import AttentionStore, map_faults, verify_store
-    from headatlas.pande.sieves import SieveSettings, score_store
+    from headatlas.pande.sieves import SieveSettings
 
     torch.set_num_threads(args.threads)
     records = sentence_records(read_conllu(EWT))[: args.n]

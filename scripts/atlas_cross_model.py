@@ -1,20 +1,15 @@
 """Rule atlas_cross_model: role shares and probing profiles of every model on relative depth."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.atlas.figures import cross_model_figures
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import setup
 
-import pandas as pd  # noqa: E402
-
-from headatlas.atlas.figures import cross_model_figures  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 profiles = {m: pd.read_csv(path, sep="\t") for m, path in zip(sm.params.models, sm.input)}
 table = pd.concat(profiles.values(), ignore_index=True)
-with atomic_path(sm.output.table) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output.table)
 cross_model_figures(profiles, {k: sm.output[k] for k in sm.output.keys() if k != "table"})
 log.info("cross-model profiles of %s", ", ".join(profiles))

@@ -1,19 +1,15 @@
 """Rule atlas: join every analysis per head of one model; agreement between methods."""
 
-import sys
+from headatlas.atlas import analysis as at
+from headatlas.atlas import columns
+from headatlas.atlas.figures import agreement_figure, atlas_grid
+from headatlas.core.html import write_tables_html
+from headatlas.core.integrity import read_table
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.atlas import analysis as at  # noqa: E402
-from headatlas.atlas import columns  # noqa: E402
-from headatlas.atlas.figures import agreement_figure, atlas_grid  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.integrity import read_table  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 model, out = sm.wildcards.model, sm.output
 with AttentionStore(sm.input.tokens) as store:
@@ -24,8 +20,7 @@ for k, table in tables.items():
         table.attrs["path"] = sm.input[k]  # errors of the join name the file
 t = at.atlas_tables(model, n_layers, n_heads, tables, at.AtlasSettings.from_config(sm.params.atlas))
 for key in ("atlas", "agreement", "relations", "profile"):
-    with atomic_path(out[key]) as tmp:
-        t[key].to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(t[key], out[key])
 atlas_grid(t["atlas"], n_layers, n_heads, model, out.grid, out.grid_svg)
 agreement_figure(t["scores"], t["agreement"], model, out.agreement_png, out.agreement_svg)
 log.info(

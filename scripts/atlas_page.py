@@ -1,13 +1,9 @@
 """Rule atlas_page: the interactive atlas page of every model (results/atlas/index.html)."""
 
-import sys
+from headatlas.atlas import page as pg
+from headatlas.core.runner import setup
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.atlas import page as pg  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 settings = pg.PageSettings.from_config(sm.params.page)
 corpus_path = f"results/corpora/{settings.corpus}.jsonl.gz"

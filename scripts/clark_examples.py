@@ -1,28 +1,23 @@
 """Rule clark_examples: line diagrams of the strongest head of each behaviour (Clark et al. Fig. 1)."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.figures import examples_figure
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.figures import save_figure
+from headatlas.core.io import write_tsv
+from headatlas.core.reduce import map_dirs
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
 
-import pandas as pd  # noqa: E402
-
-from headatlas.clark.figures import examples_figure  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.reduce import map_dirs  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 settings = SurfaceSettings.from_config(sm.params.surface).examples
 with AttentionStore(map_dirs(list(sm.input.maps), "Fig. 1 examples")) as store:  # a fused corpus: its sample's maps
     table, fig = examples_figure(
         store, pd.read_csv(sm.input.behaviour, sep="\t"), sm.wildcards.model, sm.wildcards.corpus, settings
     )
-with atomic_path(sm.output.table) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output.table)
 save_figure(fig, sm.output.png, sm.output.svg)
 log.info(
     "sequence %s, heads %s",

@@ -2,21 +2,18 @@
 
 A model without an LM head is skipped with a logged reason; its table says so."""
 
-import sys
 import time
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.gradients import gradient_table
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.data import load_records
+from headatlas.core.device import job_device
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.models import ModelSpec
+from headatlas.core.runner import setup
 
-from headatlas.clark.gradients import gradient_table  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.device import job_device  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.models import ModelSpec  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 g = SurfaceSettings.from_config(sm.params.surface).gradients
 t0 = time.time()
@@ -32,7 +29,6 @@ table = gradient_table(
     batch_size=g.batch_size,
     device=job_device(spec.device, sm.resources.get("gpu")),
 )
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output[0])
 log.info("status %s, %.1f s", table["status"].iloc[0], time.time() - t0)
 write_tables_html(sm)  # the HTML page of each reported TSV

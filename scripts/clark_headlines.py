@@ -1,24 +1,19 @@
 """Rule clark_headlines: Clark et al.'s headline claims beside this model's analogues."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.surface import SurfaceSettings, clark_headlines
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import setup
 
-import pandas as pd  # noqa: E402
-
-from headatlas.clark.surface import SurfaceSettings, clark_headlines  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 behaviour = pd.read_csv(sm.input.behaviour, sep="\t")
 clustering = pd.read_csv(sm.input.layers, sep="\t").iloc[0].to_dict()
 gradients = pd.read_csv(sm.input.gradients, sep="\t")
 table = clark_headlines(behaviour, clustering, gradients, SurfaceSettings.from_config(sm.params.surface).broad_entropy)
 table.insert(0, "model", sm.wildcards.model)
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+write_tsv(table, sm.output[0], float_format="%.4g")
 log.info("%s", table[["claim", "measured", "holds"]].to_string())
 write_tables_html(sm)  # the HTML page of each reported TSV

@@ -1,20 +1,17 @@
 """Rule clark_js_distances: summed Jensen-Shannon distance between every pair of heads, replayed from stored
 maps or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
-import sys
 import time
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.clustering import distance_long
+from headatlas.clark.reducers import JSReducer
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.io import write_tsv
+from headatlas.core.reduce import reduce_corpus
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
 
-from headatlas.clark.clustering import distance_long  # noqa: E402
-from headatlas.clark.reducers import JSReducer  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.reduce import reduce_corpus  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 c = SurfaceSettings.from_config(sm.params.surface).clustering
 t0 = time.time()
@@ -25,6 +22,5 @@ with AttentionStore(list(sm.input)) as store:
     table = distance_long(d, store.n_layers, store.n_heads, store.meta["model"], n_tok)
 table["n_sequences"] = n_seq
 table["n_tokens"] = n_tok
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.8g")
+write_tsv(table, sm.output[0], float_format="%.8g")
 log.info("%d heads, %d sequences, %d query tokens, %.1f s", len(d), n_seq, n_tok, time.time() - t0)

@@ -1,30 +1,24 @@
 """Rule clark_mds: MDS of the head distances, within- vs between-layer distance, Fig. 6."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.clustering import mds_tables
+from headatlas.clark.figures import fig6_mds
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.figures import save_figure
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import setup
 
-import pandas as pd  # noqa: E402
-
-from headatlas.clark.clustering import mds_tables  # noqa: E402
-from headatlas.clark.figures import fig6_mds  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 c = SurfaceSettings.from_config(sm.params.surface).clustering
 heads, layers, stats = mds_tables(
     pd.read_csv(sm.input.distances, sep="\t"), pd.read_csv(sm.input.behaviour, sep="\t"), sm.wildcards.model,
     seed=c.seed, n_init=c.mds_n_init, max_iter=c.mds_max_iter, eps=c.mds_eps, permutations=c.permutations,
 )  # fmt: skip
-with atomic_path(sm.output.heads) as tmp:
-    heads.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
-with atomic_path(sm.output.layers) as tmp:
-    layers.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(heads, sm.output.heads)
+write_tsv(layers, sm.output.layers)
 save_figure(fig6_mds(heads, sm.wildcards.model, sm.wildcards.corpus, stats), sm.output.png, sm.output.svg)
 log.info(
     "within %.4f between %.4f p %.3g stress %.3g",

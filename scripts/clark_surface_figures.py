@@ -1,17 +1,13 @@
 """Rule clark_surface_figures: Clark et al. Fig. 2 (surface patterns) and Fig. 4 (entropy)."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.figures import fig2_surface, fig4_entropy
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.figures import save_figure
+from headatlas.core.runner import setup
 
-import pandas as pd  # noqa: E402
-
-from headatlas.clark.figures import fig2_surface, fig4_entropy  # noqa: E402
-from headatlas.clark.surface import SurfaceSettings  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 table = pd.read_csv(sm.input[0], sep="\t")
 model, corpus = sm.wildcards.model, sm.wildcards.corpus

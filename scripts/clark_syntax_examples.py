@@ -1,20 +1,16 @@
 """Rule clark_syntax_examples: Fig. 5-style panels of the best syntactic heads and the coreference head."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.syntax_figures import example_panels, plot_examples
+from headatlas.core.data import load_records
+from headatlas.core.figures import save_figure
+from headatlas.core.reduce import map_dirs
+from headatlas.core.runner import as_dirs as dirs
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
 
-import pandas as pd  # noqa: E402
-
-from headatlas.clark.syntax_figures import example_panels, plot_examples  # noqa: E402
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.core.reduce import map_dirs  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 p = sm.params
 with (  # a corpus with maps: sample: its sample's maps

@@ -1,16 +1,12 @@
 """Rule clark_syntax_figures: figures of Tables 1 and 2 and per-head accuracy maps."""
 
-import sys
-
 import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.clark.syntax_figures import plot_coref_heads, plot_head_grid, plot_table1, plot_table2
+from headatlas.core.figures import save_figure
+from headatlas.core.runner import setup
 
-from headatlas.clark.syntax_figures import plot_coref_heads, plot_head_grid, plot_table1, plot_table2  # noqa: E402
-from headatlas.core.figures import save_figure  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 model = sm.wildcards.model
 t1 = pd.read_csv(sm.input.table1, sep="\t")

@@ -1,17 +1,13 @@
 """Rule clark_syntax_probe: train the attention-based probing classifiers and score UAS (Clark Table 3)."""
 
-import sys
-
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.clark.glove import Glove  # noqa: E402
-from headatlas.clark.parsing_probe import ProbeSettings, run_probes  # noqa: E402
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import as_dirs as dirs  # noqa: E402
+from headatlas.clark.glove import Glove
+from headatlas.clark.parsing_probe import ProbeSettings, run_probes
+from headatlas.core.data import load_records
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import as_dirs as dirs
 from headatlas.core.runner import setup
 
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 p = sm.params
 settings = ProbeSettings.from_config(p.probe)
@@ -21,5 +17,4 @@ outputs = run_probes(
     settings=settings, word_mode=p.word_mode, model=sm.wildcards.model,
 )  # fmt: skip
 for key, frame in outputs.items():
-    with atomic_path(sm.output[key]) as tmp:
-        frame.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(frame, sm.output[key])

@@ -1,19 +1,15 @@
 """Rule detectors: every detector of one model on natural and seeded random inputs (fused; no maps stored)."""
 
-import sys
+from headatlas.core.data import load_records
+from headatlas.core.device import job_device
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.models import ModelSpec, load
+from headatlas.core.runner import setup
+from headatlas.detectors.analysis import run_detectors
+from headatlas.detectors.inputs import DetectorSettings
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.device import job_device  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.models import ModelSpec, load  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.detectors.analysis import run_detectors  # noqa: E402
-from headatlas.detectors.inputs import DetectorSettings  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 spec = ModelSpec.from_config(sm.params.model)
 settings = DetectorSettings.from_config(sm.params.detectors)
@@ -22,8 +18,7 @@ model, tokenizer, config = load(spec, cache_dir=sm.input.model[0] if sm.input.mo
 corpora = {name: load_records(path) for name, path in zip(sm.params.corpora, sm.input.corpora)}
 tables = run_detectors(spec, model, tokenizer, config, corpora, settings)
 for key in ("heads", "sinks", "kv_groups", "kv_summary", "inputs"):
-    with atomic_path(sm.output[key]) as tmp:
-        tables[key].to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(tables[key], sm.output[key])
 h = tables["heads"]
 log.info(
     "model %s: %d sequences; significant heads (FDR) per input x detector:\n%s",

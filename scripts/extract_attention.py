@@ -1,18 +1,14 @@
 """Rule extract_attention: one model x corpus x shard into per-layer HDF5 files; or (extraction.jobs: model)
 every corpus and shard of one model in turn, the model loaded once (the same stores either way)."""
 
-import sys
+from headatlas.core.data import load_records
+from headatlas.core.device import job_device
+from headatlas.core.integrity import check_unk_share
+from headatlas.core.models import ModelSpec, load, resolve
+from headatlas.core.runner import as_dirs, setup
+from headatlas.fused import extract_shard, extraction_spec
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.device import job_device  # noqa: E402
-from headatlas.core.integrity import check_unk_share  # noqa: E402
-from headatlas.core.models import ModelSpec, load, resolve  # noqa: E402
-from headatlas.core.runner import as_dirs, setup  # noqa: E402
-from headatlas.fused import extract_shard, extraction_spec  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 
 

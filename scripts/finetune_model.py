@@ -1,16 +1,13 @@
 """Rule finetune_model: fine-tune a config model on a bundled task into a derived model."""
 
 import json
-import sys
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.core.device import job_device
+from headatlas.core.finetune import finetune
+from headatlas.core.models import ModelSpec
+from headatlas.core.runner import setup
 
-from headatlas.core.device import job_device  # noqa: E402
-from headatlas.core.finetune import finetune  # noqa: E402
-from headatlas.core.models import ModelSpec  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 p = sm.params.finetune
 base = ModelSpec.from_config(p["base"])

@@ -1,15 +1,11 @@
 """Rule jomyaeng_figures: one model's heat maps, clustermap, category scatter and curves."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.core.runner import setup
+from headatlas.jomyaeng.figures import all_figures
 
-import pandas as pd  # noqa: E402
-
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.jomyaeng.figures import all_figures  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 tables = {k: pd.read_csv(sm.input[k], sep="\t") for k in ("heads", "layers", "topn", "summary")}
 out = {k: sm.output[k] for k in sm.output.keys()}

@@ -1,19 +1,16 @@
 """Rule jomyaeng_probe: every probe of one model x task (heads, controls, layers, top-n), or of one
 model's tasks in turn (analysis.jomyaeng.probe_jobs: model; the same files and numbers)."""
 
-import sys
 import time
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import as_dirs, setup
+from headatlas.core.store import AttentionStore
+from headatlas.jomyaeng.analysis import TopNSettings, probe_task, task_data, task_features
+from headatlas.jomyaeng.probes import ProbeConfig
+from headatlas.jomyaeng.probing_tasks import read_table
 
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import as_dirs, setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.jomyaeng.analysis import TopNSettings, probe_task, task_data, task_features  # noqa: E402
-from headatlas.jomyaeng.probes import ProbeConfig  # noqa: E402
-from headatlas.jomyaeng.probing_tasks import read_table  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 
 
@@ -52,6 +49,5 @@ for task, spec, shards, table_path, output in jobs():
         heads, layers, data, ProbeConfig.from_config(sm.params.probe),
         TopNSettings.from_config(sm.params.top), model=sm.wildcards.model, task=task,
     )  # fmt: skip
-    with atomic_path(output) as tmp:
-        result.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(result, output)
     log.info("task %s: %d probes written in %.1f s", task, len(result), time.time() - t0)

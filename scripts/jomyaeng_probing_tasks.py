@@ -1,16 +1,12 @@
 """Rule jomyaeng_probing_tasks: SentEval's ten probing tasks from the bundled treebanks."""
 
-import sys
+from headatlas.core.data import write_records
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import atomic_path, write_tsv
+from headatlas.core.runner import setup
+from headatlas.jomyaeng.probing_tasks import GeneratorConfig, generate, load_sources, task_stats
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.data import write_records  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.jomyaeng.probing_tasks import GeneratorConfig, generate, load_sources, task_stats  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 cfg = GeneratorConfig.from_config(sm.params.generator)
 sources = load_sources(sm.params.sources["treebanks"], sm.params.sources["trees"])
@@ -19,10 +15,8 @@ records, table = generate(sources, cfg)
 stats = task_stats(table)
 with atomic_path(sm.output.sentences) as tmp:
     write_records(records, tmp)
-with atomic_path(sm.output.table) as tmp:
-    table.to_csv(tmp, sep="\t", index=False)
-with atomic_path(sm.output.stats) as tmp:
-    stats.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
+write_tsv(table, sm.output.table, float_format=None)
+write_tsv(stats, sm.output.stats, float_format="%.4f")
 log.info(
     "%d items over %d tasks, %d distinct sentences, %d words",
     len(table),

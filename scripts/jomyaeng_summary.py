@@ -1,20 +1,15 @@
 """Rule jomyaeng_summary: last layer / best layer / top-n of every model, with the paper's BERT-base."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import setup
+from headatlas.jomyaeng.analysis import with_paper
 
-import pandas as pd  # noqa: E402
-
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.jomyaeng.analysis import with_paper  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 summary = with_paper(pd.concat([pd.read_csv(p, sep="\t") for p in sm.input], ignore_index=True))
-with atomic_path(sm.output[0]) as tmp:
-    summary.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+write_tsv(summary, sm.output[0], float_format="%.4g")
 log.info("%d rows", len(summary))
 write_tables_html(sm)  # the HTML page of each reported TSV

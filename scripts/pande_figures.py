@@ -1,14 +1,10 @@
 """Rule pande_figures: role grid, co-location, layer distribution, p-values and heat maps of one model."""
 
-import sys
+from headatlas.core.html import write_tables_html
+from headatlas.core.runner import setup
+from headatlas.pande.analysis import figures
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.pande.analysis import figures  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 summary = figures(sm.input[0], dict(sm.output), near=sm.params.near_p)
 log.info("summary %s", summary)

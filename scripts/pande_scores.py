@@ -1,22 +1,18 @@
 """Rule pande_scores: sentence-level sieve scores of every head and role on one corpus, replayed from stored maps
 or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
-import sys
-
 import numpy as np
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.core.data import load_records
+from headatlas.core.parse import trees_of
+from headatlas.core.reduce import reduce_corpus
+from headatlas.core.runner import setup
+from headatlas.core.store import AttentionStore
+from headatlas.pande.analysis import save_scores
+from headatlas.pande.reducers import SieveReducer
+from headatlas.pande.sieves import SieveSettings
 
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.parse import trees_of  # noqa: E402
-from headatlas.core.reduce import reduce_corpus  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.core.store import AttentionStore  # noqa: E402
-from headatlas.pande.analysis import save_scores  # noqa: E402
-from headatlas.pande.reducers import SieveReducer  # noqa: E402
-from headatlas.pande.sieves import SieveSettings  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 settings = SieveSettings.from_config(sm.params.sieves)
 records = load_records(sm.input.corpus)

@@ -1,21 +1,15 @@
 """Rule pande_test: the per head x role tests of one model, pooled over the analysed corpora
 (with the stability of each label), and the same tests on each corpus alone."""
 
-import sys
+from headatlas.core.html import write_tables_html
+from headatlas.core.runner import setup
+from headatlas.pande.analysis import model_table, write_table
+from headatlas.pande.hypothesis import HypothesisSettings
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.pande.analysis import model_table, write_table  # noqa: E402
-from headatlas.pande.hypothesis import HypothesisSettings  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 settings = HypothesisSettings.from_config(sm.params.tests)
 table, by_corpus = model_table(list(sm.input), sm.wildcards.model, settings, threads=sm.threads)
-with atomic_path(sm.output.heads) as tmp, atomic_path(sm.output.by_corpus) as tmp2:
-    write_table(table, tmp)
-    write_table(by_corpus, tmp2)
+write_table(table, sm.output.heads)
+write_table(by_corpus, sm.output.by_corpus)
 write_tables_html(sm)  # the HTML page of each reported TSV

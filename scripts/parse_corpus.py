@@ -1,15 +1,11 @@
 """Rule parse_corpus: dependency-parse a raw-text corpus with the packaged spaCy parser."""
 
-import sys
+from headatlas.core.data import load_records, write_records
+from headatlas.core.io import atomic_path
+from headatlas.core.parse import load_parser, parse_records, parser_info
+from headatlas.core.runner import setup
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.data import load_records, write_records  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.parse import load_parser, parse_records, parser_info  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 records = load_records(sm.input[0])
 nlp = load_parser(sm.params.parser)

@@ -1,13 +1,9 @@
 """Rule random_init_model: a config model re-initialised except its word/position embeddings."""
 
-import sys
+from headatlas.core.models import ModelSpec, random_init_model
+from headatlas.core.runner import setup
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.core.models import ModelSpec, random_init_model  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 p = sm.params.random_init
 base = ModelSpec.from_config(p["base"])

@@ -1,25 +1,20 @@
 """Rule clark_surface_stats: per-head surface statistics (Clark et al. Sec. 3), replayed from stored maps
 or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
-import sys
+from headatlas.clark.reducers import SurfaceReducer
+from headatlas.clark.surface import SHARE_STATS, SurfaceSettings
+from headatlas.core.html import write_tables_html
+from headatlas.core.integrity import SHARE_RANGE, check_table
+from headatlas.core.io import write_tsv
+from headatlas.core.reduce import reduce_corpus
+from headatlas.core.runner import setup
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.clark.reducers import SurfaceReducer  # noqa: E402
-from headatlas.clark.surface import SHARE_STATS, SurfaceSettings  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.integrity import SHARE_RANGE, check_table  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.reduce import reduce_corpus  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 reducer = SurfaceReducer(SurfaceSettings.from_config(sm.params.surface).smoothing)
 reducer.analysis = "clark_surface"
 table = reduce_corpus(list(sm.input), reducer)
 check_table(sm.output[0], table, ranges=dict.fromkeys(SHARE_STATS, SHARE_RANGE))  # never written out of range
-with atomic_path(sm.output[0]) as tmp:
-    table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+write_tsv(table, sm.output[0])
 log.info("%d heads, %d sequences, model kind %s", len(table), table["n_sequences"].iloc[0], table["model_kind"].iloc[0])
 write_tables_html(sm)  # the HTML page of each reported TSV

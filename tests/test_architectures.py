@@ -276,7 +276,7 @@ def test_unknown_model_type_fails_at_load_listing_the_supported_ones(tmp_path):
 
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
 def test_extraction_head_vectors_and_surface(model_type, arch_model, arch_store):
-    from headatlas.clark.surface import surface_table
+    from reference.surface import surface_table
 
     spec, model, tokenizer, config, _ = arch_model(model_type)
     arch = ARCHITECTURES[model_type]

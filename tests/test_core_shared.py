@@ -88,3 +88,11 @@ def test_bootstrap_degenerate_cases():
     assert np.isnan(lo[0])
     with pytest.raises(ValueError, match="rng or counts"):
         bootstrap_ci(np.ones(4), n_boot=5)
+
+
+def test_local_band_offsets():
+    from headatlas.core.patterns import local_band
+
+    assert list(local_band(2, causal=False)) == [-2, -1, 0, 1, 2]
+    assert list(local_band(2, causal=True)) == [-2, -1, 0]
+    assert list(local_band(0, causal=False)) == [0]

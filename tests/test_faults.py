@@ -57,10 +57,11 @@ def run_cli(*args):
 
 
 def test_random_bytes_in_the_maps_fail_every_reader_and_verify(store_dir, ewt_records):
-    from headatlas.clark.clustering import js_distance_matrix
-    from headatlas.clark.surface import surface_table
-    from headatlas.clark.syntax import store_correctness
-    from headatlas.pande.sieves import SieveSettings, score_store
+    from reference.clark import js_distance_matrix, store_correctness
+    from reference.sieves import score_store
+    from reference.surface import surface_table
+
+    from headatlas.pande.sieves import SieveSettings
 
     path = layer_file(store_dir, 1)
     scribble(path, attn_offset(path) + 4 * 1000, 64)

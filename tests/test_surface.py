@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from reference.surface import row_entropy, sequence_stats
 
 from headatlas.clark.surface import (
     STATS,
@@ -16,8 +17,6 @@ from headatlas.clark.surface import (
     clark_headlines,
     example_index,
     relative_layers,
-    row_entropy,
-    sequence_stats,
 )
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 

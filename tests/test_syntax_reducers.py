@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY_NAMES
+from reference.clark import store_correctness, store_items
 
-from headatlas.clark.coref import collect, store_items
+from headatlas.clark.coref import collect
 from headatlas.clark.parsing_probe import store_sentences
-from headatlas.clark.syntax import head_predictions, iter_word_maps, store_correctness, word_block, word_level
+from headatlas.clark.syntax import head_predictions, iter_word_maps, word_block, word_level
 from headatlas.clark.syntax_reducers import (
     CorefPredictions,
     CorefReducer,

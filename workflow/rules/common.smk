@@ -1,4 +1,4 @@
-# The Snakefile puts scripts/ on sys.path: the workflow imports the headatlas library.
+# The Snakefile puts scripts/ on sys.path and PYTHONPATH: the workflow and its jobs import the headatlas library.
 import json
 import os
 import re

@@ -66,26 +66,6 @@ def js_sums(cells, max_elements: int = 1_000_000):
     return out.clamp_(min=0.0).numpy()
 
 
-def js_distance_matrix(
-    store, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000
-) -> tuple[np.ndarray, int, int]:
-    """Clark's summed JS distance between every pair of heads (layer-major order, L*H heads)
-    over the first ``n_sequences`` sequences of an :class:`AttentionStore`.
-
-    Returns (D [L*H, L*H], sequences used, query tokens summed over).
-    """
-    causal = store.meta.get("model_kind") == "decoder"
-    n_heads = store.n_layers * store.n_heads
-    total = np.zeros((n_heads, n_heads))
-    k_stop = min(n_sequences, len(store)) if n_sequences else len(store)
-    tokens = 0
-    for k in progress(range(k_stop), f"JS distances {store.meta.get('model', '')}", unit="sequences"):
-        maps = np.concatenate([store.maps(layer, k) for layer in range(store.n_layers)])
-        total += js_sums(smoothed_cells(maps, causal, smoothing).astype(np.float32), max_elements)
-        tokens += maps.shape[-1]
-    return total, k_stop, tokens
-
-
 def head_index(n_layers: int, n_heads: int) -> pd.DataFrame:
     """layer, head of every row of a layer-major distance matrix."""
     return pd.DataFrame(

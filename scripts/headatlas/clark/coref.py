@@ -36,8 +36,7 @@ import pandas as pd
 
 from ..core.data import Record
 from ..core.figures import head_label
-from ..core.store import AttentionStore
-from .syntax import WordMaps, iter_word_maps, sentence_ci, word_block
+from .syntax import WordMaps, sentence_ci, word_block
 
 log = logging.getLogger("headatlas.clark.coref")
 
@@ -237,11 +236,6 @@ def baseline_correct(an: Anaphors) -> np.ndarray:
         ],
         dtype=bool,
     ).reshape(len(an.candidates), len(BASELINES))
-
-
-def store_items(store: AttentionStore, records: Sequence[Record], split: str, mode: str = "mean", chunk: int = 8):
-    for wm in iter_word_maps(store, mode, chunk):
-        yield wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]), split
 
 
 def _groups(res: CorefResult) -> list[tuple[str, str, np.ndarray]]:

@@ -1,5 +1,5 @@
 """Clark et al.'s per-head statistics as reducers (:mod:`headatlas.core.reduce`): the same numbers as
-:func:`headatlas.clark.surface.surface_table` and :func:`headatlas.clark.clustering.js_distance_matrix`,
+``surface_table`` (tests/reference/surface.py) and ``js_distance_matrix`` (tests/reference/clark.py),
 computed on a padded ``[B, H, n, n]`` batch with masks, on the device where the attention is.
 """
 
@@ -31,7 +31,7 @@ COL = {s: i for i, s in enumerate(STATS)}
 
 def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float):
     """[B, H, len(STATS)] float64 statistics of each sequence of a padded batch, NaN where undefined:
-    :func:`headatlas.clark.surface.sequence_stats` for every sequence at once.
+    ``sequence_stats`` (tests/reference/surface.py) for every sequence at once.
 
     Work on cells is done in float32 (the maps' precision; float64 doubles the time of the log on a CPU),
     sums over a row or column are taken in float32 and everything after them in float64: the result differs
@@ -161,7 +161,7 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
 
 
 class SurfaceReducer(Reducer):
-    """Clark's surface statistics per head: ``result()`` is :func:`headatlas.clark.surface.surface_table`'s
+    """Clark's surface statistics per head: ``result()`` is ``surface_table`` (tests/reference/surface.py)'s
     table (means over the sequences where a statistic is defined)."""
 
     name = "clark_surface"
@@ -251,7 +251,7 @@ class SurfaceReducer(Reducer):
 
 
 def _surface_frame(total: np.ndarray, count: np.ndarray, model: str, kind: str, n_sequences: int) -> pd.DataFrame:
-    """:func:`headatlas.clark.surface.surface_table`'s table from the sums [L, H, S] and counts of defined
+    """``surface_table`` (tests/reference/surface.py)'s table from the sums [L, H, S] and counts of defined
     values; the sums ride along in ``attrs`` (what :meth:`SurfaceReducer.combine` adds)."""
     n_layers, n_heads, _ = total.shape
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -286,7 +286,7 @@ class JSResult(tuple):
 
 class JSReducer(Reducer):
     """Clark's summed JS distance between every pair of heads (all layers at once), over the first
-    ``n_sequences`` sequences in feed order: :func:`headatlas.clark.clustering.js_distance_matrix`'s
+    ``n_sequences`` sequences in feed order: ``js_distance_matrix`` (tests/reference/clark.py)'s
     (D [L*H, L*H], sequences used, query tokens). The sequences are taken one by one (each has its own
     n), on the host with the reference's :func:`~headatlas.clark.clustering.js_sums`: only the first
     ``n_sequences`` sequences' maps leave the device."""

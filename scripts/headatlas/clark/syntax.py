@@ -36,7 +36,6 @@ import pandas as pd
 from ..core.bootstrap import bootstrap_ci
 from ..core.data import SPECIAL_NONE, Record
 from ..core.figures import head_label
-from ..core.progress import progress
 from ..core.store import AttentionStore, budget_runs
 from ..core.store import word_level as store_word_level
 
@@ -315,22 +314,6 @@ class HeadSettings:
         if "offsets" in kw:
             kw["offsets"] = tuple(int(o) for o in kw["offsets"])
         return cls(**kw)
-
-
-def store_correctness(
-    store: AttentionStore, records: Sequence[Record], settings: HeadSettings = HeadSettings(), chunk: int = 32
-) -> Correctness:
-    s = settings
-    items = (
-        (wm, records[store.record_index[wm.k]], int(store.n_words[wm.k]))
-        for wm in progress(
-            iter_word_maps(store, s.word_mode, chunk),
-            f"syntax heads {store.meta.get('model', '')}",
-            len(store),
-            "sentences",
-        )
-    )
-    return collect_correctness(items, store.n_layers, store.n_heads, s.offsets, s.poss_rule)
 
 
 def relation_masks(c: Correctness, min_count: int, also: Sequence[str] = ()) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""Atomic file output: write under a temporary name, rename when complete (and seal: core.integrity)."""
+"""Atomic file output: write under a temporary name, rename when complete (and seal: core.integrity); the TSV
+writer."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ def atomic_path(path: str | Path, sealed: bool | None = None):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_tsv(table, path: str | Path, float_format: str | None = "%.6g", na_rep: str = "") -> None:
+    """Write the pandas frame ``table`` to ``path`` as a TSV (no index; floats as ``float_format``, missing values
+    as ``na_rep``), atomically and sealed (:func:`atomic_path`): the one TSV writer of the rule scripts."""
+    with atomic_path(path) as tmp:
+        table.to_csv(tmp, sep="\t", index=False, float_format=float_format, na_rep=na_rep)
 
 
 COMPRESS_MIN_BYTES = 1 << 20

@@ -6,6 +6,9 @@ Clark's surface statistics and the previous-token detector both call it. It take
 torch tensors of shape ``[..., n, n]`` (rows = queries); ``n`` is the sequence length, an int or an
 array / tensor broadcastable against the leading dimensions (padded batches: cells outside a sequence
 must be 0).
+
+:func:`local_band` is Pande et al.'s local window, the key offsets j - i a query's ``local`` attention is
+summed over; the sieves' ``local`` role and the position statistics both take it from here.
 """
 
 from __future__ import annotations
@@ -19,3 +22,9 @@ def prev_token_score(maps, n):
         return maps.diagonal(-1, -2, -1).contiguous().sum(-1) / n
     rows = np.arange(1, maps.shape[-1])
     return maps[..., rows, rows - 1].sum(-1) / n
+
+
+def local_band(window: int, causal: bool) -> range:
+    """The key offsets j - i of Pande's local window: -window..window, i itself included (j <= i under a
+    causal mask)."""
+    return range(-window, (0 if causal else window) + 1)

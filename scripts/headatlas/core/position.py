@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .patterns import local_band
 from .reduce import TINY, ReduceBatch, Reducer, cat_chunks, clean_maps, map_chunks, scratch
 
 STATS = ("sink", "local", "entropy", "distance")
@@ -49,7 +50,7 @@ def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
     if key not in batch._cache:
         idx = torch.arange(n, device=dev)
         diag_idx, diag_w = [], []
-        for off in range(-window, (0 if causal else window) + 1):  # the local band, one diagonal at a time
+        for off in local_band(window, causal):  # one diagonal at a time
             ok = (idx + off >= 0) & (idx + off < n)
             diag_idx.append(torch.where(ok, idx * (n + 1) + off, 0))
             diag_w.append(ok.float())
@@ -75,7 +76,7 @@ def free_position_stats(view, batch: ReduceBatch, causal: bool, window: int):
 
     valid = view.valid[:, None]
     sink = view.target("key:0")
-    local = sum(view.target(f"offset:{o}") for o in band(window, causal))
+    local = sum(view.target(f"offset:{o}") for o in local_band(window, causal))
     i = torch.arange(batch.n, device=valid.device, dtype=torch.float32)
     apos = view.value("pos")[..., 0]
     if causal:
@@ -94,13 +95,10 @@ def position_needs(batch: ReduceBatch, causal: bool, window: int):
 
     pos = key_positions(batch, "cpu")
     lower = {} if causal else {"one_pos": torch.cat([torch.ones_like(pos), pos], -1)}
-    targets = {"key:0": key_target(batch, 0)} | {f"offset:{o}": offset_target(batch, o) for o in band(window, causal)}
+    targets = {"key:0": key_target(batch, 0)} | {
+        f"offset:{o}": offset_target(batch, o) for o in local_band(window, causal)
+    }
     return Needs(entropy=True, values={"pos": pos}, lower=lower, targets=targets)
-
-
-def band(window: int, causal: bool) -> range:
-    """The key offsets j - i of Pande's local window (j <= i under a causal mask)."""
-    return range(-window, (0 if causal else window) + 1)
 
 
 class PositionReducer(Reducer):

@@ -1,4 +1,4 @@
-"""Helpers for the thin rule scripts: logging to the rule's log file, thread limits, input checks."""
+"""Helpers for the thin rule scripts: logging to the rule's log file, thread limits, input checks; the library's\nroute onto the jobs' PYTHONPATH."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ import importlib.util
 import logging
 import os
 import sys
+
+
+def export_library_path(scripts_dir: str) -> None:
+    """Put ``scripts_dir`` (where the headatlas package lives) first on ``PYTHONPATH`` in this process's
+    environment, once: the Snakefile calls it, and every job it starts inherits it (local, SLURM, conda env)."""
+    path = os.environ.get("PYTHONPATH", "")
+    if scripts_dir not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (scripts_dir, path) if p)
 
 
 def setup(snakemake, threads: int | None = None) -> logging.Logger:

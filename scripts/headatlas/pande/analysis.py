@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..core.finetune import read_metrics
 from ..core.integrity import IntegrityError, check_file, check_values, rebuild
-from ..core.io import atomic_path, compressed
+from ..core.io import atomic_path, compressed, write_tsv
 from . import figures as pf
 from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues, with_stability
 from .sieves import blas_threads
@@ -27,7 +27,7 @@ FLOAT_FORMAT = "%.10g"
 
 
 def save_scores(path: str | Path, result: dict, meta: dict) -> None:
-    """Write the output of :func:`headatlas.pande.sieves.score_store` as one HDF5 file."""
+    """Write the output of ``score_store`` (tests/reference/sieves.py) as one HDF5 file."""
     import h5py
 
     text = h5py.string_dtype(encoding="utf-8")
@@ -160,7 +160,8 @@ def _model_table(
 
 
 def write_table(table: pd.DataFrame, path: str | Path) -> None:
-    table.to_csv(path, sep="\t", index=False, float_format=FLOAT_FORMAT, na_rep="NA")
+    """The per-head test table (``heads.tsv``, ``by_corpus.tsv``), atomically: missing values as NA."""
+    write_tsv(table, path, float_format=FLOAT_FORMAT, na_rep="NA")
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -177,12 +178,10 @@ def figures(table_path: str | Path, out: dict, near: float = 0.05) -> dict:
     model = str(table["model"].iloc[0])
     pf.role_grid(table, out["grid"], out["grid_svg"])
     coloc = pf.colocation(table)
-    with atomic_path(out["colocation"]) as tmp:
-        coloc.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
+    write_tsv(coloc, out["colocation"], na_rep="NA")
     pf.colocation_figure(coloc, out["colocation_png"], out["colocation_svg"], model)
     layers = pf.layer_counts(table)
-    with atomic_path(out["layers"]) as tmp:
-        layers.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
+    write_tsv(layers, out["layers"], na_rep="NA")
     pf.layer_figure(layers, out["layers_png"], out["layers_svg"], model)
     share = pf.pvalue_figure(table, out["pvalues"], out["pvalues_svg"], near)
     pf.heatmap_figure(table, out["heatmap"], out["heatmap_svg"])
@@ -219,8 +218,7 @@ def finetune_comparison(base_path: str | Path, tuned_path: str | Path, model_dir
     cmp = pf.compare_layers(before, after)
     cmp.insert(0, "tuned", tuned)
     cmp.insert(0, "base", base)
-    with atomic_path(out["table"]) as tmp:
-        cmp.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
+    write_tsv(cmp, out["table"], na_rep="NA")
     pf.compare_roles_figure(cmp, out["roles"], out["roles_svg"], base, tuned, subtitle)
     pf.compare_sep_figure(before, after, out["sep"], out["sep_svg"], base, tuned, subtitle=subtitle)
     sep = cmp[cmp["role"] == "delimiter_sep"][["layer", "mean_before", "mean_after"]]
@@ -259,7 +257,6 @@ def length_analysis(
     trend = pf.length_trend(scores, lengths, corpus, corpora, roles)
     trend.insert(0, "model", model)
     for df, key in ((bins, "table"), (trend, "trend")):
-        with atomic_path(out[key]) as tmp:
-            df.to_csv(tmp, sep="\t", index=False, float_format="%.6g", na_rep="NA")
+        write_tsv(df, out[key], na_rep="NA")
     pf.length_figure(bins, roles, out["figure"], out["figure_svg"], model, float(table["tau"].iloc[0]))
     return trend

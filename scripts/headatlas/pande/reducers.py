@@ -1,5 +1,5 @@
 """Pande et al.'s sentence scores as a reducer (:mod:`headatlas.core.reduce`): the same arrays as
-:func:`headatlas.pande.sieves.score_store`, computed in torch on a padded ``[B, H, n, n]`` batch with
+``score_store`` (tests/reference/sieves.py), computed in torch on a padded ``[B, H, n, n]`` batch with
 masks, on the device where the attention is (sums over cells in float32 like the reference, the rest in
 float64). Only the scores [B, H, roles] of each
 layer go to the host.
@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+from ..core.patterns import local_band
 from ..core.reduce import (
     TINY,
     ReduceBatch,
@@ -49,7 +50,8 @@ class _BatchSieves:
         idx = torch.arange(n, device=device)
         self.k = ((idx + 1)[None, :].expand(bsz, n) if causal else lengths[:, None].expand(bsz, n)).double()
         diff = idx[None, :] - idx[:, None]  # key - query
-        band = (diff >= -settings.window) & (diff <= (0 if causal else settings.window))
+        offs = local_band(settings.window, causal)
+        band = (diff >= offs.start) & (diff < offs.stop)
         special = batch.tensor("special", device)
         segment = batch.tensor("segment", device)
         local = cell & band[None]
@@ -69,7 +71,7 @@ class _BatchSieves:
         masks = [local, cls, sep, block]
         # per layer: local = the band's diagonals; cls and sep = a gather of their few columns; block = the
         # maps times the block mask, for batches with a pair only (clean_maps cuts keys j > i under a causal mask)
-        offs = torch.arange(-settings.window, (0 if causal else settings.window) + 1, device=device)
+        offs = torch.arange(offs.start, offs.stop, device=device)
         j = idx[:, None] + offs[None, :]  # [n, K] keys of the band
         ok = (j >= 0) & (j < n)
         self.band_idx = torch.where(ok, idx[:, None] * n + j, 0).reshape(-1)
@@ -156,7 +158,7 @@ class _BatchSieves:
 
         a = clean_maps(attn, self.batch, self.causal)  # read-only; padded rows and columns are 0
         bsz, h, n, _ = a.shape
-        rowsum = a.sum(-1)  # [B, H, n]; sums over cells in float32, as sieves.SievePlan
+        rowsum = a.sum(-1)  # [B, H, n]; sums over cells in float32, as the reference SievePlan
         # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
         local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
         cls, sep = key_masses(a, self.batch).unbind(-1)  # [CLS]/BOS and [SEP], shared with the surface statistics
@@ -251,7 +253,7 @@ class _BatchSieves:
 
 
 class SieveReducer(Reducer):
-    """Pande's sentence scores for every role: ``result()`` is :func:`headatlas.pande.sieves.score_store`'s
+    """Pande's sentence scores for every role: ``result()`` is ``score_store`` (tests/reference/sieves.py)'s
     dict (scores [N, L, H, R] float32, pair_counts, pairs_present, roles, relations, record_id, is_pair, notes).
     The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse)."""
 
