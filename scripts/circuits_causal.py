@@ -1,22 +1,18 @@
 """Rule circuits_causal: the induction check (mean-ablated previous-token heads) and the long-input scores
 (retrieval, long-range echo and induction) of one causal model; an encoder's tables say why they are skipped."""
 
-import sys
+import pandas as pd
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.circuits import analysis as A
+from headatlas.circuits.induction import InductionSettings
+from headatlas.circuits.longrange import LongSettings
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.models import ModelSpec, lm_head_model, load, resolve
+from headatlas.core.runner import setup
+from headatlas.detectors.inputs import DetectorSettings
 
-import pandas as pd  # noqa: E402
-
-from headatlas.circuits import analysis as A  # noqa: E402
-from headatlas.circuits.induction import InductionSettings  # noqa: E402
-from headatlas.circuits.longrange import LongSettings  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.models import ModelSpec, lm_head_model, load, resolve  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-from headatlas.detectors.inputs import DetectorSettings  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 spec = ModelSpec.from_config(sm.params.model)
 settings = A.CircuitSettings.from_config(sm.params.circuits)
@@ -52,8 +48,7 @@ else:
 tables["heads"]["circ_note"] = tables["note"]
 outputs = {"summary": summary, "per_head": per_head, **{k: tables[k] for k in ("runs", "heads", "bins", "sets")}}
 for key, df in outputs.items():
-    with atomic_path(sm.output[key]) as tmp:
-        df.to_csv(tmp, sep="\t", index=False, float_format="%.5g")
+    write_tsv(df, sm.output[key], float_format="%.5g")
 log.info("model %s: induction check\n%s\n%s", spec.name, summary.T.to_string(), per_head.to_string())
 log.info("model %s: long inputs\n%s\n%s", spec.name, tables["bins"].to_string(), tables["sets"].to_string())
 write_tables_html(sm)

@@ -1,16 +1,12 @@
 """Rule circuits_weights: composition, copying and successor scores of one model from its weights (no data)."""
 
-import sys
+from headatlas.circuits.analysis import CircuitSettings, weights_tables
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.models import ModelSpec, lm_head_model, load, model_kind, resolve
+from headatlas.core.runner import setup
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
-
-from headatlas.circuits.analysis import CircuitSettings, weights_tables  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.models import ModelSpec, lm_head_model, load, model_kind, resolve  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 spec = ModelSpec.from_config(sm.params.model)
 settings = CircuitSettings.from_config(sm.params.circuits)
@@ -21,7 +17,6 @@ lm_model, reason = lm_head_model(loc, model_kind(config, spec), kwargs)
 tables = weights_tables(lm_model.base_model if lm_model is not None else model, lm_model, reason, tokenizer,
                         spec.name, settings)  # fmt: skip
 for key in ("pairs", "summary", "heads", "tokens"):
-    with atomic_path(sm.output[key]) as tmp:
-        tables[key].to_csv(tmp, sep="\t", index=False, float_format="%.5g")
+    write_tsv(tables[key], sm.output[key], float_format="%.5g")
 log.info("model %s: composition summary\n%s", spec.name, tables["summary"].to_string())
 write_tables_html(sm)
