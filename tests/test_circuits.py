@@ -272,3 +272,16 @@ def test_atlas_reads_the_circuit_columns():
     atlas = build_atlas("m", 2, 2, {"circuits": heads})
     assert atlas["circ_copying"].tolist() == [0.9, 0.0, 0.1, 0.2]
     assert "circ_copying_p" not in atlas and "circ_copying_chance" not in atlas and "circ_k_in_from" in atlas
+
+
+def test_long_inputs_beyond_the_models_positions_are_left_out_with_a_note():
+    """A model with fewer positions than a configured needle or block length (GPT-2's 1024, a tiny model's 256)
+    runs the lengths that fit and names the rest, instead of failing the analysis."""
+    s = LongSettings(lengths=(128, 232, 233, 1024), block_lengths=(64, 127, 128), max_new_tokens=24)
+    fit, note = A.fitting_lengths(s, 256)
+    assert fit.lengths == (128, 232) and fit.block_lengths == (64, 127)
+    assert (
+        note == "long inputs: needle lengths [233, 1024] and block lengths [128] skipped: the model has 256 positions"
+    )
+    same, none = A.fitting_lengths(LongSettings(lengths=(128,), block_lengths=(64,)), 256)
+    assert same == LongSettings(lengths=(128,), block_lengths=(64,)) and none == ""

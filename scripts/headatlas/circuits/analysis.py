@@ -372,6 +372,7 @@ def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, d
 
     n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
     positions = int(getattr(config, "max_position_embeddings", 0) or spec.max_length)
+    long, too_long = fitting_lengths(long, positions)
     bos = decoder_bos(tokenizer, config, spec)
     hay = np.asarray(tokenizer(haystack, add_special_tokens=False)["input_ids"])
     items = needle_inputs(tokenizer, hay, long, bos, positions, chat_frame(tokenizer) if long.chat else None)
@@ -379,7 +380,26 @@ def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, d
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     lr = long_range_scores(model, tokenizer, "decoder", bos, long, pad, spec.name)
     short = None if detectors is None else _main_means(detectors, "induction", n_layers, n_heads).ravel()
-    return long_tables(runs["runs"], runs["scores"], lr, short, spec.name, n_layers, n_heads, settings)
+    out = long_tables(runs["runs"], runs["scores"], lr, short, spec.name, n_layers, n_heads, settings)
+    if too_long:
+        if log is not None:
+            log.warning("model %s: %s", spec.name, too_long)
+        out["note"] = "; ".join(x for x in (too_long, out["note"]) if x)
+    return out
+
+
+def fitting_lengths(long, positions: int):
+    """``long`` without the needle lengths (plus the answer's tokens) and repeated-block lengths (two blocks and
+    the frame's BOS) that exceed the model's ``positions``, and a note naming what was left out ("" if nothing)."""
+    from dataclasses import replace
+
+    lengths = tuple(n for n in long.lengths if n + long.max_new_tokens <= positions)
+    blocks = tuple(m for m in long.block_lengths if 2 * m + 1 <= positions)
+    dropped = [f"needle lengths {sorted(set(long.lengths) - set(lengths))}"] if lengths != long.lengths else []
+    if blocks != long.block_lengths:
+        dropped.append(f"block lengths {sorted(set(long.block_lengths) - set(blocks))}")
+    note = f"long inputs: {' and '.join(dropped)} skipped: the model has {positions} positions" if dropped else ""
+    return replace(long, lengths=lengths, block_lengths=blocks), note
 
 
 def skipped(model: str, reason: str) -> pd.DataFrame:
