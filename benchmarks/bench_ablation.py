@@ -54,6 +54,16 @@ METHODS = {
 CACHE = {"smollm2": "results/models/gguf/smollm2", "minilm-sst2": "results/models/finetuned/minilm-sst2"}
 
 
+def exact_files(directory: Path, wait_s: float) -> list[Path]:
+    """Rule ablation_exact's files of one model (waiting up to ``wait_s`` for its jobs to write them)."""
+    deadline = time.time() + wait_s
+    while True:
+        files = sorted(directory.glob("*.npz"))
+        if files and all(f.with_name(f.name + ".sha256").exists() for f in files) or time.time() > deadline:
+            return files
+        time.sleep(10)
+
+
 class Clock:
     def __enter__(self):
         self.cpu, self.wall = time.process_time(), time.perf_counter()
@@ -72,6 +82,7 @@ def main(argv=None) -> None:
     ap.add_argument("--replicated-sample", type=int, default=24, help="heads timed with replicated inputs")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results_ablation.json"))
     ap.add_argument("--exact-from", help="directory of rule ablation_exact's files (<dir>/<model>/exact/*.npz)")
+    ap.add_argument("--wait-s", type=float, default=0, help="wait this long for --exact-from's files (beside a run)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     args = ap.parse_args(argv)
 
@@ -129,8 +140,13 @@ def main(argv=None) -> None:
                 passes.append(c.cpu)
             unit = min(passes)
             out["pass_cpu_s"] = unit
+            estimates = {}
+            for key in args.methods:  # before the exact values, which --exact-from may still be waiting for
+                method, steps, _ = METHODS[key]
+                with Clock() as c:
+                    estimates[key] = (ev.estimate(values, method, steps), c)
             if args.exact_from:
-                parts = read_exact_parts(sorted((Path(args.exact_from) / name / "exact").glob("*.npz")))[tname]
+                parts = read_exact_parts(exact_files(Path(args.exact_from) / name / "exact", args.wait_s))[tname]
                 exact = {k: np.zeros((S, N)) for k in parts[0] if k != "heads"}
                 for p in parts:
                     for k in exact:
@@ -155,11 +171,8 @@ def main(argv=None) -> None:
             out["intact_loss"] = float(intact["loss"].mean())
             samples = layer_samples(L, H, settings.check_heads, settings.check_seed)
             est_rows = []
-            for key in args.methods:
-                method, steps, cost = METHODS[key]
-                cost = cost or (1, L + 1)
-                with Clock() as c:
-                    est = ev.estimate(values, method, steps)
+            for key, (est, c) in estimates.items():
+                cost = METHODS[key][2] or (1, L + 1)
                 e = mean_ci(est, counts, settings.ci)[0]
                 lc = layer_check(e, x, lo, hi, samples, H)
                 failed = int((~lc["passed"]).sum())
