@@ -54,12 +54,12 @@ METHODS = {
 CACHE = {"smollm2": "results/models/gguf/smollm2", "minilm-sst2": "results/models/finetuned/minilm-sst2"}
 
 
-def exact_files(directory: Path, wait_s: float) -> list[Path]:
-    """Rule ablation_exact's files of one model (waiting up to ``wait_s`` for its jobs to write them)."""
+def exact_files(directory: Path, jobs: int, wait_s: float) -> list[Path]:
+    """Rule ablation_exact's ``jobs`` files of one model (waiting up to ``wait_s`` for its jobs to write them)."""
     deadline = time.time() + wait_s
     while True:
-        files = sorted(directory.glob("*.npz"))
-        if files and all(f.with_name(f.name + ".sha256").exists() for f in files) or time.time() > deadline:
+        files = [directory / f"{k}.npz" for k in range(jobs)]
+        if all(f.with_name(f.name + ".sha256").exists() for f in files) or time.time() > deadline:
             return files
         time.sleep(10)
 
@@ -146,7 +146,9 @@ def main(argv=None) -> None:
                 with Clock() as c:
                     estimates[key] = (ev.estimate(values, method, steps), c)
             if args.exact_from:
-                parts = read_exact_parts(exact_files(Path(args.exact_from) / name / "exact", args.wait_s))[tname]
+                parts = read_exact_parts(
+                    exact_files(Path(args.exact_from) / name / "exact", section.get("exact_jobs", 2), args.wait_s)
+                )[tname]
                 exact = {k: np.zeros((S, N)) for k in parts[0] if k != "heads"}
                 for p in parts:
                     for k in exact:
