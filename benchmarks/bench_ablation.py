@@ -15,11 +15,16 @@ wall times are given too but mean little then):
 1. one intact pass over the evaluation set (the unit of cost: "passes");
 2. exact ablation of every head, batched with the batch expanded inside the model (layers before
    a head run once) and, on a sample of heads, with replicated inputs (every layer for every head);
-3. the estimators (attribution patching ``atp``; integrated gradients ``ig`` with 2 and 4 steps):
+3. the estimators (attribution patching ``atp``; integrated gradients ``ig`` with 2 and 4 steps;
+   AtP* with GradDrop ``atpstar``):
    Spearman rho and top-10 overlap (largest |effect|) with the exact loss effects over all heads,
    the largest and mean absolute error, the cost in passes (forward + backward), and how many
    layers fail the per-layer check (``check_heads`` seeded heads per layer, as the rule does);
 4. the share of heads removable in the ablation order (exact effects) within the tolerance.
+
+``--exact-from results/ablation`` takes the exact values from the files of rule ablation_exact
+(``<dir>/<model>/exact/*.npz``, the same values) instead of ablating again, and skips steps 2 and 4;
+``--methods atp atpstar`` measures only those estimators.
 
 Results go to stdout as Markdown and to ``--json`` (default ``benchmarks/results_ablation.json``).
 """
@@ -40,7 +45,23 @@ try:
 except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(REPO / "scripts"))
 
+METHODS = {
+    "atp": ("atp", 1, (1, 1)),
+    "ig2": ("ig", 2, (3, 2)),
+    "ig4": ("ig", 4, (5, 4)),
+    "atpstar": ("atpstar", 1, None),
+}
 CACHE = {"smollm2": "results/models/gguf/smollm2", "minilm-sst2": "results/models/finetuned/minilm-sst2"}
+
+
+def exact_files(directory: Path, jobs: int, wait_s: float) -> list[Path]:
+    """Rule ablation_exact's ``jobs`` files of one model (waiting up to ``wait_s`` for its jobs to write them)."""
+    deadline = time.time() + wait_s
+    while True:
+        files = [directory / f"{k}.npz" for k in range(jobs)]
+        if all(f.with_name(f.name + ".sha256").exists() for f in files) or time.time() > deadline:
+            return files
+        time.sleep(10)
 
 
 class Clock:
@@ -60,6 +81,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--replicated-sample", type=int, default=24, help="heads timed with replicated inputs")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results_ablation.json"))
+    ap.add_argument("--exact-from", help="directory of rule ablation_exact's files (<dir>/<model>/exact/*.npz)")
+    ap.add_argument("--wait-s", type=float, default=0, help="wait this long for --exact-from's files (beside a run)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     args = ap.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -75,6 +99,7 @@ def main(argv=None) -> None:
         mean_ci,
         metrics_of,
         pruning_orders,
+        read_exact_parts,
         removable_table,
         specialisation,
     )
@@ -115,17 +140,32 @@ def main(argv=None) -> None:
                 passes.append(c.cpu)
             unit = min(passes)
             out["pass_cpu_s"] = unit
-            with Clock() as c:
-                exact = ev.exact(range(N), values, settings.exact_max_rows)
-            out["exact_all_cpu_s"], out["exact_all_wall_s"] = c.cpu, c.wall
-            out["exact_all_passes"] = c.cpu / unit
-            sample = np.linspace(0, N - 1, min(args.replicated_sample, N)).round().astype(int)
-            ev.expand = False
-            with Clock() as c:
-                ev.exact(sample, values, settings.exact_max_rows)
-            ev.expand = True
-            out["replicated_cpu_s_per_head"] = c.cpu / len(sample)
-            out["expanded_cpu_s_per_head"] = out["exact_all_cpu_s"] / N
+            estimates = {}
+            for key in args.methods:  # before the exact values, which --exact-from may still be waiting for
+                method, steps, _ = METHODS[key]
+                with Clock() as c:
+                    estimates[key] = (ev.estimate(values, method, steps), c)
+            if args.exact_from:
+                parts = read_exact_parts(
+                    exact_files(Path(args.exact_from) / name / "exact", section.get("exact_jobs", 2), args.wait_s)
+                )[tname]
+                exact = {k: np.zeros((S, N)) for k in parts[0] if k != "heads"}
+                for p in parts:
+                    for k in exact:
+                        exact[k][:, p["heads"]] = p[k]
+                assert sorted(np.concatenate([p["heads"] for p in parts])) == list(range(N))
+            else:
+                with Clock() as c:
+                    exact = ev.exact(range(N), values, settings.exact_max_rows)
+                out["exact_all_cpu_s"], out["exact_all_wall_s"] = c.cpu, c.wall
+                out["exact_all_passes"] = c.cpu / unit
+                sample = np.linspace(0, N - 1, min(args.replicated_sample, N)).round().astype(int)
+                ev.expand = False
+                with Clock() as c:
+                    ev.exact(sample, values, settings.exact_max_rows)
+                ev.expand = True
+                out["replicated_cpu_s_per_head"] = c.cpu / len(sample)
+                out["expanded_cpu_s_per_head"] = out["exact_all_cpu_s"] / N
             counts = resample_counts(np.random.default_rng(settings.seed), S, settings.bootstrap)
             dx = exact["loss"] - intact["loss"][:, None]
             x, lo, hi = mean_ci(dx, counts, settings.ci)
@@ -133,13 +173,12 @@ def main(argv=None) -> None:
             out["intact_loss"] = float(intact["loss"].mean())
             samples = layer_samples(L, H, settings.check_heads, settings.check_seed)
             est_rows = []
-            for method, steps, cost in (("atp", 1, (1, 1)), ("ig", 2, (3, 2)), ("ig", 4, (5, 4))):
-                with Clock() as c:
-                    est = ev.estimate(values, method, steps)
+            for key, (est, c) in estimates.items():
+                cost = METHODS[key][2] or (1, L + 1)
                 e = mean_ci(est, counts, settings.ci)[0]
                 lc = layer_check(e, x, lo, hi, samples, H)
                 failed = int((~lc["passed"]).sum())
-                est_rows.append(dict(agreement(e, x), method=f"{method}{steps if method == 'ig' else ''}",
+                est_rows.append(dict(agreement(e, x), method=key,
                                      forward=cost[0], backward=cost[1], cpu_s=c.cpu, passes_measured=c.cpu / unit,
                                      layers_failing_check=failed,
                                      exact_heads_with_check=L * min(settings.check_heads, H) + failed * (H - min(settings.check_heads, H))))  # fmt: skip
@@ -147,18 +186,20 @@ def main(argv=None) -> None:
             metric = metrics_of(tname)[0]
             eff = x  # ablation order: smallest exact loss effect first
             orders = pruning_orders(specialisation(L, H, {}, None), eff, settings.seed)
-            with Clock() as c:
-                rem = removable_table(name, ev, values, orders["ablation"], settings).iloc[0]
-            out["removable"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in rem.items()
-                                if k in ("metric", "tolerance", "unit", "intact", "n_heads", "n_removable", "share",
-                                         "share_ci_low", "share_ci_high", "value", "first_failing", "n_evaluated")}  # fmt: skip
-            out["removable"]["cpu_s"] = c.cpu
+            if not args.exact_from:
+                with Clock() as c:
+                    rem = removable_table(name, ev, values, orders["ablation"], settings).iloc[0]
+                out["removable"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in rem.items()
+                                    if k in ("metric", "tolerance", "unit", "intact", "n_heads", "n_removable", "share",
+                                             "share_ci_low", "share_ci_high", "value", "first_failing", "n_evaluated")}  # fmt: skip
+                out["removable"]["cpu_s"] = c.cpu
             if metric == "accuracy":
                 acc = exact["correct"] - intact["correct"][:, None]
                 out["exact_accuracy_effect_range"] = [float(acc.mean(0).min()), float(acc.mean(0).max())]
             results[f"{name}/{tname}"] = out
             print(f"\n## {name} ({tname}, {L} x {H} heads, {S} sequences)\n")
-            print(f"one pass {unit:.2f} CPU-s; exact, every head (expanded): {out['exact_all_cpu_s']:.1f} CPU-s = "
+            if "exact_all_cpu_s" in out:
+                print(f"one pass {unit:.2f} CPU-s; exact, every head (expanded): {out['exact_all_cpu_s']:.1f} CPU-s = "
                   f"{out['exact_all_passes']:.0f} passes ({out['expanded_cpu_s_per_head']:.2f} CPU-s/head; replicated "
                   f"inputs {out['replicated_cpu_s_per_head']:.2f} CPU-s/head)")  # fmt: skip
             print("| method | Spearman vs exact | top-10 overlap | largest error (nats) | mean error | passes (F+B) | "
@@ -168,7 +209,7 @@ def main(argv=None) -> None:
                 print(f"| {r['method']} | {r['spearman']:.3f} | {r['top_k_overlap']}/10 | {r['max_abs_error']:.3f} | "
                       f"{r['mean_abs_error']:.4f} | {r['forward']}+{r['backward']} | {r['cpu_s']:.1f} | "
                       f"{r['layers_failing_check']}/{L} |")  # fmt: skip
-            print(f"removable: {out['removable']}")
+            print(f"removable: {out.get('removable')}")
             Path(args.json).write_text(json.dumps({"machine": platform.platform(), "threads": args.threads,
                                                    "load_average_start": load_start,
                                                    "load_average_end": os.getloadavg(), "results": results}, indent=1,

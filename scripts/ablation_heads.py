@@ -5,7 +5,7 @@ import time
 
 sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
 
-from headatlas.ablation.analysis import AblationSettings, ablate_heads  # noqa: E402
+from headatlas.ablation.analysis import AblationSettings, ablate_heads, read_exact_parts  # noqa: E402
 from headatlas.ablation.tasks import evaluations  # noqa: E402
 from headatlas.core.data import load_records  # noqa: E402
 from headatlas.core.device import job_device  # noqa: E402
@@ -27,7 +27,7 @@ evals, shape = evaluations(
     settings,
     device=job_device(spec.device, sm.resources.get("gpu")),
 )
-heads, check = ablate_heads(spec.name, evals, settings, shape)
+heads, check = ablate_heads(spec.name, evals, settings, shape, read_exact_parts(sm.input.exact))
 for table, path in ((heads, sm.output.heads), (check, sm.output.check)):
     with atomic_path(path) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")

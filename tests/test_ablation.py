@@ -310,7 +310,8 @@ def _toy(kind: str, n_layers: int = 2, n_heads: int = 3, d: int = 2, seed: int =
     """A 'llama'-named toy: per layer z = W h (per head), h <- h + o_proj(z); logits = h . r. With the
     metric the logits' mean, the linear toy is linear in every z. ``saturating``: layer 0 has W and
     o_proj the identity, positive embeddings and h <- h + 4 tanh(8 o_proj(z)): saturated at the
-    intact model (nearly flat gradient) but far from it when a head is set to zero."""
+    intact model (nearly flat gradient) but far from it when a head is set to zero. ``parallel``: linear,
+    every layer reads the embeddings (z = W e), so a head acts on the logits directly only."""
     from types import SimpleNamespace
 
     import torch
@@ -331,8 +332,8 @@ def _toy(kind: str, n_layers: int = 2, n_heads: int = 3, d: int = 2, seed: int =
                 o = torch.eye(D) if self.saturating else torch.randn(D, D, generator=g) * 0.5
                 self.self_attn.o_proj.weight.copy_(o)
 
-        def forward(self, h):
-            out = self.self_attn.o_proj(self.w(h))
+        def forward(self, h, e):
+            out = self.self_attn.o_proj(self.w(e if kind == "parallel" else h))
             return h + (4 * torch.tanh(8 * out) if self.saturating else out)
 
     class Toy(torch.nn.Module):
@@ -349,9 +350,9 @@ def _toy(kind: str, n_layers: int = 2, n_heads: int = 3, d: int = 2, seed: int =
                 self.r.weight.copy_(torch.randn(1, D, generator=g))
 
         def forward(self, input_ids, attention_mask):
-            h = self.emb(input_ids)
+            h = e = self.emb(input_ids)
             for layer in self.model.layers:
-                h = layer(h)
+                h = layer(h, e)
             return SimpleNamespace(logits=self.r(h))
 
     return Toy()
@@ -381,6 +382,31 @@ def test_estimate_equals_exact_on_a_linear_toy(method, mode):
     est = ev.estimate(values, method, 3)
     exact = ev.exact(range(6), values)["loss"] - ev.run()["loss"][:, None]
     np.testing.assert_allclose(est, exact, rtol=1e-4, atol=1e-5)  # per sequence and head
+
+
+@pytest.mark.parametrize("mode", ["mean", "zero", "resample"])
+def test_atpstar_equals_exact_on_a_linear_toy(mode):
+    """GradDrop: on a linear toy whose heads act on the logits directly, every dropped layer but the
+    head's own gives plain AtP, so AtP* is exact; with paths through later layers (the residual toy)
+    the last layer's heads stay exact and an earlier head keeps only its direct effect."""
+    ev = _toy_eval(_toy("parallel", n_layers=3), n_layers=3)
+    values = ev.replacement(mode, 0)
+    exact = ev.exact(range(9), values)["loss"] - ev.run()["loss"][:, None]
+    np.testing.assert_allclose(ev.estimate(values, "atpstar"), exact, rtol=1e-4, atol=1e-5)
+    model = _toy("linear")
+    ev = _toy_eval(model)
+    values = ev.replacement(mode, 0)
+    exact = ev.exact(range(6), values)["loss"] - ev.run()["loss"][:, None]
+    est = ev.estimate(values, "atpstar")
+    np.testing.assert_allclose(est[:, 3:], exact[:, 3:], rtol=1e-4, atol=1e-5)  # the last layer
+    z, lengths = ev.head_outputs()  # layer 0: its direct effect r . o_proj(v - z) (mean over positions)
+    v = values.per_sequence[:, 0] if mode == "resample" else values.vectors[None, 0, None]
+    dz = (v - z[:, 0]).astype(np.float64)  # [S, n, H, d]
+    W = model.model.layers[0].self_attn.o_proj.weight.detach().double().numpy().reshape(6, 3, 2)  # [D, H, d]
+    r = model.r.weight.detach().double().numpy()[0]
+    direct = np.einsum("snhd,khd,k->sh", dz, W, r) / z.shape[2]
+    np.testing.assert_allclose(np.abs(est[:, :3]), np.abs(direct), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(est[:, :3], exact[:, :3], atol=1e-3)  # not the total effect
 
 
 def test_saturating_toy_fails_the_layer_check_and_the_layer_is_marked():
@@ -537,3 +563,29 @@ def test_atlas_figure_marks_estimates_and_never_draws_unreliable_values():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any("accuracy, a share" in t for t in labels) and any("estimate" in t for t in labels)
     plt.close(fig)
+
+
+def test_split_exact_jobs_equal_one_job(ablation_models, ewt_records, tmp_path):
+    """Rule ablation_exact's jobs (every k-th layer each), gathered: the same heads.tsv / check.tsv bytes as one job."""
+    from headatlas.ablation.analysis import ablate_heads, exact_part, job_heads, read_exact_parts, write_exact_part
+    from headatlas.ablation.tasks import evaluations
+
+    assert job_heads(3, 2, 2, 0) == [0, 1, 4, 5] and job_heads(3, 2, 2, 1) == [2, 3] and job_heads(3, 2, 4, 3) == []
+    evals, shape = evaluations(_spec(ablation_models / "llama_lm"), None, ewt_records, None, SMALL)
+    ev = evals["lm"][0]
+    tables = {}
+    for jobs in (1, 2, 3):
+        paths = []
+        for part in range(jobs):
+            paths.append(tmp_path / f"{jobs}_{part}.npz")
+            write_exact_part(paths[-1], {"lm": exact_part(ev, SMALL, jobs, part), "classification": None})
+        parts = read_exact_parts(paths)
+        assert sorted(np.concatenate([p["heads"] for p in parts["lm"]])) == list(range(8))
+        tables[jobs] = [t.to_csv(sep="\t", index=False, float_format="%.6g") for t in
+                        ablate_heads("llama_lm", {"lm": (ev, None)}, SMALL, shape, parts)]  # fmt: skip
+    tables[0] = [
+        t.to_csv(sep="\t", index=False, float_format="%.6g")
+        for t in ablate_heads("llama_lm", {"lm": (ev, None)}, SMALL, shape)
+    ]  # fmt: skip: no parts, in the job
+    assert tables[1] == tables[0] and tables[2] == tables[0] and tables[3] == tables[0]
+    assert "exact" in tables[0][0]

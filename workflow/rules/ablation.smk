@@ -1,9 +1,41 @@
 include: "ablation_common.smk"
 
 
+rule ablation_exact:
+    input:
+        unpack(ablation_inputs),
+    output:
+        "results/ablation/{model}/exact/{part}.npz",
+    log:
+        "logs/ablation_exact/{model}/{part}.log",
+    benchmark:
+        "results/benchmarks/ablation_exact/{model}/{part}.tsv"
+    wildcard_constraints:
+        part=r"\d+",
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: ABLATION["threads"]
+    resources:
+        mem_mb=6000,
+        runtime=60,
+        gpu=lambda wc: uses_gpu(wc.model),
+    params:
+        model=lambda wc: MODELS[wc.model],
+        task=ablation_task,
+        ablation=ABLATION_SETTINGS,
+        jobs=ABLATION["exact_jobs"],
+        part=lambda wc: int(wc.part),
+    script:
+        "../../scripts/ablation_exact.py"
+
+
 rule ablation_heads:
     input:
         unpack(ablation_inputs),
+        exact=lambda wc: [
+            f"results/ablation/{wc.model}/exact/{p}.npz"
+            for p in range(ABLATION["exact_jobs"])
+        ],
     output:
         heads="results/ablation/{model}/heads.tsv",
         heads_html=report(

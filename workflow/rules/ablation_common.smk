@@ -3,7 +3,8 @@ ABLATION = analysis_section("ablation", "../schemas/ablation.schema.yaml")
 ABLATION_SETTINGS = {
     k: v
     for k, v in ABLATION.items()
-    if k not in ("activate", "models", "corpus", "behaviour_corpus", "threads")
+    if k
+    not in ("activate", "models", "corpus", "behaviour_corpus", "threads", "exact_jobs")
 }
 
 register_targets(

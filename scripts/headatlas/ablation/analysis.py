@@ -159,8 +159,29 @@ def agreement(estimate: np.ndarray, exact: np.ndarray, k: int = 10) -> dict:
             "mean_abs_error": float(err.mean()) if len(err) else np.nan}  # fmt: skip
 
 
-def head_tables(model: str, evaluation, settings: AblationSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every head's ablation effect (exact, or a checked estimate) per metric and the check table."""
+def job_heads(n_layers: int, n_heads: int, jobs: int, part: int) -> list[int]:
+    """The flat heads of exact job ``part`` of ``jobs``: every head of the layers l with
+    l % jobs == part (interleaved, so that every job gets early heads, which cost the most, and late ones)."""
+    return [lay * n_heads + h for lay in range(part, n_layers, jobs) for h in range(n_heads)]
+
+
+def exact_part(evaluation, settings: AblationSettings, jobs: int, part: int) -> dict[str, np.ndarray] | None:
+    """Rule ablation_exact: the per-sequence metrics [S, heads] of exact job ``part`` of ``jobs``
+    (``heads``: its flat heads), or None where the model does not get exact ablation everywhere."""
+    ev, s = evaluation, settings
+    if not exact_everywhere(ev, s):
+        return None
+    flat = job_heads(ev.n_layers, ev.n_heads, jobs, part)
+    return dict(
+        ev.exact(flat, ev.replacement(s.mode, s.seed), s.exact_max_rows), heads=np.asarray(flat, dtype=np.int64)
+    )
+
+
+def head_tables(
+    model: str, evaluation, settings: AblationSettings, parts: list[dict] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every head's ablation effect (exact, or a checked estimate) per metric and the check table.
+    ``parts``: exact ablations already run (:func:`exact_part`, the split jobs), used where they cover a head."""
     ev, s = evaluation, settings
     L, H, S = ev.n_layers, ev.n_heads, ev.n_sequences
     N = L * H
@@ -169,6 +190,10 @@ def head_tables(model: str, evaluation, settings: AblationSettings) -> tuple[pd.
     metrics = metrics_of(ev.task)
     counts = resample_counts(np.random.default_rng(s.seed), S, s.bootstrap)
     exact = {m: np.full((S, N), np.nan) for m in metrics}
+
+    for p in parts or ():
+        for m in metrics:
+            exact[m][:, p["heads"]] = _values(p, m) - _values(intact, m)[:, None]
 
     def measure(flat):
         flat = [f for f in flat if np.isnan(exact[metrics[0]][0, f])]
@@ -535,17 +560,18 @@ def _tidy(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def ablate_heads(
-    model: str, evals: dict, settings: AblationSettings, shape: tuple[int, int]
+    model: str, evals: dict, settings: AblationSettings, shape: tuple[int, int], parts: dict | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rule ablation_heads: heads.tsv and check.tsv over both tasks (a skipped task keeps its
-    reason: on every head in heads.tsv, once in check.tsv). ``shape``: (layers, heads)."""
+    reason: on every head in heads.tsv, once in check.tsv). ``shape``: (layers, heads); ``parts``:
+    task -> the exact jobs' results (:func:`exact_part`)."""
     heads, checks = [], []
     for task, (ev, reason) in evals.items():
         if ev is None:
             heads.append(skipped_heads(model, task, reason, *shape))
             checks.append(skipped_check(model, task, reason))
             continue
-        h, c = head_tables(model, ev, settings)
+        h, c = head_tables(model, ev, settings, (parts or {}).get(task))
         heads.append(h)
         checks.append(c)
         for r in c[c["scope"] == "exact heads"].itertuples():
@@ -589,3 +615,26 @@ def ablate_roles(
                  model, task, r["n_removable"], r["n_heads"], r["tolerance"], r["unit"], r["share"], r["share_ci_low"],
                  r["share_ci_high"])  # fmt: skip
     return _tidy(roles_out), _tidy(pruning_out), _tidy(removable_out)
+
+
+def write_exact_part(path, parts: dict[str, dict | None]) -> None:
+    """One exact job's results (task -> :func:`exact_part`, None: not exact everywhere) as an .npz file."""
+    from ..core.io import atomic_path
+
+    arrays = {f"{task}/{k}": v for task, p in parts.items() if p is not None for k, v in p.items()}
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def read_exact_parts(paths) -> dict[str, list[dict]]:
+    """task -> the exact jobs' results, from the files of :func:`write_exact_part`."""
+    out: dict[str, list[dict]] = {}
+    for path in paths:
+        part: dict[str, dict] = {}
+        with np.load(path) as z:
+            for key in z.files:
+                task, k = key.split("/", 1)
+                part.setdefault(task, {})[k] = z[key]
+        for task, p in part.items():
+            out.setdefault(task, []).append(p)
+    return out

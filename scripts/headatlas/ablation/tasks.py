@@ -24,7 +24,7 @@ from .patch import MODES, HeadPatch, Replacement, layer_modules, replacement, re
 log = logging.getLogger("headatlas.ablation.tasks")
 
 TASKS = ("lm", "classification")
-ESTIMATORS = ("atp", "ig")
+ESTIMATORS = ("atp", "ig", "atpstar")
 
 
 @dataclass
@@ -191,11 +191,14 @@ class Evaluation:
         model, one forward and one backward pass. ``ig``: integrated gradients along the path on
         which every head gets the offset alpha (v - z) (downstream heads recomputed): the gradient
         averaged over ``steps`` midpoints alpha = (k + 1/2) / steps, times (v - z) (one intact
-        forward pass, then ``steps`` forward and backward passes)."""
+        forward pass, then ``steps`` forward and backward passes). ``atpstar``: AtP* for head
+        outputs (Kramar et al. 2024), see :func:`_graddrop_estimate`."""
         import torch
 
         if method not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, not {method!r}")
+        if method == "atpstar":
+            return _graddrop_estimate(self, values)
         S, L, H = self.n_sequences, self.n_layers, self.n_heads
         alphas = [0.0] if method == "atp" else [(k + 0.5) / steps for k in range(steps)]
         est = np.zeros((S, L * H))
@@ -227,6 +230,69 @@ class Evaluation:
                 self.patch.capture = False
                 self.patch.reset()
         return est
+
+
+def _graddrop_estimate(ev: Evaluation, values: Replacement) -> np.ndarray:
+    """AtP* for head-output nodes (Kramar et al. 2024, "AtP*: An efficient and scalable method for
+    localizing LLM behaviour to components"): GradDrop. For every layer l one backward pass with the
+    gradient through layer l's residual contribution dropped (its output becomes input + stopgrad
+    (output - input): same values, the layer is the identity for the gradient), giving AtP_l; the
+    paper's magnitude (1 / (L - 1)) sum_l |AtP_l| per sequence, signed here by plain AtP's sign
+    (our effects are signed). The dropped own layer gives 0 (hence L - 1), earlier layers give
+    plain AtP. The paper's other fix, recomputing the attention softmax when queries or keys are
+    patched, does not apply: an output node sits after its softmax. 1 forward + L + 1 backward passes."""
+    import torch
+
+    S, L, H = ev.n_sequences, ev.n_layers, ev.n_heads
+    layers = ev.patch.layers
+    if layers is None:
+        raise ValueError("estimator atpstar needs the model's layer modules (GradDrop drops one layer's gradient)")
+    drop = [-1]
+    calls = [0]
+
+    def hook(module, args, kwargs, output):
+        layer = calls[0] % L
+        calls[0] += 1
+        inp = args[0] if args else kwargs["hidden_states"]
+        out = output[0] if isinstance(output, tuple) else output
+        if not out.requires_grad:
+            return None
+        delta = out - inp
+        delta.register_hook(lambda g, layer=layer: torch.zeros_like(g) if drop[0] == layer else g)
+        new = inp + delta
+        return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+    est = np.zeros((S, L * H))
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in dict.fromkeys(layers)]
+    try:
+        with ev.patch, torch.enable_grad():
+            ev.patch.capture = True
+            for inputs, targets, pos in ev.batches:
+                B, n = inputs["input_ids"].shape
+                v = values.for_batch(pos, n)
+                ev.patch.reset()
+                calls[0] = 0
+                lo, _ = ev._metrics(ev.model(**inputs), targets)
+                z0 = _stack([t.detach() for t in ev.patch.captured], B, n, H)
+                vb = v[None, :, None] if v.ndim == 3 else v.permute(1, 0, 2, 3, 4)
+                dz = (vb.float() - z0) * inputs["attention_mask"].bool()[:, None, :, None, None]
+                atp = magnitude = None
+                for d in range(-1, L):  # -1: plain attribution patching (the sign)
+                    drop[0] = d
+                    grads = torch.autograd.grad(lo.sum(), ev.patch.captured, retain_graph=d < L - 1)
+                    e = (dz * _stack(grads, B, n, H)).sum((2, 4)).reshape(B, L * H).double()
+                    if d < 0:
+                        atp = e
+                    else:
+                        magnitude = e.abs() if magnitude is None else magnitude + e.abs()
+                est[pos] = (torch.sign(atp) * magnitude / max(L - 1, 1)).cpu().numpy()
+    finally:
+        for h in handles:
+            h.remove()
+        ev.patch.capture = False
+        ev.patch.reset()
+        drop[0] = -1
+    return est
 
 
 def _stack(tensors, B: int, n: int, H: int):

@@ -1,0 +1,32 @@
+"""Rule ablation_exact: exact ablation of one job's share of the heads (every head of every
+``exact_jobs``-th layer), gathered by rule ablation_heads."""
+
+import sys
+import time
+
+sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+
+from headatlas.ablation.analysis import AblationSettings, exact_part, write_exact_part  # noqa: E402
+from headatlas.ablation.tasks import evaluations  # noqa: E402
+from headatlas.core.data import load_records  # noqa: E402
+from headatlas.core.device import job_device  # noqa: E402
+from headatlas.core.models import ModelSpec  # noqa: E402
+from headatlas.core.runner import setup  # noqa: E402
+
+sm = snakemake  # noqa: F821
+log = setup(sm)
+t0 = time.time()
+settings = AblationSettings.from_config(sm.params.ablation)
+spec = ModelSpec.from_config(sm.params.model)
+evals, _ = evaluations(
+    spec,
+    sm.input.model[0] if sm.input.model else None,
+    load_records(sm.input.corpus),
+    sm.params.task,
+    settings,
+    device=job_device(spec.device, sm.resources.get("gpu")),
+)
+jobs, part = sm.params.jobs, sm.params.part
+parts = {task: exact_part(ev, settings, jobs, part) if ev is not None else None for task, (ev, _) in evals.items()}
+write_exact_part(sm.output[0], parts)
+log.info("exact job %d of %d done in %.1f s wall, %.1f s CPU", part + 1, jobs, time.time() - t0, time.process_time())
