@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))  # the numpy references (tests/reference)
 
-from reference.clark import store_correctness
+from reference.clark import store_correctness  # noqa: E402
 
-from headatlas.clark.syntax import head_table, relation_masks
+from headatlas.clark.syntax import head_table, relation_masks  # noqa: E402
 from headatlas.core.corpora import build_corpus  # noqa: E402
 from headatlas.core.extract import extract  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402

@@ -1,19 +1,16 @@
 """Rule ablation_exact: exact ablation of one job's share of the heads (every head of every
 ``exact_jobs``-th layer), gathered by rule ablation_heads."""
 
-import sys
 import time
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.ablation.analysis import AblationSettings, exact_part, write_exact_part
+from headatlas.ablation.tasks import evaluations
+from headatlas.core.data import load_records
+from headatlas.core.device import job_device
+from headatlas.core.models import ModelSpec
+from headatlas.core.runner import setup
 
-from headatlas.ablation.analysis import AblationSettings, exact_part, write_exact_part  # noqa: E402
-from headatlas.ablation.tasks import evaluations  # noqa: E402
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.device import job_device  # noqa: E402
-from headatlas.core.models import ModelSpec  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 t0 = time.time()
 settings = AblationSettings.from_config(sm.params.ablation)

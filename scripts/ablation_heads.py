@@ -1,20 +1,17 @@
 """Rule ablation_heads: every head's ablation effect (exact, batched; or an estimate checked in every layer)."""
 
-import sys
 import time
 
-sys.path.insert(0, snakemake.scriptdir)  # noqa: F821
+from headatlas.ablation.analysis import AblationSettings, ablate_heads, read_exact_parts
+from headatlas.ablation.tasks import evaluations
+from headatlas.core.data import load_records
+from headatlas.core.device import job_device
+from headatlas.core.html import write_tables_html
+from headatlas.core.io import write_tsv
+from headatlas.core.models import ModelSpec
+from headatlas.core.runner import setup
 
-from headatlas.ablation.analysis import AblationSettings, ablate_heads, read_exact_parts  # noqa: E402
-from headatlas.ablation.tasks import evaluations  # noqa: E402
-from headatlas.core.data import load_records  # noqa: E402
-from headatlas.core.device import job_device  # noqa: E402
-from headatlas.core.html import write_tables_html  # noqa: E402
-from headatlas.core.io import atomic_path  # noqa: E402
-from headatlas.core.models import ModelSpec  # noqa: E402
-from headatlas.core.runner import setup  # noqa: E402
-
-sm = snakemake  # noqa: F821
+sm = snakemake
 log = setup(sm)
 t0 = time.time()
 settings = AblationSettings.from_config(sm.params.ablation)
@@ -29,7 +26,6 @@ evals, shape = evaluations(
 )
 heads, check = ablate_heads(spec.name, evals, settings, shape, read_exact_parts(sm.input.exact))
 for table, path in ((heads, sm.output.heads), (check, sm.output.check)):
-    with atomic_path(path) as tmp:
-        table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    write_tsv(table, path)
 log.info("done in %.1f s wall, %.1f s CPU", time.time() - t0, time.process_time())
 write_tables_html(sm)  # the HTML page of each reported TSV

@@ -30,11 +30,6 @@ def test_write_tsv_leaves_nothing_on_failure(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# converted by the lead when the ablation branch is merged (the recipe: docs/architecture.md, "How jobs find
-# the library"); then this set is empty
-NOT_YET = {"ablation_heads.py", "ablation_roles.py"}
-
-
 def test_rule_scripts_have_no_path_lines_noqa_or_own_tsv_writer():
     """Every rule script imports the library directly (the Snakefile's PYTHONPATH is the one route) and writes
     its TSVs with write_tsv."""
@@ -42,8 +37,6 @@ def test_rule_scripts_have_no_path_lines_noqa_or_own_tsv_writer():
 
     found = []
     for script in sorted((REPO / "scripts").glob("*.py")):
-        if script.name in NOT_YET:
-            continue
         text = script.read_text()
         found += [f"{script.name}: {s}" for s in ("sys.path", "# noqa", ".to_csv(") if s in text]
     assert not found, found
