@@ -133,7 +133,8 @@ def test_quick_config_runs_every_rule_of_the_default(dags):
     assert per_rule["atlas"] == {"minilm", "smollm2"}
     # Jo & Myaeng's probes: one job per model there (probe_jobs: model), one per model x task here
     assert quick["jomyaeng_probe"] == 2 and default["jomyaeng_probe"] == 13 * 3
-    assert sum(quick.values()) < 100
+    # small: three circuits rules and the exact ablation per model took it past 99
+    assert sum(quick.values()) <= 105
 
 
 def test_jomyaeng_probe_jobs_schema():

@@ -284,3 +284,23 @@ def test_a_model_named_dotdot_stops_the_workflow_before_any_job(tmp_path, tiny_m
     cfg["models"][0]["name"] = ".."
     proc = run_snakemake(tmp_path, cfg, "--dry-run")
     assert proc.returncode != 0 and "'..' does not match" in output_of(proc), output_of(proc)[-3000:]
+
+
+@pytest.mark.parametrize(
+    "name, bounds",
+    [
+        ("cls_share", (0.0, 1.0)),
+        ("p_nonparam_adj", (0.0, 1.0)),
+        ("rank_p", (0.0, 1.0)),
+        ("syntax_best_accuracy", (0.0, 1.0)),
+        ("mean_entropy", (0.0, np.inf)),
+        ("circ_q_in_z", None),  # Q-composition z-scores, not q-values
+        ("q", None),  # Pande's count of FDR-significant corpora
+        ("ablation_sst2_classification_accuracy_effect", None),  # a difference of accuracies
+        ("share_diff", None),
+    ],
+)
+def test_value_ranges_by_name_part(name, bounds):
+    from headatlas.core.integrity import value_range
+
+    assert value_range(name) == bounds

@@ -276,9 +276,17 @@ def shard_set_faults(directory: Path, names: Sequence[str]) -> list[str]:
 
 # attention shares: sums of a row's cells, which stored maps may exceed 1 by rounding (core.store.ROW_SUM_TOL)
 SHARE_RANGE = (0.0, 1.0 + 1e-2)
-# column or array name -> (low, high) that every finite value must lie in (NaN allowed: "no value")
+# column or array name -> (low, high) that every finite value must lie in (NaN allowed: "no value"); a name
+# part alone, so that Q-composition columns (circ_q_in_z) and counts named q are not q-values, and differences of
+# bounded values (accuracy_effect, share_diff) are not bounded themselves
 RANGES = (
-    (re.compile(r"(^|_)(share|frac|fraction|accuracy|p|pvalue|p_value|q|qvalue|stability)(_|$)"), (0.0, 1.0)),
+    (
+        re.compile(
+            r"(^|_)(share|frac|fraction|accuracy|p|pvalue|p_value|qvalue|stability)"
+            r"(?!_(effect|drop|diff|delta|margin|change|minus))(_|$)"
+        ),
+        (0.0, 1.0),
+    ),
     (re.compile(r"entropy"), (0.0, np.inf)),
 )
 
