@@ -308,3 +308,14 @@ def test_tsv_single_sentences_and_errors(tmp_path):
     bad.write_text("one\ttwo\tL\nonly-one-column\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=re.escape(f"{bad}:2")):
         tsv_records(bad, text_columns=2, label_column=2)
+
+
+def test_gzip_corpora_are_the_same_bytes_in_every_run(tmp_path):
+    """A gzip corpus holds no file name or time in its header, so two runs write the same bytes (and the same
+    checksum seal): a SLURM run and a local run of the same config agree file for file."""
+    recs = [Record(id=f"s{i}", words=("a", "b", str(i)), segment=(0, 0, 0)) for i in range(5)]
+    a, b = tmp_path / "a.jsonl.gz", tmp_path / "other_name.jsonl.gz"
+    write_records(recs, a)
+    write_records(recs, b)
+    assert a.read_bytes() == b.read_bytes()
+    assert [r.id for r in read_records(b)] == [r.id for r in recs]

@@ -16,6 +16,9 @@ if EXTRACTION["jobs"] == "corpus":
             "logs/extract_attention/{model}/{corpus}/shard{shard}of{nshards}.log",
         benchmark:
             "results/benchmarks/extract_attention/{model}/{corpus}/shard{shard}of{nshards}.tsv"
+        # the longest jobs and the input of most others: start them as soon as their inputs exist (the greedy
+        # scheduler otherwise fills the cores with short model-running jobs first and the extraction ends late)
+        priority: 10
         conda:
             "../../envs/headatlas.yaml"
         threads: EXTRACTION["threads"]
@@ -57,6 +60,7 @@ else:
                 f"logs/extract_attention/{_model}.log",
             benchmark:
                 f"results/benchmarks/{_rule}.tsv"
+            priority: 10  # as rule extract_attention
             conda:
                 "../../envs/headatlas.yaml"
             threads: EXTRACTION["threads"]

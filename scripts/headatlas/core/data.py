@@ -8,6 +8,7 @@ Dependency heads are absolute 0-based word indices within the record, -1 for ROO
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import zlib
 from dataclasses import asdict, dataclass, field, fields
@@ -107,7 +108,15 @@ class CorpusError(ValueError):
 
 def _open(path: Path, mode: str):
     path = Path(path)
-    return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else open(path, mode, encoding="utf-8")
+    if path.suffix != ".gz":
+        return open(path, mode, encoding="utf-8")
+    if mode == "r":
+        return gzip.open(path, "rt", encoding="utf-8")
+    # written with no name and mtime 0 in its header: the same records give the same bytes (and checksum) in
+    # every run, whatever the temporary file was called
+    raw = gzip.GzipFile(filename="", mode="wb", fileobj=open(path, "wb"), mtime=0)
+    raw.myfileobj = raw.fileobj  # closed with the GzipFile
+    return io.TextIOWrapper(raw, encoding="utf-8")
 
 
 def _bad_utf8(path: Path) -> str:
