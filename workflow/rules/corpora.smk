@@ -7,6 +7,7 @@ rule prepare_corpus:
         "logs/prepare_corpus/{corpus}.log",
     benchmark:
         "results/benchmarks/prepare_corpus/{corpus}.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -58,6 +58,7 @@ rule jomyaeng_probing_tasks:
         "logs/jomyaeng/probing_tasks.log",
     benchmark:
         "results/benchmarks/jomyaeng_probing_tasks.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -89,6 +90,7 @@ rule jomyaeng_downstream_tasks:
         "logs/jomyaeng/downstream_tasks.log",
     benchmark:
         "results/benchmarks/jomyaeng_downstream_tasks.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

@@ -7,6 +7,7 @@ rule cache_model:
         "logs/cache_model/{model}.log",
     benchmark:
         "results/benchmarks/cache_model/{model}.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -28,6 +29,7 @@ rule finetune_model:
         "logs/finetune_model/{model}.log",
     benchmark:
         "results/benchmarks/finetune_model/{model}.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: lambda wc: finetune_params(wc)["task"]["threads"]
@@ -50,6 +52,7 @@ rule random_init_model:
         "logs/random_init_model/{model}.log",
     benchmark:
         "results/benchmarks/random_init_model/{model}.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
@@ -69,6 +72,7 @@ rule assemble_model:
         "logs/assemble_model/{model}.log",
     benchmark:
         "results/benchmarks/assemble_model/{model}.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: 1

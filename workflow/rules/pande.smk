@@ -67,6 +67,7 @@ rule parse_corpus:
         "logs/parse_corpus/{corpus}.log",
     benchmark:
         "results/benchmarks/parse_corpus/{corpus}.tsv"
+    priority: 10  # feeds the extraction (rule extract_attention): the spine first
     conda:
         "../../envs/headatlas.yaml"
     threads: 1
