@@ -97,6 +97,11 @@ def test_identities_against_softmax(causal):
     torch.testing.assert_close(view.value("c"), a @ cols[:, None], rtol=0, atol=1e-5)
     torch.testing.assert_close(view.lower("c"), (a * torch.ones(n, n).tril()) @ cols[:, None], rtol=0, atol=1e-5)
     torch.testing.assert_close(view.entropy(), torch.special.entr(a).sum(-1), rtol=0, atol=TOL)
+    torch.testing.assert_close(view.rows(), a, rtol=0, atol=TOL)  # whole rows recomputed, and in blocks
+    torch.testing.assert_close(view.rows(2, 5, [1]), a[1:, :, 2:5], rtol=0, atol=TOL)
+    blocks = list(view.row_blocks(cells=2 * h * n * 4))
+    assert [b.stop - b.start for b, _ in blocks] == [4, 4, 1]
+    torch.testing.assert_close(torch.cat([r for _, r in blocks], 2), a, rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])

@@ -160,6 +160,7 @@ def extract_shard(
         reducers=reducers,
         sample=sample,
         corpus_records=corpus_records,
+        attention=fused.get("attention", "auto") if fused else "auto",
     )
     log.info("corpus %s shard %d/%d: counts %s", corpus, shard, n_shards, counts.values)
     return counts

@@ -322,6 +322,7 @@ def extraction_params(model, corpus_name):
             "reducers": specs,
             "sample": k,
             "seed": int(corpus.get("seed", 0)),
+            "attention": EXTRACTION["attention"],
         }
     return out
 

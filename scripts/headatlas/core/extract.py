@@ -237,6 +237,7 @@ def extract(
     reducers: Sequence | None = None,
     sample: Sequence[int] | None = None,
     corpus_records: Sequence[Record] | None = None,
+    attention: str = "auto",
 ) -> Counts:
     """Extract and store the attention maps (``maps``) and per-head representations
     (``reps``) of ``records`` (one shard) for one model.
@@ -250,7 +251,8 @@ def extract(
     and the maps of the sequences of the records ``sample`` (corpus record indices; None: no sample) to
     the nested store ``sample/``; all inside the output directory, which appears only when complete.
     ``corpus_records`` (the whole corpus, indexed by record index, with the trees the reducers use)
-    reach the reducers; default ``records``."""
+    reach the reducers; default ``records``. ``attention``: the feed's path (auto | eager | mapfree,
+    :func:`headatlas.core.mapfree.plan_feed`)."""
     if rep_position not in ("last", "past_last"):
         raise ValueError(f"rep_position must be 'last' or 'past_last', not {rep_position!r}")
     fused = reducers is not None
@@ -379,7 +381,7 @@ def extract(
                     )
                 )
                 keep = [SampleMaps(keep_pos, sample_writer, tol)]
-            feed = stack.enter_context(open_feed(model, list(reducers) + keep, info, longest_of(tokenized)))
+            feed = stack.enter_context(open_feed(model, list(reducers) + keep, info, longest_of(tokenized), attention))
         m = meta or {}  # progress names the model, the corpus and (when split) the shard
         shard = f"shard{m['shard']}of{m['n_shards']}" if m.get("n_shards", 1) > 1 else ""
         what = " ".join(filter(None, ["extract", spec.name, m.get("corpus"), shard]))

@@ -260,6 +260,34 @@ class FreeLayer:
         a = torch.exp(s.float() - self.lse[:, :, None, :])
         return torch.where(ok[:, None], a, 0.0)
 
+    def rows(self, lo: int = 0, hi: int | None = None, seqs=None):
+        """[b, H, hi - lo, n] float32 exact attention rows lo..hi-1 of the sequences ``seqs`` (batch indices;
+        None: all), exp(scale q_i . k_j - LSE_i) on the cells a query may see and 0 elsewhere: a block of the
+        maps recomputed from q, k and LSE, for reducers that need whole rows of few sequences (the sample
+        store) or row blocks (:meth:`row_blocks`). Never more than the block is held."""
+        import torch
+
+        hi = self.batch.n if hi is None else hi
+        q, k, lse = self.q[:, :, lo:hi], self.k, self.lse[:, :, lo:hi]
+        allowed = self.batch.masks(self.q.device, self.causal)["allowed"][:, lo:hi]
+        if seqs is not None:
+            sel = torch.as_tensor(np.asarray(seqs, dtype=np.int64), device=q.device)
+            q, k, lse, allowed = q[sel], k[sel], lse[sel], allowed[sel]
+        bsz, h, m, d = q.shape
+        hk = k.shape[1]
+        s = torch.matmul(q.reshape(bsz, hk, (h // hk) * m, d), k.transpose(-1, -2)).view(bsz, h, m, -1)
+        a = torch.exp_(s.float().mul_(self.scale).sub_(lse[..., None]))
+        return a.mul_(allowed[:, None])
+
+    def row_blocks(self, cells: int = 2**22):
+        """(slice of queries, :meth:`rows` of every sequence for them) in blocks of at most about ``cells``
+        cells (B x H x rows x n), so a reducer that needs whole rows never holds a layer's maps."""
+        bsz, h, n, _ = self.q.shape
+        step = max(1, cells // max(1, bsz * h * n))
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            yield slice(lo, hi), self.rows(lo, hi)
+
     def _flat_keys(self):
         if self._flat is None:
             self._flat = self.k.reshape(-1, self.k.shape[-1])  # [B * Hkv * n, d] (one copy per layer)

@@ -655,28 +655,42 @@ class SampleMaps(Reducer):
     checked as the store path checks maps at the source (finite, rows summing to 1 within ``tol``)."""
 
     name = "sample_maps"
-    full_rows = "the sample store keeps its sequences' maps"
 
     def __init__(self, positions, writer, tol: float):
         self.local = {int(k): i for i, k in enumerate(positions)}
         self.writer, self.tol = writer, tol
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        for b, i in self._kept(batch):
+            n = int(batch.lengths[b])
+            self._write(layer, b, i, attn[b, :, :n, :n].float().cpu().numpy(), batch)
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        from .mapfree import Needs
+
+        return Needs()
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The kept sequences' maps recomputed from q, k and LSE (:meth:`~headatlas.core.mapfree.FreeLayer.rows`)."""
+        for b, i in self._kept(batch):
+            n = int(batch.lengths[b])
+            self._write(layer, b, i, view.rows(0, n, [b])[0, :, :, :n].cpu().numpy(), batch)
+
+    def _kept(self, batch: ReduceBatch):
+        """(batch index, sample index) of the batch's kept sequences."""
+        return [(b, self.local[k]) for b, k in enumerate(batch.seq.tolist()) if k in self.local]
+
+    def _write(self, layer: int, b: int, i: int, block: np.ndarray, batch: ReduceBatch) -> None:
         from .models import ModelError
         from .store import map_faults
 
-        for b, k in enumerate(batch.seq.tolist()):
-            i = self.local.get(k)
-            if i is None:
-                continue
-            n = int(batch.lengths[b])
-            block = attn[b, :, :n, :n].float().cpu().numpy()
-            for head, _, q, what in map_faults(block.reshape(block.shape[0], n * n), np.array([n]), self.tol):
-                rid = k if self.info.record_id is None else self.info.record_id[k]
-                raise ModelError(
-                    f"model {self.info.model!r}: head {head_label(layer, head)}, record {rid}, query row {q}: attention {what}"
-                )
-            self.writer.write(i, layer, block)
+        k, n = int(batch.seq[b]), block.shape[-1]
+        for head, _, q, what in map_faults(block.reshape(block.shape[0], n * n), np.array([n]), self.tol):
+            rid = k if self.info.record_id is None else self.info.record_id[k]
+            raise ModelError(
+                f"model {self.info.model!r}: head {head_label(layer, head)}, record {rid}, query row {q}: attention {what}"
+            )
+        self.writer.write(i, layer, block)
 
     def result(self):
         return None
