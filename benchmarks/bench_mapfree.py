@@ -80,7 +80,14 @@ def max_diff(a, b) -> float:
 
 
 def run_setting(
-    name: str, length: int, n_inputs: int, reps: int, cache: Path, equality: bool, modes, warmup: bool = True
+    name: str,
+    length: int,
+    n_inputs: int,
+    reps: int,
+    cache: Path,
+    equality: bool,
+    modes,
+    warmup: bool = True,
 ) -> dict:
     from headatlas.core.corpora import wiki_long_segments
     from headatlas.core.extract import tokenize_records
@@ -113,10 +120,13 @@ def run_setting(
     if warmup:
         run("sdpa")
     times = {m: [] for m in modes}
+    cpu_times = {m: [] for m in modes}
     rss = {}  # peak RSS of the process after each mode's first run (modes in --modes order)
     for _ in range(reps):
         for m in modes:
+            c0 = time.process_time()
             times[m].append(run(m)[0])
+            cpu_times[m].append(time.process_time() - c0)
             rss.setdefault(m, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     best = {m: min(t) for m, t in times.items()}
     out = {
@@ -126,7 +136,8 @@ def run_setting(
         "tokens": int(sum(len(t) for t in tokenized)),
         "seconds": best,
         "all_seconds": times,
-        "ratio_to_sdpa": {m: best["sdpa"] / best[m] for m in modes},
+        "ratio_to_sdpa": {m: best["sdpa"] / best[m] for m in modes} if "sdpa" in best else {},
+        "cpu_seconds": {m: min(t) for m, t in cpu_times.items()},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_rss_mb_after": rss,
     }
@@ -135,6 +146,84 @@ def run_setting(
         f = run("free_all")[1]
         out["max_abs_diff"] = {r.name: max_diff(a, b) for r, a, b in zip(reducers("free_all"), e, f)}
     return out
+
+
+SCALING_MODES = ("sdpa", "eager", "eager_fused", "free_all")
+
+
+def one_run(name: str, length: int, n_inputs: int, mode: str, cache: Path) -> dict:
+    """``mode`` once on a freshly loaded model in this process: CPU-seconds of the run (``time.process_time``)
+    and the process's peak RSS after it (the scaling figure's points; each in its own process)."""
+    # one warm-up SDPA forward where it is cheap (one-time start-up costs would count against short inputs)
+    out = run_setting(name, length, n_inputs, 1, cache, False, (mode,), warmup=length <= 2048)
+    return {k: out[k] for k in ("model", "length", "inputs", "tokens", "peak_rss_mb")} | {
+        "mode": mode,
+        "cpu_seconds": out["cpu_seconds"][mode],
+        "seconds": out["seconds"][mode],
+    }
+
+
+def scaling(runs: str, cache: Path, out: Path | None, modes=SCALING_MODES) -> list:
+    """Every (model, length, inputs) of ``runs`` and every mode in its own process (``--one``)."""
+    import subprocess
+
+    rows = []
+    for item in runs.split(","):
+        for mode in modes:
+            cmd = [sys.executable, __file__, "--one", f"{item}:{mode}", "--cache", str(cache)]
+            got = subprocess.run(cmd, capture_output=True, text=True)
+            if got.returncode:
+                raise SystemExit(f"{' '.join(cmd)} failed:\n{got.stderr[-2000:]}")
+            rows.append(json.loads(got.stdout.strip().splitlines()[-1]))
+            r = rows[-1]
+            print(f"{item} {mode}: {r['cpu_seconds']:.1f} CPU-s, {1e3 * r['cpu_seconds'] / r['tokens']:.2f} ms/token, "
+                  f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+            if out:
+                out.write_text(json.dumps({"threads": 1, "scaling": rows}, indent=1) + "\n")
+    return rows
+
+
+LABELS = {
+    "sdpa": "SDPA forward (baseline)",
+    "eager": "eager forward (maps exist)",
+    "eager_fused": "eager-fused statistics (reference)",
+    "free_all": "map-free statistics",
+}
+
+
+def scaling_figure(rows: list, png: Path) -> None:
+    """CPU-milliseconds per token and peak RSS against input length, one line per mode, per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    styles = {"sdpa": ("k", "-"), "eager": ("tab:orange", ":"), "eager_fused": ("tab:red", "--"),
+              "free_all": ("tab:blue", "-")}  # fmt: skip
+    marks = dict(zip(models, "os^D"))
+    for m in models:
+        for mode in LABELS:
+            pts = sorted((r["length"], r) for r in rows if r["model"] == m and r["mode"] == mode)
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            c, ls = styles[mode]
+            kw = dict(color=c, ls=ls, marker=marks[m], label=f"{m}: {LABELS[mode]}")
+            axes[0].plot(x, [1e3 * p[1]["cpu_seconds"] / p[1]["tokens"] for p in pts], **kw)
+            axes[1].plot(x, [p[1]["peak_rss_mb"] / 1024 for p in pts], **kw)
+    for ax, ylab in zip(axes, ("CPU milliseconds per token (one thread)", "peak RSS of the process (GB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("input length (tokens)")
+        ax.set_ylabel(ylab)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].legend(fontsize=7, loc="upper left")
+    fig.suptitle("Per-head statistics with and without attention maps, against input length (CPU)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
 
 
 def main(argv=None) -> None:
@@ -148,8 +237,22 @@ def main(argv=None) -> None:
     p.add_argument("--no-warmup", action="store_true", help="no warm-up forward (long inputs)")
     p.add_argument("--cache", type=Path, default=REPO / "results" / "models" / "bench")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--scaling", default=None, help="model:length:inputs,... each mode in its own process")
+    p.add_argument("--figure", type=Path, default=None, help="the scaling figure (PNG) from --scaling or --out")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # model:length:inputs:mode (--scaling's worker)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.one:
+        name, length, n, mode = args.one.split(":")
+        print(json.dumps(one_run(name, int(length), int(n), mode, args.cache)))
+        return
+    if args.scaling or (args.figure and args.out and args.out.exists()):
+        rows = (
+            scaling(args.scaling, args.cache, args.out) if args.scaling else json.loads(args.out.read_text())["scaling"]
+        )
+        if args.figure:
+            scaling_figure(rows, args.figure)
+        return
     modes = tuple(args.modes.split(","))
     results = []
     for item in args.runs.split(","):

@@ -143,6 +143,8 @@ def mapfree_attention(module, query, key, value, attention_mask, scaling=None, d
     for arg in ("softcap", "position_bias", "sliding_window"):
         if kwargs.get(arg) is not None:
             raise ModelError(f"map-free attention: {type(module).__name__} passes {arg}; its type must run eager")
+    import torch
+
     if dropout and module.training:
         raise ModelError("map-free attention: dropout in training mode; load the model in eval mode")
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
@@ -150,9 +152,16 @@ def mapfree_attention(module, query, key, value, attention_mask, scaling=None, d
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     mask = _additive(attention_mask, query.dtype)
     causal = bool(query.shape[2] > 1 and mask is None and is_causal)
-    out, lse = attention_lse(query, key, value, mask, causal, scale)
-    if _ACTIVE and _ACTIVE[-1].batch is not None:
-        _ACTIVE[-1].layer(query, key, lse, mask, causal, scale)
+    feed = _ACTIVE[-1] if _ACTIVE and _ACTIVE[-1].batch is not None else None
+    extra = None if feed is None else feed.extra_values(key)
+    if extra is None:
+        out, lse, got = *attention_lse(query, key, value, mask, causal, scale), None
+    else:  # the reducers' value columns ride in the model's own kernel call: [V | K | columns] as the values
+        dv = value.shape[-1]
+        out, lse = wide_pass(query, key, torch.cat([value, extra.to(value.dtype)], -1), mask, causal, scale)
+        out, got = out[..., :dv], out[..., dv:]
+    if feed is not None:
+        feed.layer(query, key, lse, mask, causal, scale, got)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -379,7 +388,20 @@ class MapFreeFeed:
         values = stack("values", "lower") if self.info.causal else stack("values")
         self.plan = (any(nd.entropy for nd in needs), values, low, targets)
 
-    def layer(self, q, k, lse, mask, causal, scale) -> None:
+    def extra_values(self, k):
+        """[B, Hkv, n, w] what the layer's kernel call must also weight by A: the keys (the entropy pass) and
+        every declared value column, or None (the model's call alone)."""
+        import torch
+
+        entropy, (vcols, _), _, _ = self.plan
+        if k.shape[2] != self.batch.n:
+            return None  # not this batch's sequences: layer() raises
+        bsz, hk, n = k.shape[0], k.shape[1], k.shape[2]
+        parts = ([k] if entropy else []) + ([vcols.expand(bsz, hk, n, -1)] if vcols is not None else [])
+        return torch.cat([p.to(k.dtype) for p in parts], -1) if parts else None
+
+    def layer(self, q, k, lse, mask, causal, scale, got=None) -> None:
+        """One layer's q, k, LSE and ``got``: A times :meth:`extra_values` from the model's kernel call."""
         import torch
 
         layer, batch, info = self.calls, self.batch, self.info
@@ -393,10 +415,9 @@ class MapFreeFeed:
             raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
         entropy, (vcols, vat), (lcols, lat), targets = self.plan
         bsz, hk, d = q.shape[0], k.shape[1], q.shape[-1]
-        parts = ([k] if entropy else []) + ([vcols.expand(bsz, hk, n, -1)] if vcols is not None else [])
         ak, values, lower = None, {}, {}
-        if parts:  # the entropy's K and every value column in one pass
-            out = wide_pass(q, k, torch.cat([p.to(q.dtype) for p in parts], -1), mask, causal, scale)[0].float()
+        if got is not None:  # the entropy's K and every value column, from the model's own call
+            out = got.float()
             ak, out = (out[..., :d], out[..., d:]) if entropy else (None, out)
             for name, sl in vat.items():
                 if isinstance(name, tuple):
