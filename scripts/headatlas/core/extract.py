@@ -15,11 +15,14 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .align import encode_record
+from .batching import length_batches, model_inputs, storage_windows
 from .data import Counts, Record, TokenizedRecord
 from .figures import head_label
+from .mapfree import longest_of, open_feed
 from .models import ModelError, ModelSpec, architecture, decoder_bos, model_kind, package_versions
 from .progress import Progress
-from .store import AttentionWriter, budget_runs, map_faults, row_sum_tolerance
+from .reduce import FeedInfo, ReduceBatch, SampleMaps, save_reduced
+from .store import AttentionWriter, map_faults, row_sum_tolerance
 
 log = logging.getLogger("headatlas.core.extract")
 
@@ -59,18 +62,6 @@ def tokenize_records(
     return out, counts
 
 
-def storage_windows(lengths: np.ndarray, bytes_per_cell: int, budget: int) -> list[tuple[int, int]]:
-    """Consecutive [start, stop) ranges of sequences whose n x n maps fit in ``budget`` bytes
-    (at least one sequence each; none for no sequence)."""
-    return budget_runs(np.asarray(lengths, dtype=np.int64) ** 2 * bytes_per_cell, budget)
-
-
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
-    """Positions grouped into batches of similar length (stable sort by length)."""
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
 def check_attentions(attentions, n_layers: int, n_heads: int, model_name: str) -> None:
     if not attentions:
         raise ModelError(
@@ -85,30 +76,6 @@ def check_attentions(attentions, n_layers: int, n_heads: int, model_name: str) -
             raise ModelError(
                 f"model {model_name!r}: layer {layer + 1} attention has shape {shape}, expected [batch, {n_heads}, n, n]"
             )
-
-
-def model_inputs(
-    batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id: int, device, extra_token: int | None = None
-) -> dict:
-    """Right-padded tensors. ``extra_token`` appends one real token after each sequence
-    (decoders only: it changes no earlier position under the causal mask)."""
-    import torch
-
-    add = 0 if extra_token is None else 1
-    n = max(len(t) for t in batch) + add
-    ids = np.full((len(batch), n), pad_id, dtype=np.int64)
-    mask = np.zeros((len(batch), n), dtype=np.int64)
-    types = np.zeros((len(batch), n), dtype=np.int64)
-    for b, t in enumerate(batch):
-        ids[b, : len(t)] = t.ids
-        if add:
-            ids[b, len(t)] = extra_token
-        mask[b, : len(t) + add] = 1
-        types[b, : len(t)] = t.segment
-    inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
-    if use_token_types:
-        inputs["token_type_ids"] = torch.from_numpy(types).to(device)
-    return inputs
 
 
 def _head_output(model_type: str, name: str = "") -> re.Pattern:
@@ -320,9 +287,6 @@ def extract(
     head_buf = hidden_buf = None
     feed = None
     if fused:
-        from .mapfree import longest_of, open_feed
-        from .reduce import FeedInfo, ReduceBatch, SampleMaps
-
         if corpus_records is None:
             corpus_records = [None] * first_index + list(records)
         info = FeedInfo(
@@ -433,8 +397,6 @@ def extract(
         if pending is not None:
             pending.result()
         if feed is not None:
-            from .reduce import save_reduced
-
             for r, result in zip(reducers, feed.results()):
                 save_reduced(
                     writer.tmp,

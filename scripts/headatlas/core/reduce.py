@@ -48,8 +48,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .batching import length_batches, model_inputs, storage_windows
 from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
-from .extract import length_batches, model_inputs, storage_windows
 from .figures import head_label
 from .progress import progress
 

@@ -1,0 +1,47 @@
+"""Batches of tokenized sequences for a model: length buckets, padded inputs, storage windows (shared by the
+extraction, the fused feeds and every analysis that runs a model)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .data import TokenizedRecord
+from .store import budget_runs
+
+
+def storage_windows(lengths: np.ndarray, bytes_per_cell: int, budget: int) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of sequences whose n x n maps fit in ``budget`` bytes
+    (at least one sequence each; none for no sequence)."""
+    return budget_runs(np.asarray(lengths, dtype=np.int64) ** 2 * bytes_per_cell, budget)
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
+    """Positions grouped into batches of similar length (stable sort by length)."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def model_inputs(
+    batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id: int, device, extra_token: int | None = None
+) -> dict:
+    """Right-padded tensors. ``extra_token`` appends one real token after each sequence
+    (decoders only: it changes no earlier position under the causal mask)."""
+    import torch
+
+    add = 0 if extra_token is None else 1
+    n = max(len(t) for t in batch) + add
+    ids = np.full((len(batch), n), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), n), dtype=np.int64)
+    types = np.zeros((len(batch), n), dtype=np.int64)
+    for b, t in enumerate(batch):
+        ids[b, : len(t)] = t.ids
+        if add:
+            ids[b, len(t)] = extra_token
+        mask[b, : len(t) + add] = 1
+        types[b, : len(t)] = t.segment
+    inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
+    if use_token_types:
+        inputs["token_type_ids"] = torch.from_numpy(types).to(device)
+    return inputs
