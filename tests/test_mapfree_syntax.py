@@ -14,9 +14,9 @@ import torch
 from conftest import TINY_NAMES
 
 from headatlas.clark.syntax_reducers import (
+    UNITS,
     CorefReducer,
     HeadPredictionReducer,
-    UNITS,
     WordMapsReducer,
     _BatchAnaphors,
     anaphor_pieces,

@@ -631,7 +631,6 @@ class CorefReducer(_WordReducer):
         return an.head[idx], an.head_unit[idx] >= 0, np.full((self.k, len(idx)), -1, dtype=np.int16), idx
 
     def _reduce(self, w, batch, units):
-        import torch
 
         an = batch_anaphors(batch, units)
         if not len(an.seq):
