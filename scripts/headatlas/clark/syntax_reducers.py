@@ -17,6 +17,11 @@ the batch and shared by the reducers of one layer), then:
   smaller than the piece-level store; :class:`WordMapSet` hands them to the probes as
   :class:`~headatlas.clark.syntax.WordMaps`.
 
+Map-free (:mod:`headatlas.core.mapfree`): the word-level maps are F (A M) with M the key piece -> unit
+indicator, the :data:`UNITS` value columns of one kernel pass (:func:`free_word_maps`; Tables 1 and 3); the
+coreference reducer needs only its anaphors' head-word rows, recomputed from q, k and LSE for those pieces
+(:func:`anaphor_rows`, :func:`query_rows`; no extra pass), as long documents would need a column per word.
+
 Results hold one entry per sequence in feed order (record_index, n_words), so that shards concatenate
 (``combine``) and an analysis joins them with the corpus records without a store.
 """
