@@ -365,7 +365,9 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys, gum_docs):
         d = tmp_path / corpus
         extract(records, spec, model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": corpus}, reps=False)
         tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")
-        fused = fused_reduce(model, tokenized, reducers(), 16, "encoder", records, tokenizer.pad_token_id, "minilm")
+        fused = fused_reduce(
+            model, tokenized, reducers(), 16, "encoder", records, tokenizer.pad_token_id, "minilm", path="eager"
+        )  # the eager reference (map-free: tests/test_mapfree_syntax.py)
         with AttentionStore(d) as store:
             replayed = replay(store, reducers(), 16, records)
             if corpus == "ewt":

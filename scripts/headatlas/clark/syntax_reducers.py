@@ -17,6 +17,11 @@ the batch and shared by the reducers of one layer), then:
   smaller than the piece-level store; :class:`WordMapSet` hands them to the probes as
   :class:`~headatlas.clark.syntax.WordMaps`.
 
+Map-free (:mod:`headatlas.core.mapfree`): the word-level maps are F (A M) with M the key piece -> unit
+indicator, the :data:`UNITS` value columns of one kernel pass (:func:`free_word_maps`; Tables 1 and 3); the
+coreference reducer needs only its anaphors' head-word rows, recomputed from q, k and LSE for those pieces
+(:func:`anaphor_rows`, :func:`query_rows`; no extra pass), as long documents would need a column per word.
+
 Results hold one entry per sequence in feed order (record_index, n_words), so that shards concatenate
 (``combine``) and an analysis joins them with the corpus records without a store.
 """
@@ -129,6 +134,44 @@ def batch_word_maps(attn, batch: ReduceBatch, causal: bool, mode: str):
     w = (frm @ a) @ to  # as word_level: (frm @ maps) @ to
     batch._cache[("clark_word_maps", mode)] = (weakref.ref(attn), causal, w)
     return w
+
+
+UNITS = "clark:units"  # the value columns of the key pieces' units (units.to: the same in every word mode)
+
+
+def free_word_maps(view, batch: ReduceBatch, mode: str):
+    """:func:`batch_word_maps` without the maps (:class:`~headatlas.core.mapfree.FreeLayer`): the key side
+    A.M (M = ``units.to``, the piece -> unit indicator) is the :data:`UNITS` value columns of the layer's
+    value pass, the query side the same ``frm`` product. Cached on the batch for the view it was made from."""
+    hit = batch._cache.get(("clark_free_word_maps", mode))
+    if hit is not None and hit[0]() is view:
+        return hit[1]
+    units = batch_units(batch, mode)
+    am = view.value(UNITS)  # [B, H, n, U]
+    w = _on(units, "frm", units.frm, am.device)[:, None] @ am
+    batch._cache[("clark_free_word_maps", mode)] = (weakref.ref(view), w)
+    return w
+
+
+def query_rows(view, query):
+    """[B, H, P, n] float32 exact attention rows of the queries ``query`` [B, P] (token index, -1: none, row
+    0) of a :class:`~headatlas.core.mapfree.FreeLayer`: exp(scale q_i . k_j - LSE_i) on the cells the query
+    may see. One dot product per (query, key): a few queries' rows of a long input without its maps (the
+    general form of ``FreeLayer.rows`` for scattered queries)."""
+    import torch
+
+    qi = torch.as_tensor(np.asarray(query, dtype=np.int64), device=view.q.device)  # [B, P]
+    bsz, h, n, d = view.q.shape
+    hk = view.k.shape[1]
+    p = qi.shape[1]
+    take = qi.clamp(min=0)
+    q = view.q.gather(2, take[:, None, :, None].expand(bsz, h, p, d))  # [B, H, P, d]
+    s = torch.matmul(q.reshape(bsz, hk, (h // hk) * p, d), view.k.transpose(-1, -2)).view(bsz, h, p, n)
+    lse = view.lse.gather(2, take[:, None, :].expand(bsz, h, p))
+    allowed = view.batch.masks(view.q.device, view.causal)["allowed"].gather(1, take[:, :, None].expand(bsz, p, n))
+    allowed &= (qi >= 0)[:, :, None]
+    a = torch.exp_(s.float().mul_(view.scale).sub_(lse[..., None]))
+    return a.mul_(allowed[:, None])
 
 
 def word_predictions(w, units: BatchUnits):
@@ -360,8 +403,6 @@ class _WordReducer(Reducer):
     """Shared parts: the word mode, per-sequence bookkeeping (layer 0 of a batch), device results kept
     until ``flush_every`` (batch, layer) results are pending, then copied to the host at once."""
 
-    full_rows = "not ported (arcs: per-row targets summed over a word's pieces; word maps: A.M columns)"
-
     analysis = ANALYSIS
     result_type: type = _Arrays
 
@@ -396,14 +437,36 @@ class _WordReducer(Reducer):
         self._pending: list = []
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        units = self._units(layer, batch)
+        w = batch_word_maps(attn, batch, self.info.causal, self.word_mode)
+        self._add(layer, batch, self._reduce(w, batch, units))
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        """The word-level maps' key side: the :data:`UNITS` value columns (one per unit of the widest
+        sequence), shared by the reducers of a corpus (:class:`CorefReducer` needs none)."""
+        from ..core.mapfree import Needs
+
+        return Needs(values={UNITS: batch_units(batch, self.word_mode).to})
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The same result without the maps: :func:`free_word_maps` (or the rows the reducer needs)."""
+        units = self._units(layer, batch)
+        self._add(layer, batch, self._reduce_free(view, batch, units))
+
+    def _reduce_free(self, view, batch, units):
+        return self._reduce(free_word_maps(view, batch, self.word_mode), batch, units)
+
+    def _units(self, layer: int, batch: ReduceBatch) -> BatchUnits:
         units = batch_units(batch, self.word_mode)
         if layer == 0:
             self.record_index[batch.seq] = batch.record_index
             self.n_words[batch.seq] = batch.n_words
             for b, s in enumerate(batch.seq):
                 self.per_seq[int(s)] = self._new(b, batch, units)
-        w = batch_word_maps(attn, batch, self.info.causal, self.word_mode)
-        self._pending.append((layer, batch.seq, self._reduce(w, batch, units)))  # not the batch: its maps
+        return units
+
+    def _add(self, layer: int, batch: ReduceBatch, out) -> None:
+        self._pending.append((layer, batch.seq, out))  # not the batch: its maps
         if len(self._pending) >= self.flush_every:
             self._flush()
 
@@ -497,6 +560,64 @@ def batch_anaphors(batch: ReduceBatch, units: BatchUnits) -> _BatchAnaphors:
     return out
 
 
+def _no_anaphors(h: int):
+    import torch
+
+    return torch.zeros((h, 0), dtype=torch.int64), torch.zeros((h, 0), dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class _AnaphorPieces:
+    """The query pieces of a batch's anaphor head words (:func:`anaphor_rows`)."""
+
+    query: np.ndarray  # [B, P] token of each slot, -1 for padding
+    weight: np.ndarray  # [B, P] float32 its weight in the head word's row (units.frm)
+    anaphor: np.ndarray  # [B, P] its anaphor (index in _BatchAnaphors), A for padding
+    key_unit: np.ndarray  # [B, n] unit of each key token (0 for padding: its cells are 0)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+def anaphor_pieces(batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors) -> _AnaphorPieces:
+    key = ("clark_anaphor_pieces", id(units))
+    if key in batch._cache:
+        return batch._cache[key]
+    bsz, n = len(batch), batch.n
+    per = [[] for _ in range(bsz)]  # per sequence: (token, weight, anaphor) of each head word's pieces
+    for a, (b, hu) in enumerate(zip(an.seq.tolist(), an.head_unit.tolist())):  # per anaphor: its few pieces
+        if hu >= 0:
+            tok = np.flatnonzero(units.frm[b, hu])
+            per[b] += [(t, units.frm[b, hu, t], a) for t in tok.tolist()]
+    p = max([len(x) for x in per], default=0)
+    query = np.full((bsz, p), -1, dtype=np.int64)
+    weight = np.zeros((bsz, p), dtype=np.float32)
+    anaphor = np.full((bsz, p), len(an.seq), dtype=np.int64)
+    for b, x in enumerate(per):
+        if x:
+            query[b, : len(x)], weight[b, : len(x)], anaphor[b, : len(x)] = zip(*x)
+    key_unit = np.where(units.to.any(-1), units.to.argmax(-1), 0) if n else np.zeros((bsz, 0), dtype=np.int64)
+    out = _AnaphorPieces(query, weight, anaphor, key_unit.astype(np.int64))
+    batch._cache[key] = out
+    return out
+
+
+def anaphor_rows(view, batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors):
+    """[A, H, U] each anaphor's head-word row of the word-level maps (0 without pieces) without the maps: the
+    exact rows of the head words' pieces (:func:`query_rows`: one dot product per piece and key), summed into
+    key units and pooled over each head word's pieces with the ``frm`` weights (mean or first)."""
+    import torch
+
+    qp = anaphor_pieces(batch, units, an)
+    dev = view.q.device
+    rows = query_rows(view, qp.query)  # [B, H, P, n]
+    bsz, h, p, n = rows.shape
+    u = units.frm.shape[1]
+    key_unit = _on(qp, "key_unit", qp.key_unit, dev)[:, None, None, :].expand(bsz, h, p, n)
+    ru = torch.zeros((bsz, h, p, u), dtype=torch.float32, device=dev).scatter_add_(3, key_unit, rows)
+    ru = ru.mul_(_on(qp, "weight", qp.weight, dev)[:, None, :, None]).transpose(1, 2).reshape(bsz * p, h, u)
+    out = torch.zeros((len(an.seq) + 1, h, u), dtype=torch.float32, device=dev)  # the last: padding slots
+    return out.index_add_(0, _on(qp, "anaphor", qp.anaphor.reshape(-1), dev), ru)[:-1]
+
+
 class CorefReducer(_WordReducer):
     """Clark's Table 2 input: every head's most-attended candidate for every anaphor (:class:`CorefPredictions`).
     The feed must be given the corpus records (gold mentions and trees)."""
@@ -515,16 +636,34 @@ class CorefReducer(_WordReducer):
         return an.head[idx], an.head_unit[idx] >= 0, np.full((self.k, len(idx)), -1, dtype=np.int16), idx
 
     def _reduce(self, w, batch, units):
-        import torch
 
         an = batch_anaphors(batch, units)
-        dev = w.device
         if not len(an.seq):
-            return (torch.zeros((w.shape[1], 0), dtype=torch.int64), torch.zeros((w.shape[1], 0), dtype=torch.bool))
+            return _no_anaphors(w.shape[1])
+        seq = _on(units, "an_seq", an.seq, w.device)
+        head = _on(units, "an_head_unit", an.head_unit, w.device)
+        return self._pick(w[seq, :, head.clamp(min=0), :], an, units)  # [A, H, U]: the head word's row
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        """No extra pass: only the anaphors' head words' rows, recomputed from q, k and LSE (:func:`query_rows`)."""
+        from ..core.mapfree import Needs
+
+        return Needs()
+
+    def _reduce_free(self, view, batch, units):
+        an = batch_anaphors(batch, units)
+        if not len(an.seq):
+            return _no_anaphors(view.q.shape[1])
+        return self._pick(anaphor_rows(view, batch, units, an), an, units)
+
+    def _pick(self, rows, an, units):
+        """(pred [H, A] record word or -1, tied [H, A]) from each anaphor head word's row [A, H, U]."""
+        import torch
+
+        dev = rows.device
         seq = _on(units, "an_seq", an.seq, dev)
         head = _on(units, "an_head_unit", an.head_unit, dev)
         cand = _on(units, "an_cand", an.candidates, dev)
-        rows = w[seq, :, head.clamp(min=0), :]  # [A, H, U]: the anaphor head word's row
         s = torch.where(cand[:, None, :], rows, -torch.inf)
         best, arg = s.max(-1)  # arg: the first maximum, as numpy's argmax
         ok = (best > 0) & (head >= 0)[:, None]
