@@ -11,7 +11,13 @@ import pytest
 import torch
 from test_mapfree import REAL, TOL, _batch, max_diff
 
-from headatlas.clark.reducers import SurfaceReducer, row_entropy, smoothed_row_entropy, surface_needs
+from headatlas.clark.reducers import (
+    SurfaceReducer,
+    fixed_key_mass,
+    row_entropy,
+    smoothed_row_entropy,
+    surface_needs,
+)
 from headatlas.clark.surface import STATS
 from headatlas.core.extract import tokenize_records
 from headatlas.core.mapfree import FreeLayer, attention_lse, plan_feed
@@ -76,13 +82,41 @@ def test_smoothed_row_entropy_in_blocks(causal):
 
 
 def test_surface_needs():
-    """One value column per key type, offsets as targets, the entropy pass only without smoothing."""
+    """Offsets as targets, no value pass, the entropy pass only without smoothing."""
     batch = _batch([5, 3])
-    assert surface_needs(batch, False, 1e-4).entropy is False
+    need = surface_needs(batch, False, 1e-4)
+    assert need.entropy is False and set(need.targets) == {"offset:1", "offset:0", "offset:-1"}
     need = surface_needs(batch, True, 0.0)
-    assert need.entropy and "offset:1" not in need.targets and set(need.targets) == {"offset:0", "offset:-1"}
-    assert set(need.values) == {"keys:first", "keys:sep", "keys:punct"}
-    assert all(v.shape == (2, 5, 1) for v in need.values.values())
+    assert need.entropy and set(need.targets) == {"offset:0", "offset:-1"} and not need.values and not need.lower
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fixed_key_mass(causal):
+    """The attention to a few fixed keys per sequence, summed in weighted groups, equals the same sums over an
+    explicit softmax (grouped heads, padding, keys in chunks), and stays finite when an invisible key (after i,
+    or padding) scores far above the row's LSE."""
+    torch.manual_seed(2)
+    lengths = [8, 5]
+    batch = _batch(lengths)
+    bsz, h, hk, n, d, scale = 2, 6, 3, 8, 4, 0.5
+    q, k = torch.randn(bsz, h, n, d), torch.randn(bsz, hk, n, d)
+    k[0, :, 7] = 30 * q[0, ::2, 0]  # key 7 of sequence 0: a score of ~900 for query 0 (invisible under causal)
+    k[1, :, 6] = 30 * q[1, ::2, 0]  # a padded key of sequence 1
+    allowed = batch.masks("cpu", causal)["allowed"]
+    key_ok = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
+    mask = key_ok[:, None, None, :] & (torch.ones(n, n, dtype=torch.bool).tril() if causal else True)
+    add = torch.zeros(mask.shape).masked_fill(~mask, -math.inf)
+    s = (q @ k.repeat_interleave(h // hk, 1).transpose(-1, -2)) * scale + add
+    a = torch.softmax(s, -1) * allowed[:, None].float()
+    _, lse = attention_lse(q, k, k, add, False, scale)
+    view = FreeLayer(q, k, lse, scale, batch, causal, {}, {}, None)
+    pos = torch.tensor([[0, 3, 7, 2], [4, 6, 1, 0]])
+    w = torch.rand(2, 4, 2)
+    ref = torch.einsum("bhit,btg->bhig", a.gather(3, pos[:, None, None].expand(bsz, h, n, 4)), w)
+    for cells in (bsz * h * n, 2**22):  # one key at a time; all at once
+        got = fixed_key_mass(view, pos, w, cells=cells)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, ref, rtol=0, atol=TOL)  # scores of ~900: float32 rounds them to ~6e-5
 
 
 @pytest.mark.slow

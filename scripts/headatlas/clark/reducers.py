@@ -198,32 +198,77 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
 
 # --- map-free (core.mapfree): the same sums from q, k, LSE and one value pass -----------------------------------
 
-KEY_TYPES = ("keys:first", "keys:sep", "keys:punct")  # value columns: 0/1 key indicators (key_types)
-
 
 def surface_needs(batch: ReduceBatch, causal: bool, smoothing: float):
     """The passes :func:`free_surface_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets at offsets
-    +1 (encoders), 0 and -1; the three key-type indicators as value columns; the entropy pass only without
-    smoothing (smoothed rows come from recomputed row blocks, :func:`smoothed_row_entropy`)."""
+    +1 (encoders), 0 and -1; the entropy pass only without smoothing (smoothed rows come from recomputed row
+    blocks, :func:`smoothed_row_entropy`). The key types' masses need no pass (:func:`typed_key_mass`)."""
     from ..core.mapfree import Needs, offset_target
 
-    types = key_types(batch, causal).astype(np.float32)
-    values = {name: types[..., i : i + 1] for i, name in enumerate(KEY_TYPES)}
     offsets = (0, -1) if causal else (1, 0, -1)
-    targets = {f"offset:{o}": offset_target(batch, o) for o in offsets}
-    return Needs(entropy=smoothing == 0, values=values, targets=targets)
+    return Needs(entropy=smoothing == 0, targets={f"offset:{o}": offset_target(batch, o) for o in offsets})
+
+
+def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
+    """(positions [B, m], weights [B, m, 3]) of each sequence's keys of a type of :func:`key_types` (m = the
+    most such keys in one sequence; filler: key 0 with weight 0): :func:`~headatlas.core.reduce.key_columns` for key types that are
+    not all special kinds (punctuation). Cached on the batch."""
+    import torch
+
+    key = ("surface_typed_keys", causal, str(device))
+    if key not in batch._cache:
+        types = key_types(batch, causal)
+        hit = types.any(-1)
+        m = max(1, int(hit.sum(1).max()) if hit.size else 1)
+        b, j = np.nonzero(hit)
+        rank = (np.cumsum(hit, 1) - 1)[b, j]
+        pos = np.zeros((len(batch), m), dtype=np.int64)
+        w = np.zeros((len(batch), m, types.shape[-1]), dtype=np.float32)
+        pos[b, rank] = j
+        w[b, rank] = types[b, j]
+        batch._cache[key] = (torch.as_tensor(pos, device=device), torch.as_tensor(w, device=device))
+    return batch._cache[key]
+
+
+def fixed_key_mass(view, pos, w, cells: int = 2**22):
+    """[B, H, n, G] float32 sum_t w[b, t, g] A[b, h, i, pos[b, t]]: the attention of every query to a few fixed
+    keys per sequence (``pos`` [B, m] key indices, ``w`` [B, m, G] weights), summed in groups, from q, k and LSE
+    (A_ij = exp(s_ij - LSE_i)): one product of the queries with the m gathered keys, no kernel pass (the
+    map-free counterpart of :func:`~headatlas.core.reduce.key_masses`). 0 where a query may not see the key
+    (padding; after i under a causal mask) and on padded rows; keys in chunks of about ``cells`` cells.
+    A general FreeLayer primitive (it needs nothing of the surface statistics)."""
+    import torch
+
+    q, k = view.q, view.k
+    bsz, h, n, d = q.shape
+    hk, m = k.shape[1], pos.shape[1]
+    lengths = view.batch.tensor("lengths", q.device)
+    idx = torch.arange(n, device=q.device)
+    out = torch.zeros((bsz, h, n, w.shape[-1]), dtype=torch.float32, device=q.device)
+    step = max(1, cells // max(1, bsz * h * n))
+    for lo in range(0, m, step):
+        p, ww = pos[:, lo : lo + step], w[:, lo : lo + step]
+        kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
+        s = torch.matmul(q.reshape(bsz, hk, (h // hk) * n, d), kt.transpose(-1, -2)).view(bsz, h, n, -1)
+        # s - LSE <= 0 on every visible key; the clamp keeps the invisible ones finite before the mask
+        a = torch.exp_(s.float().mul_(view.scale).sub_(view.lse[..., None]).clamp_(max=0))
+        ok = view.valid[:, :, None] & (p < lengths[:, None])[:, None, :]  # [B, n, t]
+        if view.causal:
+            ok &= p[:, None, :] <= idx[None, :, None]
+        out += torch.matmul(a.mul_(ok[:, None]), ww[:, None])
+    return out
 
 
 def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
     """:func:`surface_sums` without the maps (a :class:`~headatlas.core.mapfree.FreeLayer`), with the key-type
     shares [B, H, 3] in place of the column mass (:func:`surface_from_shares`): next and self from the offset
     targets, prev by :func:`~headatlas.core.patterns.prev_token_score_free` of the offset -1 target, the
-    shares and the [SEP] mass per query from the value columns, the entropy from the entropy pass (eps = 0)
-    or from :func:`smoothed_row_entropy`."""
+    shares and the [SEP] mass per query from the typed keys (:func:`fixed_key_mass`), the entropy from the
+    entropy pass (eps = 0) or from :func:`smoothed_row_entropy`."""
     import torch
 
     n = batch.tensor("lengths", view.q.device).double()[:, None, None]  # [B, 1, 1]
-    cols = torch.cat([view.value(name) for name in KEY_TYPES], -1)  # [B, H, n, 3] (A.m)_i, 0 on padded rows
+    cols = fixed_key_mass(view, *typed_keys(batch, causal, view.q.device))  # [B, H, n, 3], 0 on padded rows
     shares = cols.sum(2).double() / n
     nxt = view.target("offset:1") if not causal else torch.zeros_like(view.target("offset:0"))
     next_self = torch.stack([nxt.sum(-1), view.target("offset:0").sum(-1)], -1)  # [B, H, 2]
