@@ -133,14 +133,14 @@ def test_tiny_mapfree_equals_eager(name, tiny_loaded, ewt_records):
 def test_plan_names_full_row_reducers(tiny_loaded):
     """A reducer without a map-free form sends the corpus eager, and the reason names it; asking for map-free
     then fails with that reason."""
-    from headatlas.clark.reducers import SurfaceReducer
+    from headatlas.clark.reducers import JSReducer
     from headatlas.core.models import ModelError
 
     _, model, _, _ = tiny_loaded("bert")
-    kind, why = plan_feed(model, [PositionReducer(), SurfaceReducer()], 64)
-    assert kind == "eager" and "clark_surface" in why and "position" not in why
-    with pytest.raises(ModelError, match="clark_surface"):
-        plan_feed(model, [SurfaceReducer()], 64, "mapfree")
+    kind, why = plan_feed(model, [PositionReducer(), JSReducer()], 64)
+    assert kind == "eager" and "clark_js" in why and "position" not in why
+    with pytest.raises(ModelError, match="clark_js"):
+        plan_feed(model, [JSReducer()], 64, "mapfree")
     assert plan_feed(model, [PositionReducer()], 64, "eager")[0] == "eager"
 
 

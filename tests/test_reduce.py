@@ -329,7 +329,7 @@ def test_fused_needs_eager_attention(tiny_loaded, records):
     model.set_attn_implementation("sdpa")  # returns no attention probabilities
     try:
         with pytest.raises(ModelError, match="attn_implementation='eager'"):
-            fused_reduce(model, tokenized, [SurfaceReducer()], 2, "encoder", name="m")
+            fused_reduce(model, tokenized, [SurfaceReducer()], 2, "encoder", name="m", path="eager")
     finally:
         model.set_attn_implementation("eager")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.patterns import prev_token_score
+from ..core.patterns import prev_token_score, prev_token_score_free
 from ..core.reduce import (
     ReduceBatch,
     ReduceError,
@@ -59,7 +59,8 @@ def surface_sums(attn, batch: ReduceBatch, causal: bool, smoothing: float) -> tu
     # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
     # Sequences are taken in chunks (core.reduce.map_chunks), so the two temporaries stay small next to the
     # layer's maps (long inputs).
-    ent = cat_chunks([row_entropy(a[s], f["offset"][s], smoothing) for s in map_chunks(a)])  # [B, H, n]
+    offset = _smooth_offset(batch, attn.device, causal, smoothing)
+    ent = cat_chunks([row_entropy(a[s], offset[s], smoothing) for s in map_chunks(a)])  # [B, H, n]
     return col, next_self, prev, to_sep, ent
 
 
@@ -67,10 +68,17 @@ def surface_from_sums(sums: tuple, f: dict):
     """[..., B, H, len(STATS)] statistics from :func:`surface_sums` (or its parts stacked over layers in a
     leading axis: the same float64 operations, once per batch instead of once per layer), ``f`` from
     :func:`_float_masks`."""
+    col, *rest = sums
+    # [..., B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
+    return surface_from_shares((col.double() @ f["keys"], *rest), f)
+
+
+def surface_from_shares(sums: tuple, f: dict):
+    """:func:`surface_from_sums` with the key-type shares [..., B, H, 3] (float64) in place of the column mass:
+    what both paths end in (the map-free one has the shares, not the columns)."""
     import torch
 
-    col, next_self, prev, to_sep, ent = sums
-    shares = col.double() @ f["keys"]  # [..., B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
+    shares, next_self, prev, to_sep, ent = sums
     next_self = next_self.double() / f["n"]
     diag = torch.stack([next_self[..., 0], prev, next_self[..., 1]], -1)  # next, prev, self
     # [next, prev, self, cls, sep, punct, sep_to_sep, other_to_sep, entropy, cls_entropy, 0] -> STATS order
@@ -92,8 +100,41 @@ def row_entropy(a, offset, smoothing: float):
     return torch.special.entr(smooth).sum(-1)  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
 
 
+def key_types(batch: ReduceBatch, causal: bool) -> np.ndarray:
+    """[B, n, 3] bool: the first-token type ([CLS] for encoders, BOS for decoders), [SEP] and punctuation
+    (:func:`~headatlas.clark.surface.punct_mask`): the key types of ``cls``, ``sep`` and ``punct``."""
+    key = ("surface_key_types", causal)
+    if key not in batch._cache:
+        bsz, n = batch.special.shape
+        first = batch.special == (SPECIAL_BOS if causal else SPECIAL_CLS)
+        punct = punct_mask(batch.piece, batch.special).reshape(bsz, n)  # one call per batch
+        batch._cache[key] = np.stack([first, batch.special == SPECIAL_SEP, punct], -1)
+    return batch._cache[key]
+
+
+def _keys_per_row(batch: ReduceBatch, dev, causal: bool):
+    """[B, n] float64 k_i, the keys row i may attend to (i + 1 under a causal mask, else the length)."""
+    import torch
+
+    bsz, n = len(batch), batch.n
+    if causal:
+        return torch.arange(1, n + 1, device=dev, dtype=torch.float64)[None, :].expand(bsz, n)
+    return batch.tensor("lengths", dev).double()[:, None].expand(bsz, n)
+
+
+def _smooth_offset(batch: ReduceBatch, dev, causal: bool, smoothing: float):
+    """[B, 1, n, n] float32 eps / k_i on each row's allowed keys and 1 elsewhere (:func:`row_entropy`; cached)."""
+    key = ("surface_offset", str(dev), causal, smoothing)
+    if key not in batch._cache:
+        allowed = batch.masks(dev, causal)["allowed"].float()
+        k = _keys_per_row(batch, dev, causal)
+        batch._cache[key] = (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None]
+    return batch._cache[key]
+
+
 def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dict:
-    """The layer-independent float masks of a batch for :func:`batch_surface_stats` (cached on the batch)."""
+    """The layer-independent float masks of a batch for :func:`batch_surface_stats` (cached on the batch;
+    nothing of n x n size: the map-free path uses them too)."""
     import torch
 
     key = ("surface", str(dev), causal, smoothing)
@@ -104,13 +145,9 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     bsz, n = valid.shape
     special = batch.tensor("special", dev)
     nf = batch.tensor("lengths", dev).double()
-    first = special == (SPECIAL_BOS if causal else SPECIAL_CLS)
-    sep = special == SPECIAL_SEP
-    punct = torch.as_tensor(punct_mask(batch.piece, batch.special).reshape(bsz, n), device=dev)  # one call per batch
+    first, sep, punct = torch.as_tensor(key_types(batch, causal), device=dev).unbind(-1)
     other = valid & ~sep
     idx = torch.arange(n, device=dev, dtype=torch.float64)
-    k = (idx + 1)[None, :].expand(bsz, n) if causal else nf[:, None].expand(bsz, n)  # keys per row
-    allowed = m["allowed"].float()
     if causal:
         uniform = (torch.log(idx + 1)[None, :] * valid).sum(-1) / nf
         summary = batch.tensor("lengths", dev) - 1
@@ -151,7 +188,6 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
         ),  # [B, n, 2]
         "ent_w": torch.stack([valid.double() / nf[:, None], summary_row], -1),  # [B, n, 2]
         "order": torch.as_tensor([names.index(s) if s in names else len(names) for s in STATS], device=dev),
-        "offset": (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None],  # [B, 1, n, n]
         "summary": summary,
         "constant": const,
         "defined": defined,
@@ -160,12 +196,111 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     return out
 
 
+# --- map-free (core.mapfree): the same sums from q, k, LSE and one value pass -----------------------------------
+
+
+def surface_needs(batch: ReduceBatch, causal: bool, smoothing: float):
+    """The passes :func:`free_surface_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets at offsets
+    +1 (encoders), 0 and -1; the entropy pass only without smoothing (smoothed rows come from recomputed row
+    blocks, :func:`smoothed_row_entropy`). The key types' masses need no pass (:func:`typed_key_mass`)."""
+    from ..core.mapfree import Needs, offset_target
+
+    offsets = (0, -1) if causal else (1, 0, -1)
+    return Needs(entropy=smoothing == 0, targets={f"offset:{o}": offset_target(batch, o) for o in offsets})
+
+
+def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
+    """(positions [B, m], weights [B, m, 3]) of each sequence's keys of a type of :func:`key_types` (m = the
+    most such keys in one sequence; filler: key 0 with weight 0): :func:`~headatlas.core.reduce.key_columns` for key types that are
+    not all special kinds (punctuation). Cached on the batch."""
+    import torch
+
+    key = ("surface_typed_keys", causal, str(device))
+    if key not in batch._cache:
+        types = key_types(batch, causal)
+        hit = types.any(-1)
+        m = max(1, int(hit.sum(1).max()) if hit.size else 1)
+        b, j = np.nonzero(hit)
+        rank = (np.cumsum(hit, 1) - 1)[b, j]
+        pos = np.zeros((len(batch), m), dtype=np.int64)
+        w = np.zeros((len(batch), m, types.shape[-1]), dtype=np.float32)
+        pos[b, rank] = j
+        w[b, rank] = types[b, j]
+        batch._cache[key] = (torch.as_tensor(pos, device=device), torch.as_tensor(w, device=device))
+    return batch._cache[key]
+
+
+def fixed_key_mass(view, pos, w, cells: int = 2**22):
+    """[B, H, n, G] float32 sum_t w[b, t, g] A[b, h, i, pos[b, t]]: the attention of every query to a few fixed
+    keys per sequence (``pos`` [B, m] key indices, ``w`` [B, m, G] weights), summed in groups, from q, k and LSE
+    (A_ij = exp(s_ij - LSE_i)): one product of the queries with the m gathered keys, no kernel pass (the
+    map-free counterpart of :func:`~headatlas.core.reduce.key_masses`). 0 where a query may not see the key
+    (padding; after i under a causal mask) and on padded rows; keys in chunks of about ``cells`` cells.
+    A general FreeLayer primitive (it needs nothing of the surface statistics)."""
+    import torch
+
+    q, k = view.q, view.k
+    bsz, h, n, d = q.shape
+    hk, m = k.shape[1], pos.shape[1]
+    lengths = view.batch.tensor("lengths", q.device)
+    idx = torch.arange(n, device=q.device)
+    out = torch.zeros((bsz, h, n, w.shape[-1]), dtype=torch.float32, device=q.device)
+    step = max(1, cells // max(1, bsz * h * n))
+    for lo in range(0, m, step):
+        p, ww = pos[:, lo : lo + step], w[:, lo : lo + step]
+        kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
+        s = torch.matmul(q.reshape(bsz, hk, (h // hk) * n, d), kt.transpose(-1, -2)).view(bsz, h, n, -1)
+        # s - LSE <= 0 on every visible key; the clamp keeps the invisible ones finite before the mask
+        a = torch.exp_(s.float().mul_(view.scale).sub_(view.lse[..., None]).clamp_(max=0))
+        ok = view.valid[:, :, None] & (p < lengths[:, None])[:, None, :]  # [B, n, t]
+        if view.causal:
+            ok &= p[:, None, :] <= idx[None, :, None]
+        out += torch.matmul(a.mul_(ok[:, None]), ww[:, None])
+    return out
+
+
+def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
+    """:func:`surface_sums` without the maps (a :class:`~headatlas.core.mapfree.FreeLayer`), with the key-type
+    shares [B, H, 3] in place of the column mass (:func:`surface_from_shares`): next and self from the offset
+    targets, prev by :func:`~headatlas.core.patterns.prev_token_score_free` of the offset -1 target, the
+    shares and the [SEP] mass per query from the typed keys (:func:`fixed_key_mass`), the entropy from the
+    entropy pass (eps = 0) or from :func:`smoothed_row_entropy`."""
+    import torch
+
+    n = batch.tensor("lengths", view.q.device).double()[:, None, None]  # [B, 1, 1]
+    cols = fixed_key_mass(view, *typed_keys(batch, causal, view.q.device))  # [B, H, n, 3], 0 on padded rows
+    shares = cols.sum(2).double() / n
+    nxt = view.target("offset:1") if not causal else torch.zeros_like(view.target("offset:0"))
+    next_self = torch.stack([nxt.sum(-1), view.target("offset:0").sum(-1)], -1)  # [B, H, 2]
+    prev = prev_token_score_free(view.target("offset:-1"), n[:, :, 0]).double()
+    ent = view.entropy() if smoothing == 0 else smoothed_row_entropy(view, batch, causal, smoothing)
+    return shares, next_self, prev, cols[..., 1], ent
+
+
+def smoothed_row_entropy(view, batch: ReduceBatch, causal: bool, smoothing: float, cells: int = 2**22):
+    """[B, H, n] float32 entropies of the smoothed rows (1 - eps) A + eps / k_i over each row's allowed keys,
+    from exact rows recomputed in blocks (:meth:`~headatlas.core.mapfree.FreeLayer.row_blocks`; no LSE identity
+    gives them): the same cells as :func:`row_entropy`, which a mask of the block's allowed cells replaces
+    (never an n x n float mask of the batch). 0 on padded rows."""
+    import torch
+
+    dev = view.q.device
+    bsz, h, n, _ = view.q.shape
+    c = (smoothing / _keys_per_row(batch, dev, causal)).float()[:, None, :, None]  # [B, 1, n, 1] eps / k_i
+    allowed = batch.masks(dev, causal)["allowed"]
+    out = torch.empty((bsz, h, n), dtype=torch.float32, device=dev)
+    for rows, a in view.row_blocks(cells):  # a: 0 outside the allowed cells
+        p = a.mul_(1 - smoothing).add_(c[:, :, rows])  # P; eps / k_i (not 0) outside: masked below
+        lp = torch.log(p, out=scratch("surface_log", p.shape, dev)).mul_(p)
+        out[:, :, rows] = lp.mul_(allowed[:, None, rows].to(lp.dtype)).sum(-1).neg_()  # 3x faster than an einsum
+    return out
+
+
 class SurfaceReducer(Reducer):
     """Clark's surface statistics per head: ``result()`` is ``surface_table`` (tests/reference/surface.py)'s
     table (means over the sequences where a statistic is defined)."""
 
     name = "clark_surface"
-    full_rows = "entropy of the smoothed rows (1 - eps) A + eps / k: no LSE identity"
 
     def __init__(self, smoothing: float = 1e-4):
         self.smoothing = smoothing
@@ -180,6 +315,21 @@ class SurfaceReducer(Reducer):
         """Per layer only the passes over the maps (:func:`surface_sums`); when the batch's last layer has
         come, the statistics of all its layers at once (:func:`surface_from_sums` on the sums stacked over
         layers: a fixed number of small operations per batch instead of per layer)."""
+        self._add(
+            layer, surface_sums(attn, batch, self.info.causal, self.smoothing), batch, attn.device, surface_from_sums
+        )
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        return surface_needs(batch, causal, self.smoothing)
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        """:meth:`update` without the maps: :func:`free_surface_sums`, then :func:`surface_from_shares`."""
+        sums = free_surface_sums(view, batch, self.info.causal, self.smoothing)
+        self._add(layer, sums, batch, view.q.device, surface_from_shares)
+
+    def _add(self, layer: int, sums: tuple, batch: ReduceBatch, dev, finish) -> None:
+        """Keep one layer's sums; at the batch's last layer, ``finish`` (the sums stacked over layers, masks) ->
+        the statistics [L, B, H, S], added to the running sums."""
         import torch
 
         key = ("clark_surface", id(self))
@@ -187,18 +337,18 @@ class SurfaceReducer(Reducer):
         if done is None:  # layer -> sums (kept with the batch: replay interleaves batches)
             done = batch._cache[key] = {}
             self.open += 1
-        done[layer] = surface_sums(attn, batch, self.info.causal, self.smoothing)
+        done[layer] = sums
         if len(done) < self.info.n_layers:
             return
         del batch._cache[key]
         self.open -= 1
         layers, sums = stack_layers(done)
-        s = surface_from_sums(sums, _float_masks(batch, attn.device, self.info.causal, self.smoothing))
+        s = finish(sums, _float_masks(batch, dev, self.info.causal, self.smoothing))
         ok = ~torch.isnan(s)  # [L, B, H, S]
         if self.total is None:
             shape = (self.info.n_layers, self.info.n_heads, len(STATS))
-            self.total = torch.zeros(shape, dtype=torch.float64, device=attn.device)
-            self.count = torch.zeros(shape, dtype=torch.float64, device=attn.device)
+            self.total = torch.zeros(shape, dtype=torch.float64, device=dev)
+            self.count = torch.zeros(shape, dtype=torch.float64, device=dev)
         self.total[layers] += torch.where(ok, s, 0.0).sum(1)
         self.count[layers] += ok.sum(1)
 

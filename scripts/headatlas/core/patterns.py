@@ -2,7 +2,8 @@
 
 :func:`prev_token_score` is Clark et al.'s "attention to the previous token" (shared methods §3.3),
 ``(1/n) sum_{i >= 1} A[i, i-1]``: the query at position 0, which has no previous token, counts in n.
-Clark's surface statistics and the previous-token detector both call it. It takes numpy arrays or
+Clark's surface statistics and the previous-token detector both call it (map-free, from each query's
+attention to its previous token: :func:`prev_token_score_free`). It takes numpy arrays or
 torch tensors of shape ``[..., n, n]`` (rows = queries); ``n`` is the sequence length, an int or an
 array / tensor broadcastable against the leading dimensions (padded batches: cells outside a sequence
 must be 0).
@@ -22,6 +23,12 @@ def prev_token_score(maps, n):
         return maps.diagonal(-1, -2, -1).contiguous().sum(-1) / n
     rows = np.arange(1, maps.shape[-1])
     return maps[..., rows, rows - 1].sum(-1) / n
+
+
+def prev_token_score_free(prev, n):
+    """:func:`prev_token_score` from each query's attention to its previous token ([..., n], 0 at i = 0: the
+    map-free target ``offset:-1``)."""
+    return prev.sum(-1) / n
 
 
 def local_band(window: int, causal: bool) -> range:
