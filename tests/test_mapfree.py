@@ -207,3 +207,19 @@ def test_shifted_equals_at(causal):
     view = FreeLayer(q, k, lse, 0.3, batch, causal, {}, {}, None)
     for o in (-8, -2, -1, 0, 1, 3, 7):
         torch.testing.assert_close(view.shifted(o), view.at(offset_targets(batch, (o,)))[:, :, 0], rtol=0, atol=1e-6)
+
+
+def test_invisible_keys_stay_finite():
+    """A key a query may not see (later, under the causal mask) can score far above the query's LSE: rows,
+    query_rows, key_mass and the offsets give 0 there, never inf * 0 = NaN."""
+    batch = _batch([3])
+    q, k = torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4)
+    q[0, 0, 0, 0] = 20.0
+    k[0, 0, 2, 0] = 20.0  # query 0 scores the future key 2 at 400
+    _, lse = attention_lse(q, k, k, None, True, 1.0)
+    view = FreeLayer(q, k, lse, 1.0, batch, True, {}, {}, None)
+    rows = view.rows()[0, 0]
+    assert torch.isfinite(rows).all() and rows[0, 2] == 0 and rows[0, 0] == 1
+    assert torch.isfinite(view.query_rows(np.array([[0, 1]]))).all()
+    mass = view.key_mass(torch.tensor([[2]]), torch.ones(1, 1, 1))
+    assert torch.isfinite(mass).all() and mass[0, 0, 0, 0] == 0

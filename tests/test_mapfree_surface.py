@@ -13,7 +13,6 @@ from test_mapfree import REAL, TOL, _batch, max_diff
 
 from headatlas.clark.reducers import (
     SurfaceReducer,
-    fixed_key_mass,
     row_entropy,
     smoothed_row_entropy,
     surface_needs,
@@ -114,7 +113,7 @@ def test_fixed_key_mass(causal):
     w = torch.rand(2, 4, 2)
     ref = torch.einsum("bhit,btg->bhig", a.gather(3, pos[:, None, None].expand(bsz, h, n, 4)), w)
     for cells in (bsz * h * n, 2**22):  # one key at a time; all at once
-        got = fixed_key_mass(view, pos, w, cells=cells)
+        got = view.key_mass(pos, w, cells=cells)
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, ref, rtol=0, atol=TOL)  # scores of ~900: float32 rounds them to ~6e-5
 

@@ -25,7 +25,6 @@ from headatlas.clark.syntax_reducers import (
     batch_units,
     batch_word_maps,
     free_word_maps,
-    query_rows,
 )
 from headatlas.core.corpora import document_records, read_conllu
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
@@ -78,7 +77,7 @@ def test_query_rows_equal_softmax_rows(causal):
     mask, -1 slots), and 0 outside the visible cells."""
     view, a = _hand_layer(causal)
     query = np.array([[4, 0, 2, -1], [3, 1, -1, -1]])
-    got = query_rows(view, query)
+    got = view.query_rows(query)
     for b in range(2):
         for p, i in enumerate(query[b]):
             want = a[b, :, i] if i >= 0 else torch.zeros_like(a[b, :, 0])

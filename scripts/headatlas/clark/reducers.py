@@ -230,45 +230,16 @@ def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
     return batch._cache[key]
 
 
-def fixed_key_mass(view, pos, w, cells: int = 2**22):
-    """[B, H, n, G] float32 sum_t w[b, t, g] A[b, h, i, pos[b, t]]: the attention of every query to a few fixed
-    keys per sequence (``pos`` [B, m] key indices, ``w`` [B, m, G] weights), summed in groups, from q, k and LSE
-    (A_ij = exp(s_ij - LSE_i)): one product of the queries with the m gathered keys, no kernel pass (the
-    map-free counterpart of :func:`~headatlas.core.reduce.key_masses`). 0 where a query may not see the key
-    (padding; after i under a causal mask) and on padded rows; keys in chunks of about ``cells`` cells.
-    A general FreeLayer primitive (it needs nothing of the surface statistics)."""
-    import torch
-
-    q, k = view.q, view.k
-    bsz, h, n, d = q.shape
-    hk, m = k.shape[1], pos.shape[1]
-    lengths = view.batch.tensor("lengths", q.device)
-    idx = torch.arange(n, device=q.device)
-    out = torch.zeros((bsz, h, n, w.shape[-1]), dtype=torch.float32, device=q.device)
-    step = max(1, cells // max(1, bsz * h * n))
-    for lo in range(0, m, step):
-        p, ww = pos[:, lo : lo + step], w[:, lo : lo + step]
-        kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
-        s = torch.matmul(q.reshape(bsz, hk, (h // hk) * n, d), kt.transpose(-1, -2)).view(bsz, h, n, -1)
-        # s - LSE <= 0 on every visible key; the clamp keeps the invisible ones finite before the mask
-        a = torch.exp_(s.float().mul_(view.scale).sub_(view.lse[..., None]).clamp_(max=0))
-        ok = view.valid[:, :, None] & (p < lengths[:, None])[:, None, :]  # [B, n, t]
-        if view.causal:
-            ok &= p[:, None, :] <= idx[None, :, None]
-        out += torch.matmul(a.mul_(ok[:, None]), ww[:, None])
-    return out
-
-
 def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
     """:func:`surface_sums` without the maps (a :class:`~headatlas.core.mapfree.FreeLayer`), with the key-type
     shares [B, H, 3] in place of the column mass (:func:`surface_from_shares`): next and self from the offset
     targets, prev by :func:`~headatlas.core.patterns.prev_token_score_free` of the offset -1 target, the
-    shares and the [SEP] mass per query from the typed keys (:func:`fixed_key_mass`), the entropy from the
+    shares and the [SEP] mass per query from the typed keys (:meth:`~headatlas.core.mapfree.FreeLayer.key_mass`), the entropy from the
     entropy pass (eps = 0) or from :func:`smoothed_row_entropy`."""
     import torch
 
     n = batch.tensor("lengths", view.q.device).double()[:, None, None]  # [B, 1, 1]
-    cols = fixed_key_mass(view, *typed_keys(batch, causal, view.q.device))  # [B, H, n, 3], 0 on padded rows
+    cols = view.key_mass(*typed_keys(batch, causal, view.q.device))  # [B, H, n, 3], 0 on padded rows
     shares = cols.sum(2).double() / n
     nxt = view.target("offset:1") if not causal else torch.zeros_like(view.target("offset:0"))
     next_self = torch.stack([nxt.sum(-1), view.target("offset:0").sum(-1)], -1)  # [B, H, 2]

@@ -20,7 +20,7 @@ the batch and shared by the reducers of one layer), then:
 Map-free (:mod:`headatlas.core.mapfree`): the word-level maps are F (A M) with M the key piece -> unit
 indicator, the :data:`UNITS` value columns of one kernel pass (:func:`free_word_maps`; Tables 1 and 3); the
 coreference reducer needs only its anaphors' head-word rows, recomputed from q, k and LSE for those pieces
-(:func:`anaphor_rows`, :func:`query_rows`; no extra pass), as long documents would need a column per word.
+(:func:`anaphor_rows`, :meth:`~headatlas.core.mapfree.FreeLayer.query_rows`; no extra pass), as long documents would need a column per word.
 
 Results hold one entry per sequence in feed order (record_index, n_words), so that shards concatenate
 (``combine``) and an analysis joins them with the corpus records without a store.
@@ -151,27 +151,6 @@ def free_word_maps(view, batch: ReduceBatch, mode: str):
     w = _on(units, "frm", units.frm, am.device)[:, None] @ am
     batch._cache[("clark_free_word_maps", mode)] = (weakref.ref(view), w)
     return w
-
-
-def query_rows(view, query):
-    """[B, H, P, n] float32 exact attention rows of the queries ``query`` [B, P] (token index, -1: none, row
-    0) of a :class:`~headatlas.core.mapfree.FreeLayer`: exp(scale q_i . k_j - LSE_i) on the cells the query
-    may see. One dot product per (query, key): a few queries' rows of a long input without its maps (the
-    general form of ``FreeLayer.rows`` for scattered queries)."""
-    import torch
-
-    qi = torch.as_tensor(np.asarray(query, dtype=np.int64), device=view.q.device)  # [B, P]
-    bsz, h, n, d = view.q.shape
-    hk = view.k.shape[1]
-    p = qi.shape[1]
-    take = qi.clamp(min=0)
-    q = view.q.gather(2, take[:, None, :, None].expand(bsz, h, p, d))  # [B, H, P, d]
-    s = torch.matmul(q.reshape(bsz, hk, (h // hk) * p, d), view.k.transpose(-1, -2)).view(bsz, h, p, n)
-    lse = view.lse.gather(2, take[:, None, :].expand(bsz, h, p))
-    allowed = view.batch.masks(view.q.device, view.causal)["allowed"].gather(1, take[:, :, None].expand(bsz, p, n))
-    allowed &= (qi >= 0)[:, :, None]
-    a = torch.exp_(s.float().mul_(view.scale).sub_(lse[..., None]))
-    return a.mul_(allowed[:, None])
 
 
 def word_predictions(w, units: BatchUnits):
@@ -602,13 +581,13 @@ def anaphor_pieces(batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors) ->
 
 def anaphor_rows(view, batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors):
     """[A, H, U] each anaphor's head-word row of the word-level maps (0 without pieces) without the maps: the
-    exact rows of the head words' pieces (:func:`query_rows`: one dot product per piece and key), summed into
+    exact rows of the head words' pieces (:meth:`~headatlas.core.mapfree.FreeLayer.query_rows`: one dot product per piece and key), summed into
     key units and pooled over each head word's pieces with the ``frm`` weights (mean or first)."""
     import torch
 
     qp = anaphor_pieces(batch, units, an)
     dev = view.q.device
-    rows = query_rows(view, qp.query)  # [B, H, P, n]
+    rows = view.query_rows(qp.query)  # [B, H, P, n]
     bsz, h, p, n = rows.shape
     u = units.frm.shape[1]
     key_unit = _on(qp, "key_unit", qp.key_unit, dev)[:, None, None, :].expand(bsz, h, p, n)
@@ -645,7 +624,7 @@ class CorefReducer(_WordReducer):
         return self._pick(w[seq, :, head.clamp(min=0), :], an, units)  # [A, H, U]: the head word's row
 
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        """No extra pass: only the anaphors' head words' rows, recomputed from q, k and LSE (:func:`query_rows`)."""
+        """No extra pass: only the anaphors' head words' rows, recomputed from q, k and LSE (``FreeLayer.query_rows``)."""
         from ..core.mapfree import Needs
 
         return Needs()

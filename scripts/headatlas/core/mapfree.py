@@ -239,7 +239,7 @@ class FreeLayer:
         q = self.q[:, :, lo:hi].reshape(bsz, hk, h // hk, hi - lo, d)
         k = self.k[:, :, lo + offset : hi + offset, None].transpose(2, 3)  # [B, Hkv, 1, m, d]
         s = torch.mul(q, k).sum(-1).reshape(bsz, h, hi - lo) * self.scale
-        out[:, :, lo:hi] = torch.exp(s.float() - self.lse[:, :, lo:hi])
+        out[:, :, lo:hi] = torch.exp((s.float() - self.lse[:, :, lo:hi]).clamp_(max=0))  # finite off the mask
         idx = torch.arange(n, device=out.device)
         ok = self.valid & (idx + offset < self.batch.tensor("lengths", out.device)[:, None])
         return out.mul_(ok[:, None])
@@ -285,8 +285,47 @@ class FreeLayer:
         bsz, h, m, d = q.shape
         hk = k.shape[1]
         s = torch.matmul(q.reshape(bsz, hk, (h // hk) * m, d), k.transpose(-1, -2)).view(bsz, h, m, -1)
-        a = torch.exp_(s.float().mul_(self.scale).sub_(lse[..., None]))
-        return a.mul_(allowed[:, None])
+        return _visible_exp(s, self.scale, lse[..., None], allowed[:, None])
+
+    def query_rows(self, query):
+        """[B, H, P, n] exact rows of the queries ``query`` [B, P] (token index, -1: none) on the cells each may
+        see, one dot product per (query, key): :meth:`rows` for a few scattered queries of a long input."""
+        import torch
+
+        qi = torch.as_tensor(np.asarray(query, dtype=np.int64), device=self.q.device)  # [B, P]
+        bsz, h, n, d = self.q.shape
+        hk, p = self.k.shape[1], qi.shape[1]
+        take = qi.clamp(min=0)
+        q = self.q.gather(2, take[:, None, :, None].expand(bsz, h, p, d))  # [B, H, P, d]
+        s = torch.matmul(q.reshape(bsz, hk, (h // hk) * p, d), self.k.transpose(-1, -2)).view(bsz, h, p, n)
+        lse = self.lse.gather(2, take[:, None, :].expand(bsz, h, p))
+        allowed = self.batch.masks(self.q.device, self.causal)["allowed"].gather(1, take[:, :, None].expand(bsz, p, n))
+        return _visible_exp(s, self.scale, lse[..., None], (allowed & (qi >= 0)[:, :, None])[:, None])
+
+    def key_mass(self, pos, w, cells: int = 2**22):
+        """[B, H, n, G] sum_t w[b, t, g] A[b, h, i, pos[b, t]]: the attention of every query to a few fixed keys
+        per sequence (``pos`` [B, m] key indices, ``w`` [B, m, G] weights) summed in groups, from one product of
+        the queries with the m gathered keys (no kernel pass; the map-free counterpart of
+        :func:`~headatlas.core.reduce.key_masses`); 0 where a query may not see the key and on padded rows,
+        keys in chunks of about ``cells`` cells."""
+        import torch
+
+        q, k = self.q, self.k
+        bsz, h, n, d = q.shape
+        hk, m = k.shape[1], pos.shape[1]
+        lengths = self.batch.tensor("lengths", q.device)
+        idx = torch.arange(n, device=q.device)
+        out = torch.zeros((bsz, h, n, w.shape[-1]), dtype=torch.float32, device=q.device)
+        step = max(1, cells // max(1, bsz * h * n))
+        for lo in range(0, m, step):
+            p, ww = pos[:, lo : lo + step], w[:, lo : lo + step]
+            kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
+            s = torch.matmul(q.reshape(bsz, hk, (h // hk) * n, d), kt.transpose(-1, -2)).view(bsz, h, n, -1)
+            ok = self.valid[:, :, None] & (p < lengths[:, None])[:, None, :]  # [B, n, t]
+            if self.causal:
+                ok &= p[:, None, :] <= idx[None, :, None]
+            out += torch.matmul(_visible_exp(s, self.scale, self.lse[..., None], ok[:, None]), ww[:, None])
+        return out
 
     def row_blocks(self, cells: int = 2**22):
         """(slice of queries, :meth:`rows` of every sequence for them) in blocks of at most about ``cells``
@@ -325,6 +364,15 @@ class FreeLayer:
 
         h = self.lse - self.scale * (self.q.float() * self._ak.float()).sum(-1)
         return torch.where(self.valid[:, None], h, 0.0)
+
+
+def _visible_exp(s, scale, lse, visible):
+    """exp(scale s - LSE) on the ``visible`` cells, 0 elsewhere (``lse`` broadcast against ``s``): scale s - LSE <= 0 wherever a query may look,
+    so the clamp keeps the cells it may not see (which can score far above its LSE) finite before the mask."""
+    import torch
+
+    a = torch.exp_(s.float().mul_(scale).sub_(lse).clamp_(max=0))
+    return a.mul_(visible)
 
 
 def torch_where_valid(x, valid):
