@@ -131,16 +131,20 @@ def test_tiny_mapfree_equals_eager(name, tiny_loaded, ewt_records):
 
 
 def test_plan_names_full_row_reducers(tiny_loaded):
-    """A reducer without a map-free form sends the corpus eager, and the reason names it; asking for map-free
-    then fails with that reason."""
-    from headatlas.clark.reducers import JSReducer
+    """A reducer without a map-free form (every analysis's reducer has one: a plugin's may not) sends the
+    corpus eager, and the reason names it; asking for map-free then fails with that reason."""
     from headatlas.core.models import ModelError
+    from headatlas.core.reduce import Reducer
+
+    class WholeRows(Reducer):
+        name = "whole_rows"
+        full_rows = "reads every row"
 
     _, model, _, _ = tiny_loaded("bert")
-    kind, why = plan_feed(model, [PositionReducer(), JSReducer()], 64)
-    assert kind == "eager" and "clark_js" in why and "position" not in why
-    with pytest.raises(ModelError, match="clark_js"):
-        plan_feed(model, [JSReducer()], 64, "mapfree")
+    kind, why = plan_feed(model, [PositionReducer(), WholeRows()], 64)
+    assert kind == "eager" and "whole_rows (reads every row)" in why and "position" not in why
+    with pytest.raises(ModelError, match="whole_rows"):
+        plan_feed(model, [WholeRows()], 64, "mapfree")
     assert plan_feed(model, [PositionReducer()], 64, "eager")[0] == "eager"
 
 
@@ -223,3 +227,26 @@ def test_invisible_keys_stay_finite():
     assert torch.isfinite(view.query_rows(np.array([[0, 1]]))).all()
     mass = view.key_mass(torch.tensor([[2]]), torch.ones(1, 1, 1))
     assert torch.isfinite(mass).all() and mass[0, 0, 0, 0] == 0
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_js_mapfree_equals_eager(name, tiny_loaded, ewt_records):
+    """Clark's JS distances map-free (the first n_sequences' rows recomputed from q, k and LSE, kept to the
+    batch's last layer) equal the eager path's; the sequences past n_sequences need no rows."""
+    from headatlas.clark.reducers import JSReducer
+
+    spec, model, tok, config = tiny_loaded(name)
+    kind = model_kind(config, spec)
+    recs = list(ewt_records[:10])
+    tokenized, _ = tokenize_records(recs, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    got = {
+        path: fused_reduce(model, tokenized, [JSReducer(n_sequences=6)], 4, kind, recs, pad, name, path=path)[0]
+        for path in ("eager", "mapfree")
+    }
+    (de, ke, te), (df, kf, tf) = got["eager"], got["mapfree"]
+    assert (ke, te) == (kf, tf) == (6, sum(len(t) for t in tokenized[:6]))
+    assert de.max() > 0
+    # D sums a JS divergence per query token, each a difference of entropies (float32: ~1e-7 of a few nats, and
+    # the tiny models' heads are near-identical, JS ~1e-5 per token): the bound is per token summed
+    np.testing.assert_allclose(df, de, rtol=0, atol=1e-6 * te)

@@ -413,7 +413,6 @@ class JSReducer(Reducer):
     ``n_sequences`` sequences' maps leave the device."""
 
     name = "clark_js"
-    full_rows = "Jensen-Shannon distances between whole rows of two heads"
     needs_all_layers = True
 
     def __init__(self, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000):
@@ -434,12 +433,35 @@ class JSReducer(Reducer):
     def update_all(self, attn: list, batch: ReduceBatch) -> None:
         import torch
 
-        from .clustering import js_sums, smoothed_cells
+        wanted = np.flatnonzero(batch.seq < self.k_stop)
+        if len(wanted):
+            self._add(torch.cat([a[wanted] for a in attn], dim=1), wanted, batch)
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        from ..core.mapfree import Needs
+
+        return Needs()
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        """Map-free: the wanted sequences' rows recomputed from q, k and LSE (:meth:`FreeLayer.rows`, only the
+        first ``n_sequences`` of the corpus), kept until the batch's last layer; the rest of the corpus needs
+        none."""
+        import torch
 
         wanted = np.flatnonzero(batch.seq < self.k_stop)
         if not len(wanted):
             return
-        stacked = torch.cat([a[wanted] for a in attn], dim=1)  # [b, L*H, n, n], layer-major heads
+        key = ("clark_js_rows", id(self))
+        kept = batch._cache.setdefault(key, {})
+        kept[layer] = view.rows(seqs=wanted)
+        if len(kept) == self.info.n_layers:
+            del batch._cache[key]
+            self._add(torch.cat([kept[i] for i in range(self.info.n_layers)], dim=1), wanted, batch)
+
+    def _add(self, stacked, wanted: np.ndarray, batch: ReduceBatch) -> None:
+        """The JS sums of the ``wanted`` sequences' maps ``stacked`` [len(wanted), L*H, n, n] (layer-major)."""
+        from .clustering import js_sums, smoothed_cells
+
         for i, b in enumerate(wanted):  # per sequence: each has its own length and its own JS sum
             n = int(batch.lengths[b])
             maps = stacked[i, :, :n, :n].float().cpu().numpy()
