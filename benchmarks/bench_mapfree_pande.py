@@ -68,7 +68,7 @@ def run_model(name: str, n: int, reps: int, cache: Path, batch_size: int) -> lis
     for corpus, recs in (("ewt", singles), ("ewt_pairs", pairs(singles))):
         tokenized, _ = tokenize_records(recs, tok, kind, 128, "truncate", decoder_bos(tok, config, spec))
 
-        def run(mode: str) -> float:
+        def run(mode: str, tokenized=tokenized, recs=recs, corpus=corpus) -> float:
             t0 = time.process_time()
             if mode == "sdpa":
                 model.set_attn_implementation("sdpa")
