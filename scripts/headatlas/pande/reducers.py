@@ -8,6 +8,12 @@ Token roles (local, delimiter, delimiter_cls, delimiter_sep, block) use [B, n, n
 per batch; syntactic roles gather, per (dependency pair, query piece), that piece's row of the map and sum
 it over the key word's pieces: no Python loop over cells, rows, heads or pairs. The only loop over the
 sequences of a batch builds their dependency pairs from the corpus records (Python objects), once per batch.
+
+Map-free (:mod:`headatlas.core.mapfree`, :meth:`_BatchSieves.free_sums`): the same sums from q, k and LSE.
+Rows sum to 1 (the kernel's softmax over the visible keys); local = the band's offset targets; [CLS]/BOS and
+[SEP] = one target per such token of the sequence (:func:`free_key_masses`); block = two value columns
+(content tokens of segment A, of segment B) picked by the query's segment, and A ln A summed = -entropy (the
+entropy pass); syntactic = one target per (query piece, key piece) of a pair, summed over the key word's pieces.
 """
 
 from __future__ import annotations
@@ -17,15 +23,17 @@ import math
 
 import numpy as np
 
-from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from ..core.patterns import local_band
 from ..core.reduce import (
+    SUMMARY_GROUPS,
     TINY,
     ReduceBatch,
     ReduceError,
     Reducer,
     check_layers_done,
     clean_maps,
+    key_columns,
     key_masses,
     scratch,
     stack_layers,
@@ -66,7 +74,7 @@ class _BatchSieves:
         qseg_flat = query_segment(flat_special, flat_segment, starts)
         qseg = np.full((bsz, n), -1, dtype=np.int64)
         qseg[batch.special != -1] = qseg_flat  # row-major order of the real tokens = concatenation order
-        qseg = torch.as_tensor(qseg, device=device)
+        qseg = self.qseg = torch.as_tensor(qseg, device=device)
         block = allowed & content[:, None, :] & (segment[:, None, :] == qseg[:, :, None]) & self.is_pair[:, None, None]
         masks = [local, cls, sep, block]
         # per layer: local = the band's diagonals; cls and sep = a gather of their few columns; block = the
@@ -175,6 +183,103 @@ class _BatchSieves:
             groups.append((rows * g["sieve"][:, None, :]).sum(-1))  # [G, H]
         return rowsum, local, cls, sep, block, xlogx, *groups
 
+    def mapfree_needs(self, settings: SieveSettings):
+        """The passes :meth:`free_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets only (the band's
+        offsets, the [CLS]/BOS/[SEP] tokens, the pairs' key pieces), and for batches with a pair the segments'
+        value columns (+ the entropy pass with ``block_entropy``)."""
+        from ..core.mapfree import Needs, offset_target
+
+        batch = self.batch
+        targets = {f"offset:{o}": offset_target(batch, o) for o in local_band(settings.window, self.causal)}
+        targets |= key_mass_targets(batch)
+        arcs = self.arc_targets()
+        targets |= {arc_name(settings, t): arcs[:, t].cpu().numpy() for t in range(arcs.shape[1])}
+        values = {}
+        if self.any_block:
+            seg, content = batch.segment, batch.special == SPECIAL_NONE
+            values["segment_content"] = np.stack([content & (seg == s) for s in (0, 1)], -1).astype(np.float32)
+        return Needs(entropy=self.any_block and settings.block_entropy, values=values, targets=targets)
+
+    def free_sums(self, view, settings: SieveSettings) -> tuple:
+        """:meth:`sums` without the maps, from a :class:`~headatlas.core.mapfree.FreeLayer` given the passes of
+        :meth:`mapfree_needs`: the same tuple (row sums are 1: the kernel's softmax over the visible keys)."""
+        import torch
+
+        valid = view.valid[:, None].float()  # [B, 1, n]
+        bsz, h, n = view.lse.shape
+        rowsum = valid.expand(bsz, h, n)
+        local = sum(view.target(f"offset:{o}") for o in local_band(settings.window, self.causal))
+        cls, sep = free_key_masses(view, self.batch).unbind(-1)
+        block = xlogx = None
+        if self.block_f is not None:  # the mass on the content tokens of the query's segment (used on pairs only)
+            seg = view.value("segment_content")  # [B, H, n, 2]
+            block = seg.gather(3, self.qseg.clamp(min=0)[:, None, :, None].expand(bsz, h, n, 1))[..., 0]
+        if self.any_block and settings.block_entropy:
+            xlogx = -view.entropy()  # sum_j A ln A of a row summing to 1
+        groups = []
+        if self.groups:
+            arcs = self.arc_targets()
+            n_t = arcs.shape[1]
+            at = torch.stack([view.target(arc_name(settings, t)) for t in range(n_t)], 2) if n_t else None
+            for g, (flat, gi) in zip(self.groups, self.arc_entries()):
+                gs = torch.zeros((len(g["b"]), h), dtype=torch.float32, device=view.q.device)
+                if n_t and len(flat):  # each entry's value at (b, :, slot, row), added to its group
+                    vals = at.permute(0, 2, 3, 1).reshape(-1, h).index_select(0, flat)
+                    gs.index_add_(0, gi, vals)
+                groups.append(gs)
+        return rowsum, local, cls, sep, block, xlogx, *groups
+
+    def arc_targets(self):
+        """[B, T, n] int64: per query piece the key pieces of its pairs' sieves, one per slot t (-1: none), for
+        every direction; :meth:`arc_entries` says which slot goes to which group."""
+        self._arcs()
+        return self._arc_cache[0]
+
+    def arc_entries(self) -> list:
+        """Per direction's groups: (flat index (b * T + slot) * n + row of each (group, key piece) entry in the
+        [B, T, n] targets, the entry's group)."""
+        self._arcs()
+        return self._arc_cache[1]
+
+    def _arcs(self) -> None:
+        import torch
+
+        if getattr(self, "_arc_cache", None) is not None:
+            return
+        bsz, n = self.batch.special.shape
+        dev = self.allowed.device
+        parts = []
+        for g in self.groups:
+            gi, key = torch.nonzero(g["sieve"] > 0, as_tuple=True)  # entries (group, visible key piece)
+            parts.append((gi, key, g["b"][gi], g["row"][gi]))
+        if not parts or not sum(len(p[0]) for p in parts):
+            empty = torch.zeros(0, dtype=torch.int64, device=dev)
+            self._arc_cache = (
+                torch.full((bsz, 0, n), -1, dtype=torch.int64, device=dev),
+                [(empty, empty)] * len(parts),
+            )
+            return
+        key, b, row = (torch.cat([p[i] for p in parts]) for i in (1, 2, 3))
+        e = len(key)
+        q = b * n + row  # entries of one query piece take slots 0, 1, ... in order
+        order = torch.argsort(q, stable=True)
+        sq = q[order]
+        first = torch.ones(e, dtype=torch.bool, device=dev)
+        first[1:] = sq[1:] != sq[:-1]
+        pos = torch.arange(e, device=dev)
+        start = torch.cummax(torch.where(first, pos, 0), 0).values
+        slot = torch.empty_like(pos)
+        slot[order] = pos - start
+        n_t = int(slot.max()) + 1
+        targets = torch.full((bsz, n_t, n), -1, dtype=torch.int64, device=dev)
+        targets[b, slot, row] = key
+        flat = (b * n_t + slot) * n + row
+        entries, at = [], 0
+        for gi, *_ in parts:
+            entries.append((flat[at : at + len(gi)], gi))
+            at += len(gi)
+        self._arc_cache = (targets, entries)
+
     def from_sums(self, sums: tuple, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
         """[L, B, H, roles] float64 scores from :meth:`sums` stacked over L layers in a leading axis: the
         float64 operations of every layer of the batch at once (a fixed number of small operations per batch
@@ -252,13 +357,44 @@ class _BatchSieves:
         return counts
 
 
+def key_mass_targets(batch: ReduceBatch, groups=SUMMARY_GROUPS) -> dict:
+    """The targets :func:`free_key_masses` needs: ``special:<kinds>:<r>`` -> [B, n] the r-th token of a kind in
+    ``groups`` of each sequence, for every query (-1 where the sequence has fewer)."""
+    pos, w = key_columns(batch, groups, "cpu")  # [B, 1, 1, m], [B, 1, m, G]
+    pos, hit = pos[:, 0, 0].numpy(), w[:, 0].numpy().sum(-1) > 0  # [B, m]
+    kinds = ",".join(str(k) for k in sorted({k for g in groups for k in g}))
+    return {
+        f"special:{kinds}:{r}": np.repeat(np.where(hit[:, r], pos[:, r], -1)[:, None], batch.n, 1)
+        for r in range(pos.shape[1])
+    }
+
+
+def free_key_masses(view, batch: ReduceBatch, groups=SUMMARY_GROUPS):
+    """:func:`~headatlas.core.reduce.key_masses` without the maps: [B, H, n, G] attention of each query to the
+    tokens of each group of special kinds, one target per such token (:func:`key_mass_targets`)."""
+    import torch
+
+    _, w = key_columns(batch, groups, view.q.device)  # [B, 1, m, G], filler weight 0
+    names = list(key_mass_targets(batch, groups))
+    at = torch.stack([view.target(k) for k in names], -1)  # [B, H, n, m]
+    return torch.matmul(at, w)
+
+
+def arc_name(settings: SieveSettings, slot: int) -> str:
+    """The name of a pair target slot of the sieves with ``settings`` (their relations, labels and direction)."""
+    import hashlib
+
+    p = _settings_params(settings)
+    sig = hashlib.sha1(json.dumps([p["relations"], p["labels"], p["direction"]]).encode()).hexdigest()[:10]
+    return f"pande_arc:{sig}:{slot}"
+
+
 class SieveReducer(Reducer):
     """Pande's sentence scores for every role: ``result()`` is ``score_store`` (tests/reference/sieves.py)'s
     dict (scores [N, L, H, R] float32, pair_counts, pairs_present, roles, relations, record_id, is_pair, notes).
     The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse)."""
 
     name = "pande_sieves"
-    full_rows = "not ported (the block-restricted entropy needs a K-times-indicator pass)"
     needs_records = True
 
     def __init__(self, settings: SieveSettings | None = None, flush_every: int = 256):
@@ -280,19 +416,36 @@ class SieveReducer(Reducer):
         self.open = 0  # batches whose layers have not all come yet
 
     def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        key = ("pande_sieves", id(self))
-        plan = batch._cache.get(key)
-        if plan is None:  # layer-independent work once per batch (kept with the batch: replay interleaves batches)
-            plan = batch._cache[key] = _BatchSieves(batch, self.settings, self.info.causal, attn.device)
+        plan = self._plan(batch, attn.device)
+        self._add(layer, plan, plan.sums(attn, self.settings), batch)
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+        return self._plan(batch, "cpu").mapfree_needs(self.settings)
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The same scores without the maps (:meth:`_BatchSieves.free_sums`)."""
+        plan = self._plan(batch, view.q.device)
+        self._add(layer, plan, plan.free_sums(view, self.settings), batch)
+
+    def _plan(self, batch: ReduceBatch, device) -> _BatchSieves:
+        """The batch's layer-independent work, once per batch and device (kept with the batch: replay
+        interleaves batches)."""
+        key = ("pande_sieves", id(self), str(device))
+        if key not in batch._cache:
+            batch._cache[key] = _BatchSieves(batch, self.settings, self.info.causal, device)
+        return batch._cache[key]
+
+    def _add(self, layer: int, plan: _BatchSieves, sums: tuple, batch: ReduceBatch) -> None:
+        """One layer's sums; the scores of all the batch's layers at once after its last."""
+        if layer == 0:
             self.is_pair[batch.seq] = plan.is_pair.cpu().numpy()
             self.has_trees[batch.seq] = plan.has_trees
             self.pairs_present += plan.pairs_present
-        if plan.n_pairs and layer == 0:
-            self.pair_counts[batch.seq] = plan.pair_counts(len(self.settings.relations))
-        # per layer only the passes over the maps; the scores of all the batch's layers at once after its last
+            if plan.n_pairs:
+                self.pair_counts[batch.seq] = plan.pair_counts(len(self.settings.relations))
         if not plan.done:
             self.open += 1
-        plan.done[layer] = plan.sums(attn, self.settings)
+        plan.done[layer] = sums
         if len(plan.done) < self.info.n_layers:
             return
         self.open -= 1
