@@ -16,7 +16,7 @@ from headatlas.core.models import decoder_bos, model_kind
 from headatlas.core.position import PositionReducer
 from headatlas.core.reduce import fused_reduce
 from headatlas.detectors.reducers import DetectorReducer
-from headatlas.pande.reducers import SieveReducer, free_key_masses, key_mass_targets
+from headatlas.pande.reducers import SieveReducer, free_key_masses
 from headatlas.pande.sieves import SieveSettings
 
 # every setting of workflow/schemas/pande.schema.yaml that changes the scores
@@ -107,9 +107,9 @@ def test_sieves_share_one_feed(name, tiny_loaded, ewt_records):
     assert not np.allclose(np.nan_to_num(e[0]["scores"]), np.nan_to_num(e[2]["scores"]))  # the settings differ
 
 
-def test_key_mass_targets_one_per_special_token():
-    """A [CLS] A [SEP] B [SEP] pair and a shorter single sentence: one target per special token, -1 past a
-    sequence's own; free_key_masses sums them per group ([CLS]/BOS, [SEP])."""
+def test_free_key_masses_per_group():
+    """A [CLS] A [SEP] B [SEP] pair and a shorter single sentence: free_key_masses sums the attention to the
+    special tokens per group ([CLS]/BOS, [SEP]), each sequence its own."""
     from headatlas.core.mapfree import FreeLayer
     from headatlas.core.reduce import ReduceBatch
 
@@ -117,16 +117,13 @@ def test_key_mass_targets_one_per_special_token():
     rows = [{"word": np.arange(len(s)), "special": s, "segment": np.zeros(len(s), dtype=np.int64),
              "piece": np.array(["p"] * len(s), dtype=object)} for s in specials]  # fmt: skip
     batch = ReduceBatch.from_rows(np.arange(2), rows, np.arange(2), np.array([6, 3]))
-    t = key_mass_targets(batch)
-    assert list(t) == ["special:1,2,3:0", "special:1,2,3:1", "special:1,2,3:2"]
-    assert [v[0, 0] for v in t.values()] == [0, 3, 5] and [v[1, 0] for v in t.values()] == [0, 2, -1]
     torch.manual_seed(0)
     q, k = torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4)
     allowed = batch.masks("cpu", False)["allowed"]
     s = (q @ k.transpose(-1, -2)).masked_fill(~allowed[:, None], -torch.inf)
     lse = torch.logsumexp(s, -1)
     a = torch.nan_to_num(torch.softmax(s, -1)) * batch.masks("cpu", False)["valid"][:, None, :, None]
-    view = FreeLayer(q, k, lse, 1.0, batch, False, {}, {}, None, t)
+    view = FreeLayer(q, k, lse, 1.0, batch, False, {}, {}, None)
     got = free_key_masses(view, batch)
     cls = a[..., 0]
     sep = torch.stack([a[0, :, :, 3] + a[0, :, :, 5], a[1, :, :, 2]])

@@ -11,7 +11,7 @@ sequences of a batch builds their dependency pairs from the corpus records (Pyth
 
 Map-free (:mod:`headatlas.core.mapfree`, :meth:`_BatchSieves.free_sums`): the same sums from q, k and LSE.
 Rows sum to 1 (the kernel's softmax over the visible keys); local = the band's offset targets; [CLS]/BOS and
-[SEP] = one target per such token of the sequence (:func:`free_key_masses`); block = two value columns
+[SEP] = one product of the queries with those tokens' keys (:func:`free_key_masses`); block = two value columns
 (content tokens of segment A, of segment B) picked by the query's segment, and A ln A summed = -entropy (the
 entropy pass); syntactic = one target per (query piece, key piece) of a pair, summed over the key word's pieces.
 """
@@ -191,7 +191,6 @@ class _BatchSieves:
 
         batch = self.batch
         targets = {f"offset:{o}": offset_target(batch, o) for o in local_band(settings.window, self.causal)}
-        targets |= key_mass_targets(batch)
         arcs = self.arc_targets()
         targets |= {arc_name(settings, t): arcs[:, t].cpu().numpy() for t in range(arcs.shape[1])}
         values = {}
@@ -357,27 +356,12 @@ class _BatchSieves:
         return counts
 
 
-def key_mass_targets(batch: ReduceBatch, groups=SUMMARY_GROUPS) -> dict:
-    """The targets :func:`free_key_masses` needs: ``special:<kinds>:<r>`` -> [B, n] the r-th token of a kind in
-    ``groups`` of each sequence, for every query (-1 where the sequence has fewer)."""
-    pos, w = key_columns(batch, groups, "cpu")  # [B, 1, 1, m], [B, 1, m, G]
-    pos, hit = pos[:, 0, 0].numpy(), w[:, 0].numpy().sum(-1) > 0  # [B, m]
-    kinds = ",".join(str(k) for k in sorted({k for g in groups for k in g}))
-    return {
-        f"special:{kinds}:{r}": np.repeat(np.where(hit[:, r], pos[:, r], -1)[:, None], batch.n, 1)
-        for r in range(pos.shape[1])
-    }
-
-
 def free_key_masses(view, batch: ReduceBatch, groups=SUMMARY_GROUPS):
     """:func:`~headatlas.core.reduce.key_masses` without the maps: [B, H, n, G] attention of each query to the
-    tokens of each group of special kinds, one target per such token (:func:`key_mass_targets`)."""
-    import torch
-
-    _, w = key_columns(batch, groups, view.q.device)  # [B, 1, m, G], filler weight 0
-    names = list(key_mass_targets(batch, groups))
-    at = torch.stack([view.target(k) for k in names], -1)  # [B, H, n, m]
-    return torch.matmul(at, w)
+    tokens of each group of special kinds (:meth:`~headatlas.core.mapfree.FreeLayer.key_mass` of the
+    :func:`~headatlas.core.reduce.key_columns`)."""
+    pos, w = key_columns(batch, groups, view.q.device)  # [B, 1, 1, m], [B, 1, m, G], filler weight 0
+    return view.key_mass(pos[:, 0, 0], w[:, 0])
 
 
 def arc_name(settings: SieveSettings, slot: int) -> str:
