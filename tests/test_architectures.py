@@ -410,9 +410,9 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     if model_type in NOT_FUSABLE:
         with pytest.raises(ModelError, match=NOT_FUSABLE[model_type]):
-            fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type)
+            fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type, path="eager")
         return
-    fused = fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type)
+    fused = fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type, path="eager")
     for a, b in zip(fused[::2], replayed[::2]):  # surface and position tables
         for col in a.columns:
             if a[col].dtype.kind == "f":
@@ -430,15 +430,17 @@ def test_mapfree_equals_replayed(model_type, arch_model, arch_store, arch_record
     """A type the map-free table (headatlas.core.mapfree, docs/mapfree.md) calls map-free gives, without maps,
     the statistics a replay of its stored maps gives (every map-free reducer, within 1e-5); any other type is
     planned eager by itself."""
+    from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.extract import tokenize_records
     from headatlas.core.mapfree import mapfree_support, plan_feed
     from headatlas.core.position import PositionReducer
     from headatlas.core.reduce import fused_reduce, replay
     from headatlas.detectors.reducers import DetectorReducer
+    from headatlas.pande.reducers import SieveReducer
 
     spec, model, tok, config, _ = arch_model(model_type)
     kind = model_kind(config, spec)
-    reducers = lambda: [PositionReducer(2, (0, 1, 4, 16)), DetectorReducer(seed=1)]  # noqa: E731
+    reducers = lambda: [PositionReducer(2, (0, 1, 4, 16)), DetectorReducer(seed=1), SurfaceReducer(), SieveReducer()]  # noqa: E731
     why = mapfree_support(config, spec.max_length)
     if why is not None:
         assert plan_feed(model, reducers(), spec.max_length) == ("eager", why)
@@ -454,4 +456,7 @@ def test_mapfree_equals_replayed(model_type, arch_model, arch_store, arch_record
         np.testing.assert_allclose(free[0][col], replayed[0][col], rtol=0, atol=1e-5, err_msg=col)
     for key in ("scores", "null"):
         np.testing.assert_allclose(free[1][key], replayed[1][key], rtol=0, atol=1e-5, equal_nan=True, err_msg=key)
+    for col in [c for c in free[2].columns if free[2][c].dtype.kind == "f"]:  # Clark's surface statistics
+        np.testing.assert_allclose(free[2][col], replayed[2][col], rtol=0, atol=1e-5, equal_nan=True, err_msg=col)
+    np.testing.assert_allclose(free[3]["scores"], replayed[3]["scores"], rtol=0, atol=1e-5, equal_nan=True)
     assert model.config._attn_implementation == "eager"
