@@ -16,6 +16,7 @@ from headatlas.circuits.longrange import (
     LongSettings,
     copy_hits,
     decode_run,
+    holds_value,
     layer_windows,
     needle_inputs,
     retrieval_bins,
@@ -172,6 +173,9 @@ def test_retrieval_score_on_hand_built_decode_rows():
     assert hits.tolist() == [[True, False], [False, False]]  # 3 is in the needle but holds 8; 5 holds 7, outside
     assert rouge1_recall("The magic number is 42.", "the number 42") == pytest.approx(3 / 5)
     assert rouge1_recall("a a b", "a") == pytest.approx(1 / 3)
+    needle = "The special magic number for the cup is 90076."
+    assert holds_value(needle, "90076") and holds_value(needle, "It is 90076.")
+    assert not holds_value(needle, "190076") and not holds_value(needle, "9007")
     assert retrieval_bins(np.array([0.0, 0.0, 0.05, 0.3, 0.9, np.nan])).tolist() == [0.4, 0.2, 0.2, 0.2]
     assert top_share(np.array([0.1, 0.9, 0.5, 0.2]), 0.5).tolist() == [False, True, True, False]
 

@@ -7,7 +7,9 @@ of the haystack, moved back to the end of the sentence before it), then the ques
 from the prompt. At each decoding step the query of the token just fed attends over every key; per head its top-1
 key counts as a copy when it lies in the needle and holds the token the step generates: the run's score of the
 head is (number of such steps) / (needle length). A run is *answered* when the ROUGE-1 recall of the response
-against the needle exceeds ``rouge_threshold`` (0.5, Wu's 50); the head's retrieval score is its mean over the
+against the needle exceeds ``rouge_threshold`` (0.5, Wu's 50) or, with ``answered_by_value``, when the response
+holds the needle's number (a model that answers the question with the number alone has retrieved it, as in
+passkey retrieval; ROUGE-1 against the whole sentence would give it 0.1); the head's retrieval score is its mean over the
 answered runs (no answered run: no score, said so). Decoding feeds one token at a time with the key/value cache,
 so only one query row per layer is ever materialised (the prompt is run without attention maps).
 
@@ -39,6 +41,7 @@ class LongSettings:
     needles: int = 2
     max_new_tokens: int = 24
     rouge_threshold: float = 0.5
+    answered_by_value: bool = True
     chat: bool = True
     block_lengths: tuple[int, ...] = (512,)
     blocks: int = 2
@@ -158,6 +161,12 @@ def step_top(rows, n_keys: int) -> np.ndarray:
     return np.stack([n_keys - r.shape[-1] + np.asarray(r).argmax(-1) for r in rows])
 
 
+def holds_value(needle: str, response: str) -> bool:
+    """The needle's number (its last word) appears in the response as a whole number (not inside a longer one)."""
+    number = needle.rsplit(" ", 1)[-1].rstrip(".")
+    return re.search(rf"(?<!\d){re.escape(number)}(?!\d)", response) is not None
+
+
 def copy_hits(top: np.ndarray, generated: int, ids: np.ndarray, start: int, end: int) -> np.ndarray:
     """[L, H] booleans of one decoding step: the head's top-1 key ``top`` [L, H] lies in the needle [start, end)
     and holds the generated token (Wu et al.'s copy-paste condition)."""
@@ -229,11 +238,11 @@ def retrieval_runs(lm_model, tokenizer, items: list[NeedleInput], settings: Long
     for item in items:
         r = decode_run(lm_model, tokenizer, item, settings.max_new_tokens)
         rouge = rouge1_recall(item.needle, r["response"])
-        number = item.needle.rsplit(" ", 1)[-1].rstrip(".")
+        found = holds_value(item.needle, r["response"])
         runs.append({"run": item.index, "length": item.length, "depth": item.depth, "needle": item.needle,
                      "needle_start": item.start, "needle_end": item.end, "response": r["response"],
-                     "rouge1_recall": rouge, "answered": rouge > settings.rouge_threshold,
-                     "number_found": number in r["response"], "steps": len(r["generated"])})  # fmt: skip
+                     "rouge1_recall": rouge, "answered": rouge > settings.rouge_threshold or (settings.answered_by_value and found),
+                     "number_found": found, "steps": len(r["generated"])})  # fmt: skip
         scores.append(r["score"])
         if log:
             log.info("needle run %d (%d tokens, depth %.2f): rouge1 %.2f %r", item.index, item.length, item.depth,
