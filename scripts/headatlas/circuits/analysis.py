@@ -446,12 +446,13 @@ def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, d
     hay = np.asarray(tokenizer(haystack, add_special_tokens=False)["input_ids"])
     items = needle_inputs(tokenizer, hay, long, bos, positions, chat_frame(tokenizer) if long.chat else None)
     runs = retrieval_runs(lm_model, tokenizer, items, long, log)
+    window = window_check(pd.DataFrame(runs["runs"]), runs["scores"], layer_windows(config), spec.name)
+    assert_windows(window)  # before the repeated blocks: a failed check fails the rule early
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     lr = long_range_scores(model, tokenizer, "decoder", bos, long, pad, spec.name)
     short = None if detectors is None else _main_means(detectors, "induction", n_layers, n_heads).ravel()
     out = long_tables(runs["runs"], runs["scores"], lr, short, spec.name, n_layers, n_heads, settings)
-    out["window"] = window_check(out["runs"], runs["scores"], layer_windows(config), spec.name)
-    assert_windows(out["window"])
+    out["window"] = window
     if too_long:
         if log is not None:
             log.warning("model %s: %s", spec.name, too_long)
