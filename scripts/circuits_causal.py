@@ -33,7 +33,11 @@ if lm_model is None:
 else:
     model, tokenizer, config = load(spec, cache_dir=cache)
     if not sm.params.induction["activate"] or detectors is None:
-        why = "off" if not sm.params.induction["activate"] else "analysis.detectors does not cover the model"
+        why = (
+            "off"
+            if not sm.params.induction["activate"]
+            else "analysis.detectors does not cover the model (the check reads its heads and inputs)"
+        )
         summary, per_head = A.skipped(spec.name, why), pd.DataFrame()
     else:
         det = DetectorSettings.from_config(sm.params.detectors)
@@ -46,9 +50,14 @@ else:
     else:
         tables = A.long_skipped(spec.name, n_layers, n_heads, "analysis.circuits.long.activate is false")
 tables["heads"]["circ_note"] = tables["note"]
-outputs = {"summary": summary, "per_head": per_head, **{k: tables[k] for k in ("runs", "heads", "bins", "sets")}}
+outputs = {
+    "summary": summary,
+    "per_head": per_head,
+    **{k: tables[k] for k in ("runs", "heads", "bins", "sets", "window")},
+}
 for key, df in outputs.items():
     write_tsv(df, sm.output[key], float_format="%.5g")
 log.info("model %s: induction check\n%s\n%s", spec.name, summary.T.to_string(), per_head.to_string())
-log.info("model %s: long inputs\n%s\n%s", spec.name, tables["bins"].to_string(), tables["sets"].to_string())
+log.info("model %s: long inputs\n%s\n%s\n%s", spec.name, tables["bins"].to_string(), tables["sets"].to_string(),
+         tables["window"].to_string())  # fmt: skip
 write_tables_html(sm)

@@ -16,9 +16,12 @@ from headatlas.circuits.longrange import (
     LongSettings,
     copy_hits,
     decode_run,
+    holds_value,
+    layer_windows,
     needle_inputs,
     retrieval_bins,
     rouge1_recall,
+    step_top,
     top_share,
 )
 
@@ -170,6 +173,9 @@ def test_retrieval_score_on_hand_built_decode_rows():
     assert hits.tolist() == [[True, False], [False, False]]  # 3 is in the needle but holds 8; 5 holds 7, outside
     assert rouge1_recall("The magic number is 42.", "the number 42") == pytest.approx(3 / 5)
     assert rouge1_recall("a a b", "a") == pytest.approx(1 / 3)
+    needle = "The special magic number for the cup is 90076."
+    assert holds_value(needle, "90076") and holds_value(needle, "It is 90076.")
+    assert not holds_value(needle, "190076") and not holds_value(needle, "9007")
     assert retrieval_bins(np.array([0.0, 0.0, 0.05, 0.3, 0.9, np.nan])).tolist() == [0.4, 0.2, 0.2, 0.2]
     assert top_share(np.array([0.1, 0.9, 0.5, 0.2]), 0.5).tolist() == [False, True, True, False]
 
@@ -285,3 +291,119 @@ def test_long_inputs_beyond_the_models_positions_are_left_out_with_a_note():
     )
     same, none = A.fitting_lengths(LongSettings(lengths=(128,), block_lengths=(64,)), 256)
     assert same == LongSettings(lengths=(128,), block_lengths=(64,)) and none == ""
+
+
+def test_step_top_maps_a_sliding_windows_row_to_positions():
+    """A sliding-window layer's cache holds only its last keys: index i of its row is position n - k + i."""
+    window = np.array([[0.1, 0.7, 0.1, 0.1], [0.0, 0.0, 0.2, 0.8]])  # [H, 4]: the last 4 of 10 keys
+    full = np.array([[0.5] + [0.5 / 9] * 9, [0.0] * 9 + [1.0]])  # [H, 10]
+    assert step_top([window, full], 10).tolist() == [[7, 9], [0, 9]]
+
+
+def sliding_decode(window: int, start: int, end: int, n: int, steps: int):
+    """Hand-built decoding rows of a two-layer, two-head model whose layer 1 attends within ``window`` keys and
+    layer 2 globally. At step j (k keys) the sliding heads read needle token j where their window holds it (row
+    index start + j - (k - window)), else row index start + j (read as a position of the prompt, needle token j);
+    global head 1 reads the BOS, global head 2 needle token j. The prompt is ``n`` tokens, the needle [start, end) holds tokens 100, 101, ...; step
+    j generates 100 + j."""
+    ids = np.arange(n) + 1000
+    ids[start:end] = 100 + np.arange(end - start)
+    seq, hits = ids.copy(), np.zeros((2, 2))
+    for j in range(steps):
+        k = len(seq)
+        slide = np.zeros((2, min(window, k)))
+        visible = start + j >= k - window
+        slide[:, start + j - (k - window) if visible else start + j] = 1.0
+        glob = np.zeros((2, k))
+        glob[0, 0] = 1.0
+        glob[1, start + j] = 1.0  # the needle's token j
+        gen = 100 + j
+        hits += copy_hits(step_top([slide, glob], k), gen, seq, start, end)
+        seq = np.append(seq, gen)
+    return hits / (end - start)
+
+
+def test_window_check_on_hand_built_decode_rows():
+    """A needle beyond the window: the sliding layer's heads score 0 (read as positions of the prompt, their row
+    indices would be the needle's tokens: 1 each); the global head that reads the needle scores 1. A needle inside
+    the window: the sliding heads copy it too, and the check passes."""
+    far = sliding_decode(window=8, start=1, end=4, n=40, steps=3)
+    assert far.tolist() == [[0.0, 0.0], [0.0, 1.0]]
+    near = sliding_decode(window=8, start=34, end=37, n=40, steps=3)
+    assert near.tolist() == [[1.0, 1.0], [0.0, 1.0]]
+    runs = pd.DataFrame({"run": [0, 1], "length": 40, "depth": [0.0, 0.9], "needle_start": [1, 34],
+                         "needle_end": [4, 37], "answered": True})  # fmt: skip
+    table = A.window_check(runs, np.stack([far, near]), np.array([8, 0]), "m")
+    assert table["distance"].tolist() == [36, 3] and table["beyond_window"].tolist() == [True, False]
+    assert table["window"].tolist() == [8, 8] and table["sliding_layers"].tolist() == ["1", "1"]
+    assert table["global_layers"].tolist() == ["2", "2"] and table["max_global"].tolist() == [1.0, 1.0]
+    assert table["max_sliding"].tolist() == [0.0, 1.0] and table["ok"].all()
+    A.assert_windows(table)
+    wrong = np.stack([far, near])
+    wrong[0, 0, 1] = 1 / 3  # a sliding head copying a needle 36 tokens back through an 8-key window
+    bad = A.window_check(runs, wrong, np.array([8, 0]), "m")
+    assert bad["ok"].tolist() == [False, True]
+    with pytest.raises(RuntimeError, match="run 0 \\(needle 36 tokens back, window 8"):
+        A.assert_windows(bad)
+    assert A.window_check(runs, wrong, np.array([8, 0]), "m")["ok"].tolist() == [False, True]
+    skip = A.window_check(runs, wrong, np.array([0, 0]), "m")
+    assert skip[["status", "reason"]].values.tolist() == [["skipped", "no sliding-window layers"]]
+
+
+def tiny_gemma3(vocab_size: int, window: int):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=window,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                           max_position_embeddings=512, attn_implementation="eager")  # fmt: skip
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def test_layer_windows_name_the_sliding_layers():
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    assert layer_windows(tiny_gemma3(64, 16).config).tolist() == [16, 16, 0]
+    assert layer_windows(LlamaConfig(num_hidden_layers=2)).tolist() == [0, 0]
+    assert layer_windows(SimpleNamespace(num_hidden_layers=2, sliding_window=4096)).tolist() == [4096, 4096]
+
+
+def test_decode_run_on_a_sliding_window_cache(bpe_tokenizer):
+    """Gemma-3's cache keeps a sliding layer's last keys only (rows of ``window`` keys beside the global layer's
+    full rows): decoding reads them as positions, and a needle beyond the window scores 0 on sliding heads."""
+    lm = tiny_gemma3(len(bpe_tokenizer), 16)
+    it = needle_inputs(bpe_tokenizer, haystack(bpe_tokenizer), LongSettings(lengths=(160,), depths=(0.1,), needles=1),
+                       0, 512)[0]  # fmt: skip
+    r = decode_run(lm, bpe_tokenizer, it, max_new_tokens=4)
+    assert r["score"].shape == (3, 2) and it.length - it.end >= 16
+    runs = pd.DataFrame([{"run": 0, "length": it.length, "depth": 0.1, "needle_start": it.start,
+                          "needle_end": it.end, "answered": False}])  # fmt: skip
+    table = A.window_check(runs, r["score"][None], layer_windows(lm.config), "tiny")
+    assert table["beyond_window"].all() and table["ok"].all() and (r["score"][:2] == 0).all()
+
+
+def test_agreement_includes_the_ablation_effect_or_says_not_run():
+    heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "circ_retrieval": [0.4, 0.3, 0.2, 0.1],
+                          "circ_echo_long": [0.1, 0.2, 0.3, 0.4], "circ_note": ""})  # fmt: skip
+    s = A.CircuitSettings(bootstrap=20, agreement_top_k=2)
+    none = A.agreement(heads, None, None, "m", s)
+    assert none[["score_a", "score_b", "status"]].values.tolist() == [
+        ["retrieval", "echo_long", "ok"],
+        ["induction_long", "", "skipped: long inputs not run"],
+        ["induction_short", "", "not run: analysis.detectors does not cover the model"],
+        ["sink", "", "not run: analysis.detectors does not cover the model"],
+        ["ablation", "", "not run: analysis.ablation does not cover the model"],
+    ]
+    assert none["spearman"].iloc[0] == pytest.approx(-1.0) and none["top_k_overlap"].iloc[0] == 0
+    abl = pd.DataFrame({"task": "lm", "status": "ok", "reason": "", "metric": "loss", "layer": [0, 0, 1, 1],
+                        "head": [0, 1, 0, 1], "effect": [0.9, np.nan, 0.5, 0.1]})  # fmt: skip
+    t = A.agreement(heads, None, abl, "m", s).set_index(["score_a", "score_b"])
+    row = t.loc[("retrieval", "ablation_lm_loss")]
+    assert row["status"] == "ok" and row["n_heads"] == 3 and row["spearman"] == pytest.approx(1.0)
+    assert row["top_k_overlap"] == 2 and ("ablation", "") not in t.index
+    skipped = abl.assign(status="skipped", reason="no LM head", effect=np.nan)
+    t = A.agreement(heads, None, skipped, "m", s).set_index("score_a")
+    assert t.loc["ablation", "status"] == "skipped: no LM head"

@@ -232,6 +232,10 @@ def test_extended_config_passes_the_schema():
     assert any(c.get("kind") == "wikitext_long" and c["tokens"] == 2048 for c in cfg["corpora"].values())
     default = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     assert not {"mpnet", "gemma3"} & {m["name"] for m in default["models"]}  # opt-in only
+    # the circuits' induction check reads the detectors' table: the detectors cover the decoders
+    circuits, detectors = cfg["analysis"]["circuits"], cfg["analysis"].get("detectors")
+    assert circuits.get("induction", {}).get("activate", True) and detectors is not None
+    assert not detectors.get("models") or {"smollm2", "gemma3"} <= set(detectors["models"])
 
 
 @pytest.mark.skipif(not (HAVE_MPNET and HAVE_GEMMA), reason="the opt-in model packages are not installed")
@@ -252,6 +256,7 @@ def test_extended_config_dry_runs_and_a_too_long_corpus_fails_at_parse_time(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "results/position/gemma3/wiki_2048/position.tsv" in out
+    assert "results/circuits/gemma3/window_check.tsv" in out and "results/detectors/gemma3/heads.tsv" in out
     assert "results/attention/minilm/wiki_2048" not in out  # the corpus's models list leaves the encoders out
     cfg = yaml.safe_load((REPO / "config" / "extended.yaml").read_text())
     del cfg["corpora"]["wiki_2048"]["models"]  # now MiniLM (512 positions) would extract 2048-token inputs

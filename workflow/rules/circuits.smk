@@ -57,6 +57,7 @@ rule circuits_causal:
             labels={"item": "Retrieval heads beside Wu et al. (table)"},
         ),
         sets="results/circuits/{model}/long_sets.tsv",
+        window="results/circuits/{model}/window_check.tsv",
     log:
         "logs/circuits_causal/{model}.log",
     benchmark:

@@ -27,6 +27,7 @@ def circuits_targets():
                 "composition_summary.tsv",
                 "induction.tsv",
                 "retrieval_bins.tsv",
+                "window_check.tsv",
             )
         ]
     return out

@@ -248,42 +248,111 @@ def long_tables(runs: list[dict], scores: np.ndarray, long_range: dict, short_in
     return {"runs": runs_df, "heads": heads, "bins": bins_df, "sets": pd.DataFrame(sets), "note": note}
 
 
+WINDOW_COLUMNS = ["model", "status", "reason", "run", "length", "depth", "needle_start", "needle_end", "distance",
+                  "window", "beyond_window", "answered", "sliding_layers", "global_layers", "sliding_heads",
+                  "max_sliding", "max_global", "ok"]  # fmt: skip
+
+
+def window_check(runs: pd.DataFrame, scores: np.ndarray, windows: np.ndarray, model: str) -> pd.DataFrame:
+    """The structural check of a model with sliding-window layers (``windows`` [L], 0 = global: ``longrange.
+    layer_windows``). A head of a layer with a window of w keys sees key j from the query at q only when q - j < w.
+    The first answer token's query sits at the prompt's last position (``length`` - 1) and later ones further on,
+    so when the needle's last token lies ``distance`` = length - needle_end >= w positions before it, no head of
+    that layer can attend to the needle at any step: its score in that run must be 0. One row per needle run and
+    window: the distance, whether the needle lies beyond the window, the largest run score of the window's heads
+    (``max_sliding``) and of the global layers' heads (``max_global``), and ``ok`` (beyond the window: exactly 0).
+    Layers are 1-based in the text columns. A model without sliding-window layers gets one skipped row."""
+    windows = np.asarray(windows, dtype=int)
+    if not (windows > 0).any() or not len(runs):
+        reason = "no sliding-window layers" if not (windows > 0).any() else "no needle runs"
+        return pd.DataFrame([{"model": model, "status": "skipped", "reason": reason}], columns=WINDOW_COLUMNS)
+    layers = lambda mask: " ".join(str(i + 1) for i in np.flatnonzero(mask))  # noqa: E731
+    glob = windows == 0
+    rows = []
+    for r, run in enumerate(runs.to_dict("records")):
+        dist = int(run["length"]) - int(run["needle_end"])
+        for w in np.unique(windows[windows > 0]):
+            sliding = scores[r][windows == w]
+            beyond = dist >= w
+            top = float(sliding.max())
+            rows.append({"model": model, "status": "ok", "reason": "", "run": run["run"], "length": run["length"],
+                         "depth": run["depth"], "needle_start": run["needle_start"], "needle_end": run["needle_end"],
+                         "distance": dist, "window": int(w), "beyond_window": bool(beyond),
+                         "answered": bool(run["answered"]), "sliding_layers": layers(windows == w),
+                         "global_layers": layers(glob), "sliding_heads": int(sliding.size), "max_sliding": top,
+                         "max_global": float(scores[r][glob].max()) if glob.any() else np.nan,
+                         "ok": bool(top == 0) if beyond else True})  # fmt: skip
+    return pd.DataFrame(rows, columns=WINDOW_COLUMNS)
+
+
+def assert_windows(table: pd.DataFrame) -> None:
+    """An error naming the runs where a sliding-window head scored for a needle beyond its window (the decoding
+    read a key the layer cannot see: the retrieval scores would be wrong)."""
+    bad = table[table["status"].eq("ok") & ~table["ok"].astype(bool)] if len(table) else table
+    if len(bad):
+        runs = ", ".join(f"run {r.run} (needle {r.distance} tokens back, window {r.window}, score {r.max_sliding:.3g})"
+                         for r in bad.itertuples())  # fmt: skip
+        raise RuntimeError(f"model {table['model'].iloc[0]}: sliding-window heads scored beyond their window: {runs}")
+
+
 # --- the join and the agreement ---------------------------------------------------------------------------------
+
+
+AGREEMENT_COLUMNS = ["model", "score_a", "score_b", "status", "n_heads", "spearman", "ci_low", "ci_high", "p", "top_k",
+                     "top_k_overlap", "top_k_jaccard", "top_k_chance"]  # fmt: skip
 
 
 def agreement(heads: pd.DataFrame, detectors: pd.DataFrame | None, ablation: pd.DataFrame | None, model: str,
               settings: CircuitSettings) -> pd.DataFrame:  # fmt: skip
     """Spearman (bootstrap CI over heads) and top-k overlap between every pair of: retrieval, echo and induction at
-    long range, short-range induction and sink (detectors), the LM-loss ablation effect."""
+    long range, short-range induction and sink (detectors), the ablation effect (``ablation_<task>_loss``: ablated -
+    intact loss of each head, exact or checked estimate; NaN heads left out). ``detectors`` / ``ablation`` are None
+    when that analysis does not cover the model; a score that is absent gets one row with ``status`` saying why
+    ("not run: ..." / "skipped: ..."; its numbers NaN) instead of leaving the table silent."""
     from ..core.agreement import spearman_ci, topk_overlap
 
     s = settings
-    cols = {}
+    cols, missing = {}, {}
+    notes = {p for n in heads.get("circ_note", pd.Series(dtype=str)).dropna().astype(str) for p in n.split("; ")}
     for name, col in (("retrieval", "circ_retrieval"), ("echo_long", "circ_echo_long"),
                       ("induction_long", "circ_induction_long")):  # fmt: skip
         if col in heads and heads[col].notna().any():
             cols[name] = heads[col].to_numpy(float)
+        else:
+            why = sorted(p for p in notes if p.startswith(("long inputs", "retrieval")))
+            missing[name] = "skipped: " + ("; ".join(why) or ("no score" if col in heads else "long inputs not run"))
     base = heads[KEY]
-    if detectors is not None:
+    if detectors is None:
+        for name in ("induction_short", "sink"):
+            missing[name] = "not run: analysis.detectors does not cover the model"
+    else:
         main = detectors[detectors["main"].map(lambda v: str(v) == "True")]
         for det, name in (("induction", "induction_short"), ("sink", "sink")):
             d = main[main["detector"] == det][KEY + ["mean"]]
             cols[name] = base.merge(d, on=KEY, how="left")["mean"].to_numpy(float)
-    if ablation is not None and len(ablation) and "effect" in ablation:
-        a = ablation[(ablation.get("task") == "lm") & (ablation.get("metric") == "loss")][KEY + ["effect"]]
-        if len(a):
-            cols["ablation_lm_loss"] = base.merge(a, on=KEY, how="left")["effect"].to_numpy(float)
+    if ablation is None:
+        missing["ablation"] = "not run: analysis.ablation does not cover the model"
+    else:
+        ok = ablation[(ablation["status"] == "ok") & (ablation["metric"] == "loss")] if len(ablation) else ablation
+        for task, a in ok.groupby("task", sort=False) if len(ok) else ():
+            if a["effect"].notna().any():
+                cols[f"ablation_{task}_loss"] = base.merge(a[KEY + ["effect"]], on=KEY, how="left")["effect"].to_numpy(
+                    float
+                )
+        if not any(n.startswith("ablation_") for n in cols):
+            reasons = ablation["reason"].dropna().astype(str).unique() if "reason" in ablation else []
+            missing["ablation"] = "skipped: " + ("; ".join(r for r in reasons if r) or "no head effect")
     names = list(cols)
     rows = []
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             rho, lo, hi, p, n = spearman_ci(cols[a], cols[b], s.bootstrap, s.seed)
             both, jac, chance = topk_overlap(cols[a], cols[b], s.agreement_top_k)
-            rows.append({"model": model, "score_a": a, "score_b": b, "n_heads": n, "spearman": rho, "ci_low": lo,
-                         "ci_high": hi, "p": p, "top_k": s.agreement_top_k, "top_k_overlap": both,
+            rows.append({"model": model, "score_a": a, "score_b": b, "status": "ok", "n_heads": n, "spearman": rho,
+                         "ci_low": lo, "ci_high": hi, "p": p, "top_k": s.agreement_top_k, "top_k_overlap": both,
                          "top_k_jaccard": jac, "top_k_chance": chance})  # fmt: skip
-    return pd.DataFrame(rows, columns=["model", "score_a", "score_b", "n_heads", "spearman", "ci_low", "ci_high", "p",
-                                       "top_k", "top_k_overlap", "top_k_jaccard", "top_k_chance"])  # fmt: skip
+    rows += [{"model": model, "score_a": name, "score_b": "", "status": why} for name, why in missing.items()]
+    return pd.DataFrame(rows, columns=AGREEMENT_COLUMNS)
 
 
 def join_heads(weights: pd.DataFrame, long: pd.DataFrame | None, induction: pd.DataFrame | None,
@@ -321,7 +390,7 @@ def long_skipped(model: str, n_layers: int, n_heads: int, reason: str) -> dict:
     heads = pd.DataFrame({"layer": np.arange(n) // n_heads, "head": np.arange(n) % n_heads})
     row = {"model": model, "status": "skipped", "reason": reason}
     return {"runs": pd.DataFrame([row]), "heads": heads, "bins": pd.DataFrame([row]), "sets": pd.DataFrame([row]),
-            "note": f"long inputs: skipped: {reason}"}  # fmt: skip
+            "window": pd.DataFrame([row], columns=WINDOW_COLUMNS), "note": f"long inputs: skipped: {reason}"}  # fmt: skip
 
 
 def model_kind_only(spec, cache_dir) -> tuple[str, object]:
@@ -368,7 +437,7 @@ def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, d
     """The long-input tables of one causal model (:func:`long_tables`): needle runs on ``haystack`` (text), the
     long-range echo / induction scores, their overlap with the detectors' short-range induction heads."""
     from ..core.models import decoder_bos
-    from .longrange import chat_frame, long_range_scores, needle_inputs, retrieval_runs
+    from .longrange import chat_frame, layer_windows, long_range_scores, needle_inputs, retrieval_runs
 
     n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
     positions = int(getattr(config, "max_position_embeddings", 0) or spec.max_length)
@@ -377,10 +446,13 @@ def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, d
     hay = np.asarray(tokenizer(haystack, add_special_tokens=False)["input_ids"])
     items = needle_inputs(tokenizer, hay, long, bos, positions, chat_frame(tokenizer) if long.chat else None)
     runs = retrieval_runs(lm_model, tokenizer, items, long, log)
+    window = window_check(pd.DataFrame(runs["runs"]), runs["scores"], layer_windows(config), spec.name)
+    assert_windows(window)  # before the repeated blocks: a failed check fails the rule early
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     lr = long_range_scores(model, tokenizer, "decoder", bos, long, pad, spec.name)
     short = None if detectors is None else _main_means(detectors, "induction", n_layers, n_heads).ravel()
     out = long_tables(runs["runs"], runs["scores"], lr, short, spec.name, n_layers, n_heads, settings)
+    out["window"] = window
     if too_long:
         if log is not None:
             log.warning("model %s: %s", spec.name, too_long)

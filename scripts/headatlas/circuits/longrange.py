@@ -7,7 +7,9 @@ of the haystack, moved back to the end of the sentence before it), then the ques
 from the prompt. At each decoding step the query of the token just fed attends over every key; per head its top-1
 key counts as a copy when it lies in the needle and holds the token the step generates: the run's score of the
 head is (number of such steps) / (needle length). A run is *answered* when the ROUGE-1 recall of the response
-against the needle exceeds ``rouge_threshold`` (0.5, Wu's 50); the head's retrieval score is its mean over the
+against the needle exceeds ``rouge_threshold`` (0.5, Wu's 50) or, with ``answered_by_value``, when the response
+holds the needle's number (a model that answers the question with the number alone has retrieved it, as in
+passkey retrieval; ROUGE-1 against the whole sentence would give it 0.1); the head's retrieval score is its mean over the
 answered runs (no answered run: no score, said so). Decoding feeds one token at a time with the key/value cache,
 so only one query row per layer is ever materialised (the prompt is run without attention maps).
 
@@ -39,6 +41,7 @@ class LongSettings:
     needles: int = 2
     max_new_tokens: int = 24
     rouge_threshold: float = 0.5
+    answered_by_value: bool = True
     chat: bool = True
     block_lengths: tuple[int, ...] = (512,)
     blocks: int = 2
@@ -151,6 +154,19 @@ def rouge1_recall(reference: str, response: str) -> float:
     return sum(min(c, hyp[w]) for w, c in ref.items()) / total if total else 0.0
 
 
+def step_top(rows, n_keys: int) -> np.ndarray:
+    """[L, H] position of each head's top-1 key at one decoding step, from the step's query rows (one [H, k_l]
+    array per layer over the ``n_keys`` positions so far, the query's own included). A sliding-window layer's
+    cache holds only its last k_l keys (Gemma, Mistral), so index i of its row is position n_keys - k_l + i."""
+    return np.stack([n_keys - r.shape[-1] + np.asarray(r).argmax(-1) for r in rows])
+
+
+def holds_value(needle: str, response: str) -> bool:
+    """The needle's number (its last word) appears in the response as a whole number (not inside a longer one)."""
+    number = needle.rsplit(" ", 1)[-1].rstrip(".")
+    return re.search(rf"(?<!\d){re.escape(number)}(?!\d)", response) is not None
+
+
 def copy_hits(top: np.ndarray, generated: int, ids: np.ndarray, start: int, end: int) -> np.ndarray:
     """[L, H] booleans of one decoding step: the head's top-1 key ``top`` [L, H] lies in the needle [start, end)
     and holds the generated token (Wu et al.'s copy-paste condition)."""
@@ -183,14 +199,16 @@ def decode_run(lm_model, tokenizer, item: NeedleInput, max_new_tokens: int) -> d
     hits = np.zeros((n_layers, n_heads))
     generated = []
     impl = getattr(lm_model.config, "_attn_implementation", "eager")
-    key = "cache" if "cache" in inspect.signature(lm_model.forward).parameters else "past_key_values"
+    params = inspect.signature(lm_model.forward).parameters
+    key = "cache" if "cache" in params else "past_key_values"
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # the prompt's logits are never read
     with torch.inference_mode():
         try:  # the prompt: no attention maps, the fastest kernel
             lm_model.set_attn_implementation("sdpa")
         except (ValueError, AttributeError):
             pass
         try:
-            out = lm_model(input_ids=torch.as_tensor(ids[None, :-1]), use_cache=True)
+            out = lm_model(input_ids=torch.as_tensor(ids[None, :-1]), use_cache=True, **keep)
         finally:
             lm_model.set_attn_implementation(impl)
         past, inp = _cache(out), int(ids[-1])
@@ -200,9 +218,8 @@ def decode_run(lm_model, tokenizer, item: NeedleInput, max_new_tokens: int) -> d
             out = lm_model(**step)
             past = _cache(out)
             nxt = int(out.logits[0, -1].argmax())
-            rows = torch.stack([a[0, :, -1, :] for a in out.attentions])  # [L, H, keys]: one query row per layer
-            top = rows.argmax(-1).cpu().numpy()
-            hits += copy_hits(top, nxt, seq, item.start, item.end)
+            rows = [a[0, :, -1, :].float().cpu().numpy() for a in out.attentions]  # one query row per layer
+            hits += copy_hits(step_top(rows, len(seq)), nxt, seq, item.start, item.end)
             generated.append(nxt)
             seq = np.append(seq, nxt)
             inp = nxt
@@ -221,16 +238,31 @@ def retrieval_runs(lm_model, tokenizer, items: list[NeedleInput], settings: Long
     for item in items:
         r = decode_run(lm_model, tokenizer, item, settings.max_new_tokens)
         rouge = rouge1_recall(item.needle, r["response"])
-        number = item.needle.rsplit(" ", 1)[-1].rstrip(".")
+        found = holds_value(item.needle, r["response"])
         runs.append({"run": item.index, "length": item.length, "depth": item.depth, "needle": item.needle,
                      "needle_start": item.start, "needle_end": item.end, "response": r["response"],
-                     "rouge1_recall": rouge, "answered": rouge > settings.rouge_threshold,
-                     "number_found": number in r["response"], "steps": len(r["generated"])})  # fmt: skip
+                     "rouge1_recall": rouge, "answered": rouge > settings.rouge_threshold or (settings.answered_by_value and found),
+                     "number_found": found, "steps": len(r["generated"])})  # fmt: skip
         scores.append(r["score"])
         if log:
             log.info("needle run %d (%d tokens, depth %.2f): rouge1 %.2f %r", item.index, item.length, item.depth,
                      rouge, r["response"][:80])  # fmt: skip
     return {"runs": runs, "scores": np.stack(scores) if scores else np.zeros((0, 0, 0))}
+
+
+def layer_windows(config) -> np.ndarray:
+    """[L] each layer's attention window in keys, 0 for a global layer: ``sliding_window`` on the layers whose
+    ``layer_types`` entry is "sliding_attention" (Gemma 2/3; transformers' configs), on every layer of a config
+    with a window and no layer types (older Mistral), none without ``sliding_window``. A query at position q of
+    such a layer sees key j only when q - j < window (its own key included)."""
+    n = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    if not window or not getattr(config, "use_sliding_window", True):
+        return np.zeros(n, dtype=int)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return np.full(n, int(window))
+    return np.array([int(window) if t == "sliding_attention" else 0 for t in types], dtype=int)
 
 
 def retrieval_bins(score: np.ndarray) -> np.ndarray:
