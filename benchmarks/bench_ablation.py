@@ -58,9 +58,9 @@ METHODS = {  # name: (estimator, steps); the cost in passes (forward, backward) 
 
 
 def passes(method: str, steps: int, L: int) -> tuple[float, float]:
-    """Nominal (forward, backward) passes: ig runs a block per layer from that layer on ((L + 1) / 2 L of a
-    pass per layer on average), once per step."""
-    return {"atp": (1, 1), "atpstar": (1, L + 1), "ig": (steps * (L + 1) / 2, steps * (L + 1) / 2)}[method]
+    """Nominal (forward, backward) full passes. ig, per step: a block per layer, one per pass where the rows
+    allow only one (SmolLM2), each forward a full pass, each backward from the last layer to the block's."""
+    return {"atp": (1, 1), "atpstar": (1, L + 1), "ig": (steps * L, steps * (L + 1) / 2)}[method]
 
 
 CACHE = {"smollm2": "results/models/gguf/smollm2", "minilm-sst2": "results/models/finetuned/minilm-sst2"}

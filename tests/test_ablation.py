@@ -447,6 +447,8 @@ def test_layer_path_ig_measures_single_heads_on_a_saturating_toy():
     up to the exact ablation of the whole layer, layer 1's single heads are exact (a path along all
     heads at once would move layer 0 too and miss them); where layer 0 saturates, 4 steps beat
     attribution patching."""
+    from headatlas.ablation.tasks import _layer_path_estimate
+
     ev = _toy_eval(_toy("saturating", saturated=1))
     values = ev.replacement("zero", 0)
     intact = ev.run()["loss"]
@@ -463,6 +465,9 @@ def test_layer_path_ig_measures_single_heads_on_a_saturating_toy():
     ig = ev.estimate(values, "ig", 4)
     ev.expand = False  # replicated inputs give the same estimates
     np.testing.assert_allclose(ev.estimate(values, "ig", 4), ig, rtol=1e-5, atol=1e-6)
+    part = _layer_path_estimate(ev, values, 4, 4096, only=[1])  # one layer's share of the work
+    assert np.isnan(part[:, :3]).all()
+    np.testing.assert_allclose(part[:, 3:], ig[:, 3:], rtol=1e-5, atol=1e-6)
     ev = _toy_eval(_toy("saturating"))  # layer 0 saturates: 4 steps, 3 times closer than attribution patching
     values = ev.replacement("zero", 0)
     exact = ev.exact(range(6), values)["loss"] - ev.run()["loss"][:, None]
