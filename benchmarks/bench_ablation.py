@@ -57,7 +57,7 @@ METHODS = {  # name: (estimator, steps); the cost in passes (forward, backward) 
 }
 
 
-def passes(method: str, steps: int, L: int) -> tuple[float, float]:
+def nominal_passes(method: str, steps: int, L: int) -> tuple[float, float]:
     """Nominal (forward, backward) full passes. ig, per step: a block per layer, one per pass where the rows
     allow only one (SmolLM2), each forward a full pass, each backward from the last layer to the block's."""
     return {"atp": (1, 1), "atpstar": (1, L + 1), "ig": (steps * L, steps * (L + 1) / 2)}[method]
@@ -186,7 +186,7 @@ def main(argv=None) -> None:
             samples = layer_samples(L, H, settings.check_heads, settings.check_seed)
             est_rows = []
             for key, (est, c) in estimates.items():
-                cost = passes(*METHODS[key], L)
+                cost = nominal_passes(*METHODS[key], L)
                 e = mean_ci(est, counts, settings.ci)[0]
                 lc = layer_check(e, x, lo, hi, samples, H)
                 failed = int((~lc["passed"]).sum())
