@@ -15,11 +15,14 @@ wall times are given too but mean little then):
 1. one intact pass over the evaluation set (the unit of cost: "passes");
 2. exact ablation of every head, batched with the batch expanded inside the model (layers before
    a head run once) and, on a sample of heads, with replicated inputs (every layer for every head);
-3. the estimators (attribution patching ``atp``; integrated gradients ``ig`` with 2 and 4 steps;
-   AtP* with GradDrop ``atpstar``):
+3. the estimators (attribution patching ``atp``; integrated gradients along each layer's path ``ig``
+   with 1, 2 and 4 steps; AtP* with GradDrop ``atpstar``):
    Spearman rho and top-10 overlap (largest |effect|) with the exact loss effects over all heads,
    the largest and mean absolute error, the cost in passes (forward + backward), and how many
    layers fail the per-layer check (``check_heads`` seeded heads per layer, as the rule does);
+   and the same agreement for what the atlas shows when the estimator is used (``checked``): exact
+   values for the checked heads and for every head of a failing layer (``on_check_fail: exact``),
+   the checked estimates elsewhere;
 4. the share of heads removable in the ablation order (exact effects) within the tolerance.
 
 ``--exact-from results/ablation`` takes the exact values from the files of rule ablation_exact
@@ -45,12 +48,21 @@ try:
 except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(REPO / "scripts"))
 
-METHODS = {
-    "atp": ("atp", 1, (1, 1)),
-    "ig2": ("ig", 2, (3, 2)),
-    "ig4": ("ig", 4, (5, 4)),
-    "atpstar": ("atpstar", 1, None),
+METHODS = {  # name: (estimator, steps); the cost in passes (forward, backward) is ``passes``
+    "atp": ("atp", 1),
+    "ig1": ("ig", 1),
+    "ig2": ("ig", 2),
+    "ig4": ("ig", 4),
+    "atpstar": ("atpstar", 1),
 }
+
+
+def nominal_passes(method: str, steps: int, L: int) -> tuple[float, float]:
+    """Nominal (forward, backward) full passes. ig, per step: a block per layer, one per pass where the rows
+    allow only one (SmolLM2), each forward a full pass, each backward from the last layer to the block's."""
+    return {"atp": (1, 1), "atpstar": (1, L + 1), "ig": (steps * L, steps * (L + 1) / 2)}[method]
+
+
 CACHE = {"smollm2": "results/models/gguf/smollm2", "minilm-sst2": "results/models/finetuned/minilm-sst2"}
 
 
@@ -142,9 +154,9 @@ def main(argv=None) -> None:
             out["pass_cpu_s"] = unit
             estimates = {}
             for key in args.methods:  # before the exact values, which --exact-from may still be waiting for
-                method, steps, _ = METHODS[key]
+                method, steps = METHODS[key]
                 with Clock() as c:
-                    estimates[key] = (ev.estimate(values, method, steps), c)
+                    estimates[key] = (ev.estimate(values, method, steps, settings.exact_max_rows), c)
             if args.exact_from:
                 parts = read_exact_parts(
                     exact_files(Path(args.exact_from) / name / "exact", section.get("exact_jobs", 2), args.wait_s)
@@ -174,14 +186,21 @@ def main(argv=None) -> None:
             samples = layer_samples(L, H, settings.check_heads, settings.check_seed)
             est_rows = []
             for key, (est, c) in estimates.items():
-                cost = METHODS[key][2] or (1, L + 1)
+                cost = nominal_passes(*METHODS[key], L)
                 e = mean_ci(est, counts, settings.ci)[0]
                 lc = layer_check(e, x, lo, hi, samples, H)
                 failed = int((~lc["passed"]).sum())
+                # what the atlas shows with this estimator: exact on the checked heads and failing layers
+                exact_mask = np.zeros((L, H), bool)
+                for lay, hs in enumerate(samples):
+                    exact_mask[lay, hs] = True
+                exact_mask[lc.loc[~lc["passed"], "layer"].astype(int).to_numpy()] = True
+                shown = np.where(exact_mask.ravel(), x, e)
+                checked = {f"checked_{k}": v for k, v in agreement(shown, x).items() if k != "n_compared"}
                 est_rows.append(dict(agreement(e, x), method=key,
                                      forward=cost[0], backward=cost[1], cpu_s=c.cpu, passes_measured=c.cpu / unit,
-                                     layers_failing_check=failed,
-                                     exact_heads_with_check=L * min(settings.check_heads, H) + failed * (H - min(settings.check_heads, H))))  # fmt: skip
+                                     layers_failing_check=failed, exact_heads_with_check=int(exact_mask.sum()),
+                                     **checked))  # fmt: skip
             out["estimators"] = est_rows
             metric = metrics_of(tname)[0]
             eff = x  # ablation order: smallest exact loss effect first
@@ -203,12 +222,14 @@ def main(argv=None) -> None:
                   f"{out['exact_all_passes']:.0f} passes ({out['expanded_cpu_s_per_head']:.2f} CPU-s/head; replicated "
                   f"inputs {out['replicated_cpu_s_per_head']:.2f} CPU-s/head)")  # fmt: skip
             print("| method | Spearman vs exact | top-10 overlap | largest error (nats) | mean error | passes (F+B) | "
-                  "CPU-s | layers failing the check |")  # fmt: skip
-            print("|---|---|---|---|---|---|---|---|")
+                  "CPU-s | layers failing the check | checked: exact heads | checked: Spearman | checked: top-10 | "
+                  "checked: largest error |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
             for r in est_rows:
                 print(f"| {r['method']} | {r['spearman']:.3f} | {r['top_k_overlap']}/10 | {r['max_abs_error']:.3f} | "
-                      f"{r['mean_abs_error']:.4f} | {r['forward']}+{r['backward']} | {r['cpu_s']:.1f} | "
-                      f"{r['layers_failing_check']}/{L} |")  # fmt: skip
+                      f"{r['mean_abs_error']:.4f} | {r['forward']:g}+{r['backward']:g} | {r['cpu_s']:.1f} | "
+                      f"{r['layers_failing_check']}/{L} | {r['exact_heads_with_check']} | {r['checked_spearman']:.3f} | "
+                      f"{r['checked_top_k_overlap']}/10 | {r['checked_max_abs_error']:.3f} |")  # fmt: skip
             print(f"removable: {out.get('removable')}")
             Path(args.json).write_text(json.dumps({"machine": platform.platform(), "threads": args.threads,
                                                    "load_average_start": load_start,

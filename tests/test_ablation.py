@@ -248,6 +248,37 @@ def test_batched_exact_equals_one_at_a_time(ablation_models, ewt_records):
         ev.expand = True
 
 
+@pytest.mark.parametrize("model", ["llama_lm", "bert_classifier"])
+def test_layer_path_ig_expanded_equals_replicated_and_adds_up_per_layer(model, ablation_models, ewt_records,
+                                                                       bert_vocab_file):  # fmt: skip
+    """Integrated gradients along each layer's path on a tiny Llama and a padded BERT classifier: the
+    blocks built inside the model give the estimates of replicated inputs, and a layer's estimates
+    add up to the exact effect of ablating the whole layer (completeness, 32 steps)."""
+    from headatlas.ablation.tasks import evaluations
+
+    if model == "llama_lm":
+        ev = evaluations(_spec(ablation_models / "llama_lm"), None, ewt_records, None, SMALL)[0]["lm"][0]
+    else:
+        ev = _padded_classifier(bert_vocab_file)
+    L, H = ev.n_layers, ev.n_heads
+    for mode in ("mean", "resample"):
+        values = ev.replacement(mode, 0)
+        ev.expand = True
+        got = ev.estimate(values, "ig", 2, max_rows=10**6)
+        assert ev.expand  # no fallback
+        ev.expand = False
+        np.testing.assert_allclose(ev.estimate(values, "ig", 2, max_rows=1), got, rtol=1e-4, atol=1e-6)
+    ev.expand = True
+    values = ev.replacement("mean", 0)
+    fine = ev.estimate(values, "ig", 32)
+    intact = ev.run()["loss"]
+    for layer in range(L):
+        mask = np.zeros((L, H), bool)
+        mask[layer] = True
+        whole = ev.run(mask, values)["loss"] - intact
+        np.testing.assert_allclose(fine[:, layer * H : (layer + 1) * H].sum(1), whole, atol=1e-2 * np.abs(whole).max())
+
+
 def _padded_classifier(bert_vocab_file, expect_expand=True):
     """A BERT classifier with padded batches (the attention mask is tiled to the expanded batch)."""
     import torch
@@ -276,6 +307,7 @@ def _padded_classifier(bert_vocab_file, expect_expand=True):
     np.testing.assert_allclose(got["loss"], np.stack([r["loss"] for r in ref], 1), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got["correct"], np.stack([r["correct"] for r in ref], 1))
     assert ev.expand == expect_expand  # the expansion worked on BERT (no fallback)
+    return ev
 
 
 def test_batched_exact_on_a_padded_classifier(bert_vocab_file):
@@ -306,10 +338,10 @@ class _Block:
     pass
 
 
-def _toy(kind: str, n_layers: int = 2, n_heads: int = 3, d: int = 2, seed: int = 0):
+def _toy(kind: str, n_layers: int = 2, n_heads: int = 3, d: int = 2, seed: int = 0, saturated: int = 0):
     """A 'llama'-named toy: per layer z = W h (per head), h <- h + o_proj(z); logits = h . r. With the
-    metric the logits' mean, the linear toy is linear in every z. ``saturating``: layer 0 has W and
-    o_proj the identity, positive embeddings and h <- h + 4 tanh(8 o_proj(z)): saturated at the
+    metric the logits' mean, the linear toy is linear in every z. ``saturating``: layer ``saturated``
+    has W and o_proj the identity, positive embeddings and h <- h + 4 tanh(8 o_proj(z)): saturated at the
     intact model (nearly flat gradient) but far from it when a head is set to zero. ``parallel``: linear,
     every layer reads the embeddings (z = W e), so a head acts on the logits directly only."""
     from types import SimpleNamespace
@@ -326,7 +358,7 @@ def _toy(kind: str, n_layers: int = 2, n_heads: int = 3, d: int = 2, seed: int =
             self.self_attn.o_proj = torch.nn.Linear(D, D, bias=False)
             self.w = torch.nn.Linear(D, D, bias=False)
             self.i = i
-            self.saturating = kind == "saturating" and i == 0
+            self.saturating = kind == "saturating" and i == saturated
             with torch.no_grad():
                 self.w.weight.copy_(torch.eye(D) if self.saturating else torch.randn(D, D, generator=g) * 0.5)
                 o = torch.eye(D) if self.saturating else torch.randn(D, D, generator=g) * 0.5
@@ -407,6 +439,40 @@ def test_atpstar_equals_exact_on_a_linear_toy(mode):
     direct = np.einsum("snhd,khd,k->sh", dz, W, r) / z.shape[2]
     np.testing.assert_allclose(np.abs(est[:, :3]), np.abs(direct), rtol=1e-4, atol=1e-5)
     assert not np.allclose(est[:, :3], exact[:, :3], atol=1e-3)  # not the total effect
+
+
+def test_layer_path_ig_measures_single_heads_on_a_saturating_toy():
+    """Layer 1 saturates (its heads act through separate tanh channels) and reads layer 0's output,
+    which mixes the heads. Integrated gradients along each layer's own path: a layer's estimates add
+    up to the exact ablation of the whole layer, layer 1's single heads are exact (a path along all
+    heads at once would move layer 0 too and miss them); where layer 0 saturates, 4 steps beat
+    attribution patching."""
+    from headatlas.ablation.tasks import _layer_path_estimate
+
+    ev = _toy_eval(_toy("saturating", saturated=1))
+    values = ev.replacement("zero", 0)
+    intact = ev.run()["loss"]
+    exact = ev.exact(range(6), values)["loss"] - intact[:, None]
+    atp = ev.estimate(values, "atp")
+    fine = ev.estimate(values, "ig", 64, max_rows=80)  # 2 blocks of 40 rows per pass: one layer each
+    for layer in range(2):
+        mask = np.zeros((2, 3), bool)
+        mask[layer] = True
+        whole = ev.run(mask, values)["loss"] - intact
+        np.testing.assert_allclose(fine[:, 3 * layer : 3 * layer + 3].sum(1), whole, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(fine[:, 3:], exact[:, 3:], rtol=1e-3, atol=1e-3)
+    assert np.abs(atp[:, 3:] - exact[:, 3:]).max() > 0.5  # saturated: the intact gradient misses it
+    ig = ev.estimate(values, "ig", 4)
+    ev.expand = False  # replicated inputs give the same estimates
+    np.testing.assert_allclose(ev.estimate(values, "ig", 4), ig, rtol=1e-5, atol=1e-6)
+    part = _layer_path_estimate(ev, values, 4, 4096, only=[1])  # one layer's share of the work
+    assert np.isnan(part[:, :3]).all()
+    np.testing.assert_allclose(part[:, 3:], ig[:, 3:], rtol=1e-5, atol=1e-6)
+    ev = _toy_eval(_toy("saturating"))  # layer 0 saturates: 4 steps, 3 times closer than attribution patching
+    values = ev.replacement("zero", 0)
+    exact = ev.exact(range(6), values)["loss"] - ev.run()["loss"][:, None]
+    error = {m: np.abs(ev.estimate(values, m, 4) - exact)[:, :3].mean() for m in ("atp", "ig")}
+    assert error["ig"] < error["atp"] / 2
 
 
 def test_saturating_toy_fails_the_layer_check_and_the_layer_is_marked():

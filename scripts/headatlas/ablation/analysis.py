@@ -205,7 +205,7 @@ def head_tables(
     everywhere = exact_everywhere(ev, s)
     samples = layer_samples(L, H, s.check_heads, s.check_seed)
     names = list(dict.fromkeys(s.compare_estimators)) if everywhere else [s.estimator]
-    est = {e: ev.estimate(values, e, s.ig_steps) for e in names}  # [S, N] loss effects
+    est = {e: ev.estimate(values, e, s.ig_steps, s.exact_max_rows) for e in names}  # [S, N] loss effects
     measure(range(N) if everywhere else sorted(lay * H + h for lay, hs in enumerate(samples) for h in hs))
 
     def summary(m):

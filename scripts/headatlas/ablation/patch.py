@@ -10,8 +10,9 @@ Three ways to run it:
   of that layer, so the layers before a head run once on the intact rows only (about half the
   work of replicating the inputs for every head); the intact rows are dropped after the last
   layer that needs them. With ``expand=False`` the caller replicates the inputs instead;
-- ``interpolated(alpha, values, base)``: every head moved the share ``alpha`` of the way from its
-  intact vector ``base`` to its replacement (integrated gradients along intact -> ablated).
+- ``layer_paths(layers, alpha, values, rows)``: one block per layer of ``layers`` in which every head
+  of that layer is moved the share ``alpha`` of the way from its intact vector to its replacement,
+  as a leaf tensor for the gradient (integrated gradients along each layer's own path).
 
 ``values`` is a :class:`Replacement`: per layer and head a vector (mean, zero) or, per batch row
 and position, another sequence's output of the head (resample).
@@ -118,8 +119,8 @@ class HeadPatch:
         self.n_heads = n_heads
         self.mask = None  # [L, H] bool tensor: heads replaced in every row
         self.values = None  # [L, H, d] or [L, B, n, H, d] tensor: their replacement
-        self.alpha = None  # interpolation: every head moved this share towards its replacement
-        self.base = None  # interpolation: the heads' intact vectors
+        self.alpha = None  # layer paths: a block's own layer moved this share towards its replacement
+        self.leaves: list = []  # layer paths, per block in order: (leaf at alpha, intact vector, replacement)
         self.blocks = None  # batched: per block of ``rows`` rows the flat head ablated (-1: intact)
         self.rows = 0
         self.plan: dict[int, list[int]] = {}  # expanded: layer -> heads whose blocks start there
@@ -148,6 +149,7 @@ class HeadPatch:
         self._calls = 0
         self._layer_calls = 0
         self.captured = []
+        self.leaves = []
         if self.plan:
             self.blocks = [-1]
 
@@ -163,11 +165,11 @@ class HeadPatch:
         x = args[0]
         heads = x.reshape(*x.shape[:-1], self.n_heads, -1)
         out = None
-        if self.alpha is not None:  # a constant offset: the gradient flows as at the intact model
-            out = heads + self.alpha * (self._values(layer, x) - self.base[:, layer].to(x.dtype))
-        elif self.blocks is not None:
+        if self.blocks is not None:
             hit = [(b, f % self.n_heads) for b, f in enumerate(self.blocks) if f >= 0 and f // self.n_heads == layer]
-            if hit:
+            if hit and self.alpha is not None:
+                out = self._path(heads, self._values(layer, x), [b for b, _ in hit])
+            elif hit:
                 import torch
 
                 m = torch.zeros(len(self.blocks), self.n_heads, dtype=torch.bool)
@@ -183,6 +185,18 @@ class HeadPatch:
         if self.capture:
             self.captured.append(x if out is None else out)
         return None if out is None else (out,) + tuple(args[1:])
+
+    def _path(self, heads, values, hit: list[int]):
+        """Blocks ``hit`` (their own layer): z0 + alpha (v - z0) for all heads, each block's as a leaf."""
+        import torch
+
+        pieces = list(heads.split(self.rows))
+        target = values.expand_as(heads).split(self.rows)
+        for b in hit:
+            z0, v = pieces[b].detach(), target[b].detach()
+            pieces[b] = (z0 + self.alpha * (v - z0)).requires_grad_(True)
+            self.leaves.append((pieces[b], z0, v))
+        return torch.cat(pieces)
 
     def _layer_hook(self, module, args, kwargs):
         layer = self._layer_calls % self.n_layers
@@ -248,16 +262,17 @@ class HeadPatch:
             self.values, self.blocks, self.plan, self.last = None, None, {}, -1
 
     @contextmanager
-    def interpolated(self, alpha: float, values, base):
-        """Every head's vector z gets the offset alpha (v - z0) inside the block, z0 = ``base``
-        [B, L, n, H, d] its intact value (downstream heads are recomputed, not held)."""
-        import torch
-
-        self.alpha, self.values, self.base = float(alpha), torch.as_tensor(values), base
+    def layer_paths(self, layers: list[int], alpha: float, values, rows: int, expand: bool):
+        """One block of ``rows`` rows per layer of ``layers`` (sorted), in which every head of that
+        layer is moved the share ``alpha`` from its intact vector z0 to its replacement v: the
+        layers before it run intact, the later ones are recomputed. After a forward pass ``leaves``
+        holds per block (z0 + alpha (v - z0) as a leaf tensor, z0, v) [rows, n, H, d]."""
+        self.alpha = float(alpha)
         try:
-            yield self
+            with self.batched([int(lay) * self.n_heads for lay in layers], values, rows, expand):
+                yield self
         finally:
-            self.alpha = self.values = self.base = None
+            self.alpha, self.leaves = None, []
 
 
 def random_heads(n_layers: int, n_heads: int, k: int, rng: np.random.Generator, exclude=()) -> list[tuple[int, int]]:
