@@ -219,9 +219,10 @@ def test_sieves_fused_equals_replayed_equals_today(name, reduced):
 def test_js_fused_equals_replayed_equals_today(name, reduced):
     today, replayed, fused = reduced[name]
     d, k, tokens = today[2]
-    for got in (replayed[2], fused[2]):
+    # fused runs map-free (auto): its rows are recomputed, and JS sums float32 entropy differences per token
+    for got, atol in ((replayed[2], TOL), (fused[2], max(TOL, 1e-6 * tokens))):
         assert got[1:] == (k, tokens)
-        np.testing.assert_allclose(got[0], d, rtol=1e-9, atol=TOL)
+        np.testing.assert_allclose(got[0], d, rtol=1e-9, atol=atol)
 
 
 class _Spy(Reducer):
