@@ -15,6 +15,7 @@ rule ablation_exact:
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,
@@ -60,6 +61,7 @@ rule ablation_heads:
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,
@@ -101,6 +103,7 @@ rule ablation_roles:
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,

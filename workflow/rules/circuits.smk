@@ -23,6 +23,7 @@ rule circuits_weights:
     conda:
         "../../envs/headatlas.yaml"
     threads: CIRCUITS["threads"]
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=4000,
         runtime=20,
@@ -65,6 +66,7 @@ rule circuits_causal:
     conda:
         "../../envs/headatlas.yaml"
     threads: CIRCUITS["threads"]
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,

@@ -72,6 +72,7 @@ rule detectors:
     conda:
         "../../envs/headatlas.yaml"
     threads: DETECTORS["threads"]
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=4000,
         runtime=30,
