@@ -19,6 +19,8 @@ _UNESCAPE = {"-LRB-": "(", "-RRB-": ")", "-LCB-": "{", "-RCB-": "}", "-LSB-": "[
 
 
 def _unescape(word: str) -> str:
+    if "-" not in word:  # nearly every word: no escape to look for
+        return word
     for esc, ch in _UNESCAPE.items():
         if esc in word:
             word = word.replace(esc, ch)
