@@ -12,10 +12,10 @@ rule ablation_exact:
         "results/benchmarks/ablation_exact/{model}/{part}.tsv"
     wildcard_constraints:
         part=r"\d+",
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
-    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,
@@ -58,10 +58,10 @@ rule ablation_heads:
         "logs/ablation_heads/{model}.log",
     benchmark:
         "results/benchmarks/ablation_heads/{model}.tsv"
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
-    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,
@@ -100,10 +100,10 @@ rule ablation_roles:
         "logs/ablation_roles/{model}.log",
     benchmark:
         "results/benchmarks/ablation_roles/{model}.tsv"
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     conda:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
-    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,

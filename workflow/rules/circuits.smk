@@ -20,10 +20,10 @@ rule circuits_weights:
         "logs/circuits_weights/{model}.log",
     benchmark:
         "results/benchmarks/circuits_weights/{model}.tsv"
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     conda:
         "../../envs/headatlas.yaml"
     threads: CIRCUITS["threads"]
-    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=4000,
         runtime=20,
@@ -63,10 +63,10 @@ rule circuits_causal:
         "logs/circuits_causal/{model}.log",
     benchmark:
         "results/benchmarks/circuits_causal/{model}.tsv"
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     conda:
         "../../envs/headatlas.yaml"
     threads: CIRCUITS["threads"]
-    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=6000,
         runtime=60,

@@ -69,10 +69,10 @@ rule detectors:
         "logs/detectors/{model}.log",
     benchmark:
         "results/benchmarks/detectors/{model}.tsv"
+    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     conda:
         "../../envs/headatlas.yaml"
     threads: DETECTORS["threads"]
-    priority: 5  # the longest chains of the run (model-running jobs that later rules wait on) first
     resources:
         mem_mb=4000,
         runtime=30,
