@@ -66,17 +66,17 @@ def run_extract(loaded, records, out, fused: bool, sample=None, part=slice(None)
 JS_PER_TOKEN = 1e-6  # JS distances map-free against eager: per query token summed (tests/test_mapfree.py)
 
 
-def assert_same(a, b, name, js_atol=TOL):
-    """Two results of one reducer within TOL (tables column by column, arrays, JS triples)."""
+def assert_same(a, b, name, js_atol=TOL, tol=TOL):
+    """Two results of one reducer within ``tol`` (tables column by column, arrays, JS triples)."""
     if isinstance(a, pd.DataFrame):
         assert list(a.columns) == list(b.columns)
         for col in a.columns:
             if a[col].dtype.kind == "f":
-                np.testing.assert_allclose(a[col], b[col], rtol=0, atol=TOL, equal_nan=True, err_msg=f"{name} {col}")
+                np.testing.assert_allclose(a[col], b[col], rtol=0, atol=tol, equal_nan=True, err_msg=f"{name} {col}")
             else:
                 assert a[col].tolist() == b[col].tolist(), f"{name} {col}"
     elif isinstance(a, dict):
-        np.testing.assert_allclose(a["scores"], b["scores"], rtol=TOL, atol=TOL, equal_nan=True)
+        np.testing.assert_allclose(a["scores"], b["scores"], rtol=tol, atol=tol, equal_nan=True)
         for key in ("pair_counts", "pairs_present", "is_pair"):
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
         assert a["roles"] == b["roles"] and a["notes"] == b["notes"]
@@ -307,7 +307,8 @@ def test_damaged_reduced_file_is_a_store_problem(stores, tmp_path):
 
 @pytest.mark.slow
 def test_minilm_fused_equals_replayed(tmp_path, capsys):
-    """The real MiniLM on 64 EWT dev sentences (gold trees): every reducer's table within 1e-6."""
+    """The real MiniLM on 64 EWT dev sentences (gold trees): every reducer's table of the fused store (map-free:
+    the default path) within 1e-5 of a replay of the full store's maps."""
     from conftest import EWT_DEV
 
     from headatlas.core.corpora import read_conllu, sentence_records
@@ -329,7 +330,7 @@ def test_minilm_fused_equals_replayed(tmp_path, capsys):
     for r in reducers():
         a = reduce_corpus(tmp_path / "full", r, records, batch_size=16)
         b = reduce_corpus(tmp_path / "fused", r, records)
-        assert_same(a, b, r.name)
+        assert_same(a, b, r.name, tol=1e-5)
         with capsys.disabled():
             if isinstance(a, pd.DataFrame):
                 cols = [c for c in a.columns if a[c].dtype.kind == "f"]
@@ -359,12 +360,19 @@ def _tables_close(a: Path, b: Path) -> list[str]:
         if list(x.columns) != list(y.columns) or len(x) != len(y):
             problems.append(f"{rel}: shape")
             continue
+        # JS distances of the tiny models' near-identical heads are ~4e-5 nats per token, summed float32 entropy
+        # differences (~1e-7 per token): their sums and ratios move by up to 1e-2 relative between the eager
+        # and the map-free rows (MiniLM and SmolLM2: 5e-6, benchmarks/README.md "Map-free extraction")
+        js = np.full(len(x), p.name in ("js_distance.tsv", "layer_clustering.tsv"))
+        if "measure" in x.columns:
+            js |= x["measure"].astype(str).str.contains("JS").to_numpy()
         for c in x.columns:
             if x[c].dtype.kind == "f" or y[c].dtype.kind == "f":
                 u, v = x[c].to_numpy(float), y[c].to_numpy(float)
                 tol = 1e-6 + 1e-5 * np.abs(u)  # a map-free corpus's %.6g cell may round the other way (1e-5 x)
                 if c == "statistic":  # t of a near-constant head (sd ~1e-7) moves with rounding
                     tol = 1e-3 * np.maximum(1, np.abs(u))
+                tol = np.where(js, np.maximum(tol, 1e-8 + 1e-2 * np.abs(u)), tol)
                 if not np.all((np.abs(u - v) <= tol) | (np.isnan(u) & np.isnan(v))):
                     problems.append(f"{rel}: {c} max diff {np.nanmax(np.abs(u - v)):.2e}")
             elif x[c].astype(str).tolist() != y[c].astype(str).tolist():

@@ -349,7 +349,8 @@ def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
 
 @pytest.mark.slow
 def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
-    """The real MiniLM on 64 EWT dev sentences (gold trees), batches of 16: every statistic within 1e-6."""
+    """The real MiniLM on 64 EWT dev sentences (gold trees), batches of 16: every statistic within 1e-6 replayed
+    from the store (eager maps), within 1e-5 fused (map-free: the default path)."""
     from conftest import EWT_DEV
 
     from headatlas.core.corpora import read_conllu, sentence_records
@@ -387,13 +388,14 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
         "ewt",
         [r.id for r in records],
     )
-    for got in (replayed, fused):
+    for got, tol in ((replayed, TOL), (fused, 1e-5)):
         assert_same_table(today[0], got[0])
         # scores are float32 and reach ~20 (delimiter bias of long sentences), where one float32 step is 2e-6:
-        # within 1e-6 absolute or relative
-        np.testing.assert_allclose(got[1]["scores"], today[1]["scores"], rtol=TOL, atol=TOL, equal_nan=True)
+        # within tol absolute or relative
+        np.testing.assert_allclose(got[1]["scores"], today[1]["scores"], rtol=tol, atol=tol, equal_nan=True)
         np.testing.assert_array_equal(got[1]["pair_counts"], today[1]["pair_counts"])
-        np.testing.assert_allclose(got[2][0], today[2][0], rtol=1e-9, atol=TOL)
+        # JS: a float32 entropy difference per query token, summed (the map-free rows: ~1e-7 per token)
+        np.testing.assert_allclose(got[2][0], today[2][0], rtol=1e-9, atol=TOL if got is replayed else 1e-6 * got[2][2])
     with capsys.disabled():
         s_cols = today[0].columns[5:]
         for name, got in (("replayed", replayed), ("fused", fused)):
