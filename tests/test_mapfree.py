@@ -169,11 +169,9 @@ REAL = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(REAL))
-def test_real_mapfree_equals_eager(name, tmp_path_factory, ewt_records):
-    """MiniLM and SmolLM2 (real weights) on 24 EWT sentences: every map-free reducer within 1e-5 of eager-fused;
-    the detectors' per-sequence argmax head identical except exact ties."""
+def load_real(name: str, tmp_path_factory, batch_size: int = 8):
+    """(spec, model, tokenizer, config) of a REAL model at max_length 128 (skipped when its package is missing;
+    a GGUF dequantised into a temporary cache)."""
     import importlib.util
 
     from headatlas.core.models import ModelSpec, dequantize_gguf, load
@@ -181,11 +179,19 @@ def test_real_mapfree_equals_eager(name, tmp_path_factory, ewt_records):
     entry, package = REAL[name]
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} not installed")
-    spec = ModelSpec.from_config(dict(entry, name=name, max_length=128, batch_size=8))
+    spec = ModelSpec.from_config(dict(entry, name=name, max_length=128, batch_size=batch_size))
     cache = tmp_path_factory.mktemp(name)
     if spec.source_kind == "gguf":
         dequantize_gguf(spec, cache)
-    model, tok, config = load(spec, cache, device="cpu")
+    return (spec, *load(spec, cache, device="cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_mapfree_equals_eager(name, tmp_path_factory, ewt_records):
+    """MiniLM and SmolLM2 (real weights) on 24 EWT sentences: every map-free reducer within 1e-5 of eager-fused;
+    the detectors' per-sequence argmax head identical except exact ties."""
+    spec, model, tok, config = load_real(name, tmp_path_factory, 8)
     kind = model_kind(config, spec)
     recs = list(ewt_records[:24])
     tokenized, _ = tokenize_records(recs, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_mapfree import REAL, TOL, max_diff
+from test_mapfree import REAL, TOL, load_real, max_diff
 
 from headatlas.core.data import Record
 from headatlas.core.extract import tokenize_records
@@ -138,18 +138,7 @@ PAIR_SETTINGS = ("default", "window0_head_to_dep", "window5_both")
 def test_real_sieves_mapfree_equal_eager(name, tmp_path_factory, ewt_records):
     """MiniLM and SmolLM2 (real weights) on EWT sentences and pairs of them: every role, three settings in one
     feed, map-free within 1e-5 of eager-fused."""
-    import importlib.util
-
-    from headatlas.core.models import ModelSpec, dequantize_gguf, load
-
-    entry, package = REAL[name]
-    if importlib.util.find_spec(package) is None:
-        pytest.skip(f"{package} not installed")
-    spec = ModelSpec.from_config(dict(entry, name=name, max_length=128, batch_size=8))
-    cache = tmp_path_factory.mktemp(name)
-    if spec.source_kind == "gguf":
-        dequantize_gguf(spec, cache)
-    model, tok, config = load(spec, cache, device="cpu")
+    spec, model, tok, config = load_real(name, tmp_path_factory, 8)
     recs = corpus(ewt_records, 12, 12)
     e, f = run_both(model, tok, config, spec, recs, lambda: [SieveReducer(SETTINGS[s]) for s in PAIR_SETTINGS], 8)
     diffs = {s: sieve_diff(a, b) for s, a, b in zip(PAIR_SETTINGS, e, f)}

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_mapfree import REAL, TOL, _batch, max_diff
+from test_mapfree import REAL, TOL, _batch, load_real, max_diff
 
 from headatlas.clark.reducers import (
     SurfaceReducer,
@@ -123,18 +123,7 @@ def test_fixed_key_mass(causal):
 def test_real_surface_mapfree_equals_eager(name, tmp_path_factory, ewt_records):
     """MiniLM and SmolLM2 (real weights), 24 EWT sentences at 128 tokens: every surface statistic within 1e-5,
     smoothed (the default eps) and unsmoothed."""
-    import importlib.util
-
-    from headatlas.core.models import ModelSpec, dequantize_gguf, load
-
-    entry, package = REAL[name]
-    if importlib.util.find_spec(package) is None:
-        pytest.skip(f"{package} not installed")
-    spec = ModelSpec.from_config(dict(entry, name=name, max_length=128, batch_size=8))
-    cache = tmp_path_factory.mktemp(name)
-    if spec.source_kind == "gguf":
-        dequantize_gguf(spec, cache)
-    model, tok, config = load(spec, cache, device="cpu")
+    spec, model, tok, config = load_real(name, tmp_path_factory, 8)
     kind = model_kind(config, spec)
     recs = list(ewt_records[:24])
     tokenized, _ = tokenize_records(recs, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))

@@ -218,22 +218,12 @@ def test_real_syntax_mapfree_equals_eager(name, tmp_path_factory, capsys, gum_do
     """MiniLM and SmolLM2 (real weights): Tables 1 and 3 inputs on 48 EWT dev sentences (128 tokens, both word
     modes), Table 2's on two GUM documents at 512 tokens; word maps within 1e-5, predictions identical
     except near-ties (checked one by one against the eager maps), counted."""
-    import importlib.util
-
     from conftest import EWT_DEV
-    from test_mapfree import REAL
+    from test_mapfree import load_real
 
     from headatlas.core.corpora import sentence_records
-    from headatlas.core.models import ModelSpec, dequantize_gguf, load
 
-    entry, package = REAL[name]
-    if importlib.util.find_spec(package) is None:
-        pytest.skip(f"{package} not installed")
-    spec = ModelSpec.from_config(dict(entry, name=name, max_length=128, batch_size=16))
-    cache = tmp_path_factory.mktemp(name)
-    if spec.source_kind == "gguf":
-        dequantize_gguf(spec, cache)
-    model, tok, config = load(spec, cache, device="cpu")
+    spec, model, tok, config = load_real(name, tmp_path_factory, 16)
     kind = model_kind(config, spec)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     bos = decoder_bos(tok, config, spec)
