@@ -111,7 +111,6 @@ def _atlas_table(results: str, name: str):
 
 
 def _look(args) -> int:
-
     try:
         record = input_record(args.sentence, args.pair)  # before loading a model
         if args.config is None:  # the default: the repository's config when there is one
