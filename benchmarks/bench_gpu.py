@@ -99,8 +99,8 @@ def run_case(name: str, size: dict, args) -> dict:
     # map-free: the statistics that have a map-free form (position statistics and detectors), planned as the
     # workflow plans them; "fused" is the eager-fused path (maps materialised) with the same reducers
     from headatlas.core.mapfree import mapfree_support
-    from headatlas.core.position import PositionReducer
     from headatlas.detectors.reducers import DetectorReducer
+    from headatlas.position.reducers import PositionReducer
 
     why = mapfree_support(config, T)
     if why:

@@ -43,9 +43,9 @@ MODES = ("sdpa", "eager", "eager_fused", "free_targets", "free_entropy", "free_a
 
 def reducers(mode: str):
     from headatlas.core.mapfree import Needs
-    from headatlas.core.position import PositionReducer
     from headatlas.core.reduce import Reducer
     from headatlas.detectors.reducers import DetectorReducer
+    from headatlas.position.reducers import PositionReducer
 
     class EntropyPass(Reducer):  # the entropy pass alone (its result is discarded): the cost of one K pass
         name = "entropy_pass"

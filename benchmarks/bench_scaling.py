@@ -13,7 +13,7 @@ process (so the peak RSS is its own) with ``torch.set_num_threads(1)``:
 
 - ``bare``: the forward pass alone (:func:`headatlas.core.reduce.bare_forward`);
 - ``fused``: :func:`headatlas.core.reduce.fused_reduce` with Clark's surface statistics, Pande's sieve
-  scores and the position-bucket statistics (:mod:`headatlas.core.position`): no map is stored;
+  scores and the position-bucket statistics (:mod:`headatlas.position.reducers`): no map is stored;
 - ``store`` (``--store``, lengths up to ``--store-max``): :func:`headatlas.core.extract.extract` writing the
   maps (no representations) to a temporary directory, the bytes on disk measured.
 
@@ -92,10 +92,10 @@ def worker(args) -> dict:
     from headatlas.core.corpora import wiki_long_segments, wiki_segments
     from headatlas.core.extract import extract, tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
-    from headatlas.core.position import PositionReducer
     from headatlas.core.reduce import bare_forward, fused_reduce
     from headatlas.pande.reducers import SieveReducer
     from headatlas.pande.sieves import SieveSettings
+    from headatlas.position.reducers import PositionReducer
 
     entry = dict(MODELS[args.model], name=args.model, max_length=args.length, batch_size=args.batch_size)
     if args.model in BOS:
@@ -299,7 +299,7 @@ def main() -> None:
             args.out.write_text(text + "\n")
         return
     else:
-        from headatlas.core.inputs import position_limit
+        from headatlas.core.models import position_limit
 
         rows = []
         lengths = [int(x) for x in args.lengths.split(",")]

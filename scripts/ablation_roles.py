@@ -10,10 +10,10 @@ from headatlas.ablation.figures import pruning_figure
 from headatlas.ablation.tasks import evaluations
 from headatlas.core.data import load_records
 from headatlas.core.device import job_device
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -3,11 +3,11 @@
 from headatlas.atlas import analysis as at
 from headatlas.atlas import columns
 from headatlas.atlas.figures import agreement_figure, atlas_grid
-from headatlas.core.html import write_tables_html
 from headatlas.core.integrity import read_table
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

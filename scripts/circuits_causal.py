@@ -6,11 +6,11 @@ import pandas as pd
 from headatlas.circuits import analysis as A
 from headatlas.circuits.induction import InductionSettings
 from headatlas.circuits.longrange import LongSettings
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec, lm_head_model, load, resolve
 from headatlas.core.runner import setup
 from headatlas.detectors.inputs import DetectorSettings
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

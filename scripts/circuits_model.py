@@ -2,9 +2,9 @@
 
 from headatlas.circuits.analysis import CircuitSettings, agreement, join_heads, read_table
 from headatlas.circuits.figures import composition_figure
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

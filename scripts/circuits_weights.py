@@ -1,10 +1,10 @@
 """Rule circuits_weights: composition, copying and successor scores of one model from its weights (no data)."""
 
 from headatlas.circuits.analysis import CircuitSettings, weights_tables
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec, lm_head_model, load, model_kind, resolve
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

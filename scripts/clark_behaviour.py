@@ -1,10 +1,10 @@
 """Rule clark_behaviour: Clark et al.'s behaviour label per head (thresholds from the config)."""
 
 from headatlas.clark.surface import SHARE_STATS, STATS, SurfaceSettings, behaviour_table
-from headatlas.core.html import write_tables_html
 from headatlas.core.integrity import SHARE_RANGE, read_table
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

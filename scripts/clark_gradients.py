@@ -8,10 +8,10 @@ from headatlas.clark.gradients import gradient_table
 from headatlas.clark.surface import SurfaceSettings
 from headatlas.core.data import load_records
 from headatlas.core.device import job_device
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

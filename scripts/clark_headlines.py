@@ -3,9 +3,9 @@
 import pandas as pd
 
 from headatlas.clark.surface import SurfaceSettings, clark_headlines
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -6,9 +6,9 @@ from headatlas.clark.clustering import mds_tables
 from headatlas.clark.figures import fig6_mds
 from headatlas.clark.surface import SurfaceSettings
 from headatlas.core.figures import save_figure
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -1,11 +1,12 @@
 """Rule clark_syntax_coref: antecedent selection accuracy of every head and of the baselines (Clark Table 2)."""
 
-from headatlas.clark.coref import CorefSettings, run_coref
+from headatlas.clark.coref import CorefSettings
+from headatlas.clark.syntax_reducers import run_coref
 from headatlas.core.data import load_records
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import as_dirs as dirs
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -1,11 +1,12 @@
 """Rule clark_syntax_heads: every head as a dependency parser, best heads and offset baselines (Clark Table 1)."""
 
-from headatlas.clark.syntax import HeadSettings, run_heads
+from headatlas.clark.syntax import HeadSettings
+from headatlas.clark.syntax_reducers import run_heads
 from headatlas.core.data import load_records
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import as_dirs as dirs
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

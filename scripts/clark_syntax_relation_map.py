@@ -1,9 +1,9 @@
 """Rule clark_syntax_relation_map: Clark et al.'s Table 1 relations (PTB, Stanford Dependencies) -> UD."""
 
 from headatlas.clark.syntax import RELATION_MAP
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -5,9 +5,9 @@ import pandas as pd
 from headatlas.clark.parsing_probe import table3
 from headatlas.clark.syntax_figures import plot_table3
 from headatlas.core.figures import save_figure
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -2,12 +2,12 @@
 
 from headatlas.core.data import load_records
 from headatlas.core.device import job_device
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec, load
 from headatlas.core.runner import setup
 from headatlas.detectors.analysis import run_detectors
 from headatlas.detectors.inputs import DetectorSettings
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -2,10 +2,10 @@
 
 import pandas as pd
 
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import write_tsv
 from headatlas.core.runner import setup
 from headatlas.detectors.analysis import sinks_by_model
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -1,10 +1,10 @@
 """Rule jomyaeng_downstream_tasks: the downstream (transfer) tasks' sentences and items."""
 
 from headatlas.core.data import write_records
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import atomic_path, write_tsv
 from headatlas.core.runner import setup
 from headatlas.jomyaeng.probing_tasks import DownstreamSpec, downstream_stats, generate_downstream
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

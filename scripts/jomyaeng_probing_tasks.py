@@ -1,10 +1,10 @@
 """Rule jomyaeng_probing_tasks: SentEval's ten probing tasks from the bundled treebanks."""
 
 from headatlas.core.data import write_records
-from headatlas.core.html import write_tables_html
 from headatlas.core.io import atomic_path, write_tsv
 from headatlas.core.runner import setup
 from headatlas.jomyaeng.probing_tasks import GeneratorConfig, generate, load_sources, task_stats
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -1,8 +1,8 @@
 """Rule pande_figures: role grid, co-location, layer distribution, p-values and heat maps of one model."""
 
-from headatlas.core.html import write_tables_html
 from headatlas.core.runner import setup
 from headatlas.pande.analysis import figures
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

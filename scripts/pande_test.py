@@ -1,10 +1,10 @@
 """Rule pande_test: the per head x role tests of one model, pooled over the analysed corpora
 (with the stability of each label), and the same tests on each corpus alone."""
 
-from headatlas.core.html import write_tables_html
 from headatlas.core.runner import setup
 from headatlas.pande.analysis import model_table, write_table
 from headatlas.pande.hypothesis import HypothesisSettings
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

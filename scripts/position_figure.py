@@ -3,8 +3,8 @@
 import pandas as pd
 
 from headatlas.core.figures import save_figure
-from headatlas.core.position import position_figure
 from headatlas.core.runner import setup
+from headatlas.position.figures import position_figure
 
 sm = snakemake
 log = setup(sm)

@@ -1,10 +1,10 @@
-"""Rule position_stats: per head and query-position bucket, where a head looks (headatlas.core.position)."""
+"""Rule position_stats: per head and query-position bucket, where a head looks (headatlas.position)."""
 
 from headatlas.core import reduce
 from headatlas.core.io import write_tsv
-from headatlas.core.position import PositionReducer
 from headatlas.core.runner import setup
 from headatlas.core.store import AttentionStore
+from headatlas.position.reducers import PositionReducer
 
 sm = snakemake
 log = setup(sm)

@@ -3,11 +3,11 @@ or loaded from a fused extraction (headatlas.core.reduce.reduce_corpus)."""
 
 from headatlas.clark.reducers import SurfaceReducer
 from headatlas.clark.surface import SHARE_STATS, SurfaceSettings
-from headatlas.core.html import write_tables_html
 from headatlas.core.integrity import SHARE_RANGE, check_table
 from headatlas.core.io import write_tsv
 from headatlas.core.reduce import reduce_corpus
 from headatlas.core.runner import setup
+from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)

@@ -395,9 +395,9 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
     ``attention``, MPNet) to what a replay of its stored maps gives, and leaves the model's outputs as they were."""
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.extract import model_inputs, tokenize_records
-    from headatlas.core.position import PositionReducer
     from headatlas.core.reduce import fused_reduce, replay
     from headatlas.pande.reducers import SieveReducer
+    from headatlas.position.reducers import PositionReducer
 
     spec, model, tok, config, _ = arch_model(model_type)
     kind = model_kind(config, spec)
@@ -433,10 +433,10 @@ def test_mapfree_equals_replayed(model_type, arch_model, arch_store, arch_record
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.extract import tokenize_records
     from headatlas.core.mapfree import mapfree_support, plan_feed
-    from headatlas.core.position import PositionReducer
     from headatlas.core.reduce import fused_reduce, replay
     from headatlas.detectors.reducers import DetectorReducer
     from headatlas.pande.reducers import SieveReducer
+    from headatlas.position.reducers import PositionReducer
 
     spec, model, tok, config, _ = arch_model(model_type)
     kind = model_kind(config, spec)

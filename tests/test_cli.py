@@ -315,3 +315,26 @@ def test_atlas_heads_into_a_closed_pipe_ends_quietly(tmp_path):
     cmd = f"{sys.executable} -m headatlas atlas big --results {tmp_path} --heads | head -3"
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, timeout=300)
     assert len(proc.stdout.splitlines()) == 3 and proc.stderr == "", proc.stderr
+
+
+def test_look_finds_a_model_a_rule_writes(tmp_path, monkeypatch):
+    """A config model a rule writes (GGUF, zip parts, derived) is read from that rule's directory, the workflow's own
+    (core.config_checks.rule_model_dir); before it exists, look says which target builds it."""
+    from headatlas.core.models import ModelError
+    from headatlas.look import look_spec
+
+    monkeypatch.chdir(tmp_path)
+    cfg = {
+        "models": [
+            {"name": "z", "source": {"zip_parts": ["part-001"], "path": "m"}, "max_length": 64},
+            {"name": "r", "source": {"random_init": {"base": "z", "seed": 0}}},
+        ]
+    }
+    for name, kind in (("z", "assembled"), ("r", "random_init")):
+        with pytest.raises(ModelError, match=f"built by the workflow into results/models/{kind}/{name}, which does"):
+            look_spec(name, cfg)
+        d = tmp_path / "results" / "models" / kind / name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        spec, found = look_spec(name, cfg)
+        assert found == f"results/models/{kind}/{name}" and spec.max_length == 64  # r: its base's max_length

@@ -1,4 +1,4 @@
-"""core.html: a TSV as one self-contained, sortable HTML page."""
+"""report.html: a TSV as one self-contained, sortable HTML page."""
 
 import base64
 import re
@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from headatlas.core.html import table_html, with_head_label, write_table_html
+from headatlas.report.html import table_html, with_head_label, write_table_html
 
 
 def test_head_label_column_is_1_based_and_first():

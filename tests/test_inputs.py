@@ -17,8 +17,8 @@ from conftest import REPO, RESOURCES, first_conllu_sentences
 
 from headatlas.core.corpora import CorpusError, build_corpus, read_conllu, tree_problem, tsv_records, wikitext_articles
 from headatlas.core.data import load_records
-from headatlas.core.inputs import ConfigError, check_max_length, check_yaml, position_limit
-from headatlas.core.models import ModelError, ModelSpec
+from headatlas.core.inputs import ConfigError, check_yaml
+from headatlas.core.models import ModelError, ModelSpec, check_max_length, position_limit
 from headatlas.jomyaeng.probing_tasks import GeneratorError, Source, load_sources
 from headatlas.jomyaeng.ptb import read_trees
 

@@ -14,10 +14,10 @@ from conftest import REPO
 from test_faults import scribble
 from test_fused import reducers, run_extract
 
-from headatlas.core.integrity import IntegrityError, damaged, file_problem, run_faults
+from headatlas.core.integrity import IntegrityError, damaged, file_problem
 from headatlas.core.io import atomic_path
 from headatlas.core.reduce import ReduceError, load_reduced
-from headatlas.core.store import StoreError, store_dirs, store_problem
+from headatlas.core.store import StoreError, run_faults, store_dirs, store_problem
 
 
 @pytest.fixture(scope="module")

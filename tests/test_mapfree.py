@@ -22,9 +22,9 @@ from headatlas.core.mapfree import (
     plan_feed,
 )
 from headatlas.core.models import decoder_bos, model_kind
-from headatlas.core.position import PositionReducer
 from headatlas.core.reduce import FeedInfo, ReduceBatch, fused_reduce
 from headatlas.detectors.reducers import DetectorReducer
+from headatlas.position.reducers import PositionReducer
 
 TOL = 1e-5
 

@@ -13,11 +13,11 @@ from headatlas.core.data import Record
 from headatlas.core.extract import tokenize_records
 from headatlas.core.mapfree import plan_feed
 from headatlas.core.models import decoder_bos, model_kind
-from headatlas.core.position import PositionReducer
 from headatlas.core.reduce import fused_reduce
 from headatlas.detectors.reducers import DetectorReducer
 from headatlas.pande.reducers import SieveReducer, free_key_masses
 from headatlas.pande.sieves import SieveSettings
+from headatlas.position.reducers import PositionReducer
 
 # every setting of workflow/schemas/pande.schema.yaml that changes the scores
 SETTINGS = {

@@ -14,8 +14,8 @@ from conftest import REPO, WIKI_TEST
 from headatlas.core.corpora import build_corpus, wiki_long_segments
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_NONE
 from headatlas.core.models import ModelError, ModelSpec, check_installed, load
-from headatlas.core.position import PositionReducer, batch_position_stats, bucket_of
 from headatlas.core.reduce import ReduceBatch, fused_reduce, replay
+from headatlas.position.reducers import PositionReducer, batch_position_stats, bucket_of
 
 # --- long Wikipedia segments --------------------------------------------------------------------
 

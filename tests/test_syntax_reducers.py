@@ -323,8 +323,9 @@ def test_rule_tables_through_reduce_corpus_equal_today(name, syntax_runs, coref_
     """Tables 1 and 2 of the rules (run_heads, run_coref: reduce_corpus) equal today's from the stored maps."""
     import pandas as pd
 
-    from headatlas.clark.coref import CorefSettings, coref_tables, run_coref
-    from headatlas.clark.syntax import HeadSettings, run_heads, syntax_tables
+    from headatlas.clark.coref import CorefSettings, coref_tables
+    from headatlas.clark.syntax import HeadSettings, syntax_tables
+    from headatlas.clark.syntax_reducers import run_coref, run_heads
 
     store = syntax_runs[name][0]
     records = ewt_records[:16]

@@ -22,12 +22,32 @@ import os
 import sys
 from pathlib import Path
 
+from . import __version__
+from .atlas.headvis import ExportError, export_headvis
+from .core.inputs import bos_warning
+from .core.models import ModelError, load
+from .core.store import MANIFEST, StoreError, describe_store, run_faults, store_dirs, verify_store
+from .look import (
+    PATTERNS,
+    LookError,
+    atlas_names,
+    atlas_summary,
+    head_roles,
+    input_record,
+    load_config,
+    look_spec,
+    maps_figure,
+    sentence_maps,
+    strongest_heads,
+    surface_patterns,
+    surface_settings,
+    tokenize_input,
+)
+
 DEFAULT_CONFIG = "config/config.yaml"
 
 
 def _store_describe(args) -> int:
-    from .core.store import StoreError, describe_store, store_dirs
-
     try:
         info = describe_store([s for d in args.dirs for s in store_dirs(d)])
     except StoreError as e:
@@ -43,9 +63,6 @@ def _store_describe(args) -> int:
 
 
 def _store_verify(args) -> int:
-    from .core.integrity import run_faults
-    from .core.store import MANIFEST, verify_store
-
     status = 0
     for d in map(Path, args.dirs):
         d = d.parent if d.name == MANIFEST else d
@@ -94,23 +111,6 @@ def _atlas_table(results: str, name: str):
 
 
 def _look(args) -> int:
-    from .core.inputs import bos_warning
-    from .core.models import ModelError, load
-    from .look import (
-        PATTERNS,
-        LookError,
-        head_roles,
-        input_record,
-        load_config,
-        look_spec,
-        maps_figure,
-        sentence_maps,
-        strongest_heads,
-        surface_patterns,
-        surface_settings,
-        tokenize_input,
-    )
-
     try:
         record = input_record(args.sentence, args.pair)  # before loading a model
         if args.config is None:  # the default: the repository's config when there is one
@@ -201,8 +201,6 @@ def add_look(subparsers) -> None:
 
 
 def _atlas(args) -> int:
-    from .look import atlas_names, atlas_summary, head_roles
-
     atlas, path = _atlas_table(args.results, args.model)
     if atlas is None:
         have = atlas_names(args.results)
@@ -234,8 +232,6 @@ def add_atlas(subparsers) -> None:
 
 
 def _export_headvis(args) -> int:
-    from .atlas.headvis import ExportError, export_headvis
-
     try:
         data = export_headvis(args.run_dir, args.out, args.model, args.corpus, args.sequences)
     except ExportError as e:
@@ -277,7 +273,6 @@ def main(argv: list[str] | None = None) -> int:
     # ``headatlas store DIR`` means ``headatlas store describe DIR``
     if len(argv) > 1 and argv[0] in _DEFAULT_SUB and argv[1] not in _DEFAULT_SUB[argv[0]][1]:
         argv.insert(1, _DEFAULT_SUB[argv[0]][0])
-    from . import __version__
 
     parser = argparse.ArgumentParser(
         prog="headatlas", description="Map what every attention head of a transformer does."

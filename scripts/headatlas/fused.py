@@ -24,8 +24,7 @@ import numpy as np
 
 from .core.data import Counts, Record, load_records
 from .core.extract import config_hash, extract, shard_slice
-from .core.inputs import check_max_length
-from .core.models import ModelSpec
+from .core.models import ModelSpec, check_max_length
 from .core.parse import trees_of
 from .core.reduce import Reducer, reducer_from_spec
 
@@ -36,7 +35,7 @@ PLANS: dict[str, str] = {
     "clark_surface": "headatlas.clark.reducers:fused_plan",
     "pande": "headatlas.pande.reducers:fused_plan",
     "clark_syntax": "headatlas.clark.syntax_reducers:fused_plan",
-    "position": "headatlas.core.position:fused_plan",
+    "position": "headatlas.position.reducers:fused_plan",
 }
 
 
@@ -48,7 +47,7 @@ REDUCERS: dict[str, str] = {
     "clark_syntax_heads": "headatlas.clark.syntax_reducers:HeadPredictionReducer",
     "clark_syntax_coref": "headatlas.clark.syntax_reducers:CorefReducer",
     "clark_syntax_word_maps": "headatlas.clark.syntax_reducers:WordMapsReducer",
-    "position": "headatlas.core.position:PositionReducer",
+    "position": "headatlas.position.reducers:PositionReducer",
     "detectors": "headatlas.detectors.reducers:DetectorReducer",
 }
 

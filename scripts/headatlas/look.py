@@ -23,12 +23,17 @@ import numpy as np
 import pandas as pd
 
 from .atlas import columns as registry
+from .clark.reducers import SurfaceReducer
+from .clark.surface import SurfaceSettings, behaviour_table
+from .core.align import encode_record
+from .core.config_checks import rule_model_dir
 from .core.data import Record
-from .core.figures import head_label
-from .core.inputs import config_bases, merge_config
-from .core.models import ModelError, ModelSpec
+from .core.extract import forward_batches, model_shape
+from .core.figures import head_label, save_figure
+from .core.inputs import check_yaml, config_bases, merge_config
+from .core.models import ModelError, ModelSpec, decoder_bos, model_kind
+from .core.reduce import fused_reduce
 
-DERIVED_DIRS = {"gguf": "gguf", "finetuned": "finetuned", "random_init": "random_init"}
 # Clark et al.'s surface statistics that look prints (clark/surface.py STATS), with what each measures
 PATTERNS = {
     "prev": "attention to the previous token",
@@ -48,19 +53,11 @@ class LookError(ValueError):
 
 def load_config(path: str | Path) -> dict:
     """A config file as Snakemake reads it with ``--configfile``: its ``extends:`` bases under it."""
-    from .core.inputs import check_yaml
-
     if not Path(path).is_file():
         raise LookError(f"config file {path} does not exist (give --config PATH, or --config '' for none)")
     cfg = merge_config(config_bases([path]), check_yaml(path))
     cfg.pop("extends", None)
     return cfg
-
-
-def rule_model_dir(name: str, source: dict) -> str | None:
-    """The directory a workflow rule writes a model to (GGUF, fine-tuned, random-init), else None."""
-    kind = next((k for k in DERIVED_DIRS if k in source), None)
-    return f"results/models/{DERIVED_DIRS[kind]}/{name}" if kind else None
 
 
 def looks_like_path(model: str) -> bool:
@@ -118,9 +115,6 @@ def input_record(text: str, pair: str | None = None) -> Record:
 def tokenize_input(record: Record, tokenizer, config, spec: ModelSpec):
     """(TokenizedRecord, model kind, note): the record tokenised exactly as extraction does (overflow
     'truncate': the longest word prefix that fits ``max_length``); the note says when it was cut."""
-    from .core.align import encode_record
-    from .core.models import decoder_bos, model_kind
-
     kind = model_kind(config, spec)
     tok = encode_record(record, tokenizer, kind, spec.max_length, "truncate", decoder_bos(tokenizer, config, spec))
     note = ""
@@ -134,8 +128,6 @@ def tokenize_input(record: Record, tokenizer, config, spec: ModelSpec):
 
 def sentence_maps(model, tokenizer, config, spec: ModelSpec, tok, kind: str) -> np.ndarray:
     """The [L, H, n, n] float32 maps of one tokenised input (extraction's forward pass)."""
-    from .core.extract import forward_batches, model_shape
-
     n_layers, n_heads = model_shape(config)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ((_, maps, _),) = forward_batches(model, [tok], 1, n_layers, n_heads, spec.name, pad, kind=kind)
@@ -144,8 +136,6 @@ def sentence_maps(model, tokenizer, config, spec: ModelSpec, tok, kind: str) -> 
 
 def surface_settings(config: dict | None):
     """Clark's surface settings of the config (analysis.clark_surface), defaults where it has none."""
-    from .clark.surface import SurfaceSettings
-
     return SurfaceSettings.from_config(((config or {}).get("analysis") or {}).get("clark_surface") or {})
 
 
@@ -153,10 +143,6 @@ def surface_patterns(model, tokenizer, spec: ModelSpec, tok, kind: str, settings
     """Clark's per-head surface statistics and behaviour label of one tokenised input: the analysis's
     reducer fed by the model's forward pass (:func:`headatlas.core.reduce.fused_reduce`, as a fused
     extraction runs it), then its labels: the columns of ``behaviour.tsv``. Undefined statistics are NaN."""
-    from .clark.reducers import SurfaceReducer
-    from .clark.surface import behaviour_table
-    from .core.reduce import fused_reduce
-
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     reducer = SurfaceReducer(settings.smoothing)
     reducer.analysis = "clark_surface"
@@ -189,8 +175,6 @@ def maps_figure(maps: np.ndarray, pieces, title: str, png, svg) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from .core.figures import save_figure
 
     L, H, n, _ = maps.shape
     size = 1.1 if H * L <= 150 else 0.7

@@ -1,5 +1,4 @@
 # The Snakefile puts scripts/ on sys.path and PYTHONPATH: the workflow and its jobs import the headatlas library.
-import json
 import os
 import re
 from pathlib import Path
@@ -7,22 +6,20 @@ from pathlib import Path
 from snakemake.logging import logger
 from snakemake.utils import validate
 
+from headatlas.core import config_checks
 from headatlas.core.inputs import (
-    bos_warning,
     canonical,
-    check_max_length,
     corpus_build_spec,
     check_yaml,
     config_bases,
-    local_model_config,
     merge_config,
     map_setting,
     model_files,
     next_steps,
     uncached_hub_warning,
 )
-from headatlas.core.integrity import check_name, damaged
-from headatlas.core.models import ModelSpec, check_installed
+from headatlas.core.integrity import damaged
+from headatlas.core.models import ModelSpec
 from headatlas.core.store import store_problem
 from headatlas.fused import PLANS, reducer_specs
 
@@ -46,36 +43,8 @@ config.clear()
 config.update(_canonical)
 
 
-def _check_config():
-    names = [check_name(m["name"], "models[].name") for m in config["models"]]
-    for corpus in config["corpora"]:
-        check_name(corpus, "corpora")
-    dups = sorted({n for n in names if names.count(n) > 1})
-    if dups:
-        raise ValueError(f"config key models: duplicate model names {dups}")
-    for m in config["models"]:
-        for corpus in m.get("corpora", []):
-            if corpus not in config["corpora"]:
-                raise ValueError(
-                    f"config key models[{m['name']}].corpora: unknown corpus {corpus!r}; "
-                    f"known: {sorted(config['corpora'])}"
-                )
-    for corpus, spec in config["corpora"].items():
-        unknown = sorted(set(spec.get("models", [])) - set(names))
-        if unknown:
-            raise ValueError(
-                f"config key corpora.{corpus}.models: unknown models {unknown}; known: {sorted(names)}"
-            )
-    for key, spec in config["analysis"].items():
-        for corpus in spec.get("corpora", []):
-            if corpus not in config["corpora"]:
-                raise ValueError(
-                    f"config key analysis.{key}.corpora: unknown corpus {corpus!r}; "
-                    f"known: {sorted(config['corpora'])}"
-                )
-
-
-_check_config()
+# names and cross-references, then models (headatlas.core.config_checks: each check's message names the key)
+config_checks.check_config(config)
 
 # maps: full | sample | none per corpus (docs/reduction.md): checked here, by key
 CORPUS_MAPS = {
@@ -83,73 +52,12 @@ CORPUS_MAPS = {
 }
 
 
-DERIVED_SOURCES = ("finetuned", "random_init")
-
-
-def _resolve_models(entries):
-    """Model entries by name; a derived (fine-tuned, random-init) model inherits its base's settings."""
-    models = {m["name"]: dict(m) for m in entries}
-    for name, m in models.items():
-        kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
-        if kind is None:
-            continue
-        ft = m["source"][kind]
-        base = models.get(ft["base"])
-        if base is None or any(k in base["source"] for k in DERIVED_SOURCES):
-            raise ValueError(
-                f"config key models[{name}].source.{kind}.base: {ft['base']!r} is not a "
-                "(non-derived) model of this config"
-            )
-        if kind == "finetuned" and ft["task"] not in config.get("finetune_tasks", {}):
-            raise ValueError(
-                f"config key models[{name}].source.finetuned.task: {ft['task']!r} is not a key of finetune_tasks"
-            )
-        user = {k for k in entries[[e["name"] for e in entries].index(name)]}
-        for key, value in base.items():
-            if key not in user and key not in ("name", "source", "corpora"):
-                m[key] = value
-    return models
-
-
-MODELS = _resolve_models(config["models"])
-
-
-def _check_packages():
-    """A model whose source package is missing (and whose directory no rule has written yet) stops
-    the workflow here, with the command that installs it (the source's `pip`)."""
-    for name, m in MODELS.items():
-        if "gguf" in m["source"] or "zip_parts" in m["source"]:
-            written = Path(
-                "results/models", "gguf" if "gguf" in m["source"] else "assembled", name
-            )
-            if written.is_dir():
-                continue
-        check_installed(ModelSpec.from_config(m))
-
-
-_check_packages()
-
-
-def _check_models():
-    """Every local model directory, package and GGUF file exists (else an error naming its path);
-    max_length against the position limit of every model whose config.json is readable now
-    (derived models against their base's; the others are checked when extraction loads them);
-    a warning for a decoder that gets no BOS.
-    """
-    past_last = config["extraction"]["rep_position"] == "past_last"
-    for m in MODELS.values():
-        kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
-        base = MODELS[m["source"][kind]["base"]] if kind else m
-        model_files(ModelSpec.from_config(base))
-        found = local_model_config(ModelSpec.from_config(base))
-        if found:
-            check_max_length(ModelSpec.from_config(m), found[0], found[1], past_last)
-            warning = bos_warning(ModelSpec.from_config(m), found[0])
-            if warning:
-                logger.warning(warning)
-
-
-_check_models()
+MODELS = config_checks.resolve_models(
+    config
+)  # by name; a derived model with its base's settings
+config_checks.check_packages(MODELS)
+for _warning in config_checks.check_models(config, MODELS):
+    logger.warning(_warning)
 
 # hub-id models not in the local cache (config/paper.yaml offline): said once, by the main process
 if workflow.is_main_process:
@@ -173,31 +81,7 @@ EXTRACTION = config["extraction"]
 
 def corpus_model(model, corpus):
     """The model's settings on one corpus: a corpus with `tokens` (wikitext_long) sets max_length."""
-    tokens = CORPORA[corpus].get("tokens")
-    if tokens is None:
-        return MODELS[model]
-    return dict(MODELS[model], max_length=tokens, length_corpus=corpus)
-
-
-def _check_corpus_lengths():
-    """Every long corpus (`tokens`) against the position limit of every model that extracts it,
-    where its config.json is readable now (a path or package model, or a model directory a rule
-    has written already); the others are checked when extraction loads them, before the weights.
-    """
-    past_last = config["extraction"]["rep_position"] == "past_last"
-    for name, m in MODELS.items():
-        for corpus in model_corpora(name):
-            if "tokens" not in CORPORA[corpus]:
-                continue
-            kind = next((k for k in DERIVED_SOURCES if k in m["source"]), None)
-            base = MODELS[m["source"][kind]["base"]] if kind else m
-            found = local_model_config(ModelSpec.from_config(base))
-            cached = Path(model_dir(name) or "", "config.json")
-            if not found and model_dir(name) and cached.is_file():
-                found = (json.loads(cached.read_text()), str(cached))
-            if found:
-                spec = ModelSpec.from_config(corpus_model(name, corpus))
-                check_max_length(spec, found[0], found[1], past_last)
+    return config_checks.corpus_model(config, MODELS, model, corpus)
 
 
 wildcard_constraints:
@@ -223,16 +107,7 @@ def corpus_paths(corpus):
 
 def model_dir(model):
     """The directory a model is loaded from when a rule of this workflow writes it."""
-    source = MODELS[model]["source"]
-    if "gguf" in source:
-        return f"results/models/gguf/{model}"
-    if "zip_parts" in source:
-        return f"results/models/assembled/{model}"
-    if "finetuned" in source:
-        return f"results/models/finetuned/{model}"
-    if "random_init" in source:
-        return f"results/models/random_init/{model}"
-    return None
+    return config_checks.rule_model_dir(model, MODELS[model]["source"])
 
 
 def model_source(model):
@@ -286,16 +161,12 @@ def random_init_params(wildcards):
 def model_corpora(model):
     """The corpora extracted for a model: its own `corpora` list, or all; without the corpora
     whose own `models` list leaves it out."""
-    return [
-        c
-        for c in MODELS[model].get("corpora", list(CORPORA))
-        if model in CORPORA[c].get("models", [model])
-    ]
+    return config_checks.model_corpora(config, MODELS, model)
 
 
 def helper_models():
     """Models with their own `corpora` list: baselines that get no analysis targets of their own."""
-    return {m for m, spec in MODELS.items() if "corpora" in spec}
+    return config_checks.helper_models(MODELS)
 
 
 def extraction_params(model, corpus_name):
@@ -370,7 +241,7 @@ def fused_trees(model, corpus):
     return files
 
 
-_check_corpus_lengths()
+config_checks.check_corpus_lengths(config, MODELS)
 
 
 def uses_gpu(model):

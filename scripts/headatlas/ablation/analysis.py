@@ -34,6 +34,7 @@ from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.figures import head_label
+from ..core.io import atomic_path
 from .patch import layer_samples
 
 log = logging.getLogger("headatlas.ablation.analysis")
@@ -619,8 +620,6 @@ def ablate_roles(
 
 def write_exact_part(path, parts: dict[str, dict | None]) -> None:
     """One exact job's results (task -> :func:`exact_part`, None: not exact everywhere) as an .npz file."""
-    from ..core.io import atomic_path
-
     arrays = {f"{task}/{k}": v for task, p in parts.items() if p is not None for k, v in p.items()}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.extract import _head_output
+
 MODES = ("mean", "zero", "resample")
 
 
@@ -83,8 +85,6 @@ def resample_replacement(z: np.ndarray, lengths: np.ndarray, seed: int) -> Repla
 def layer_modules(model, n_layers: int) -> list | None:
     """Per layer, the transformer block that holds its attention output projection (the module
     named by the projection's path up to the layer index), or None where that is not found."""
-    from ..core.extract import _head_output
-
     pattern = _head_output(model.config.model_type, "")
     found = {}
     for name, _ in model.named_modules():

@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.corpora import tsv_records
+from ..core.device import job_device
+from ..core.extract import head_output_modules, length_batches, model_inputs, tokenize_records
+from ..core.finetune import _encode
+from ..core.models import decoder_bos, lm_head_model, model_kind, resolve
 from .patch import MODES, HeadPatch, Replacement, layer_modules, replacement, resample_replacement
 
 log = logging.getLogger("headatlas.ablation.tasks")
@@ -43,8 +48,6 @@ class Evaluation:
     patch: HeadPatch = field(init=False)
 
     def __post_init__(self):
-        from ..core.extract import head_output_modules
-
         layers = layer_modules(self.model, self.n_layers)
         self.patch = HeadPatch(head_output_modules(self.model, self.n_layers), self.n_heads, layers)
         self.expand = layers is not None  # batched exact ablation expands inside the model where it can
@@ -366,8 +369,6 @@ def _tile_batch(t, k: int):
 
 
 def _bucketed(lengths: list[int], batch_size: int) -> list[np.ndarray]:
-    from ..core.extract import length_batches
-
     return length_batches(lengths, batch_size)
 
 
@@ -376,9 +377,6 @@ def lm_evaluation(
 ):
     """(Evaluation, None) for a decoder with a causal-LM head, else (None, reason)."""
     from transformers import AutoConfig, AutoTokenizer
-
-    from ..core.extract import model_inputs, tokenize_records
-    from ..core.models import decoder_bos, lm_head_model, model_kind
 
     config = AutoConfig.from_pretrained(loc, **kwargs)
     kind = model_kind(config, spec)
@@ -418,9 +416,6 @@ def classification_evaluation(
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from ..core.corpora import tsv_records
-    from ..core.finetune import _encode
-
     if task is None:
         return None, "not a fine-tuned classifier (no finetuned source in the config)"
     model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -456,9 +451,6 @@ def evaluations(
     """task -> (Evaluation, None) or (None, reason why the model is skipped), for both tasks, on ``device``
     (default: the job's, :func:`headatlas.core.device.job_device`); and the model's (layers, heads)."""
     from transformers import AutoConfig
-
-    from ..core.device import job_device
-    from ..core.models import resolve
 
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)

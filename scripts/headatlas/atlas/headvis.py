@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.reduce import ReduceError, map_dirs
+from ..core.store import AttentionStore, StoreError, store_dirs
 from . import columns as registry
 
 N_INTERVALS = 10
@@ -185,9 +187,6 @@ def export_headvis(
     """Write ``out/data`` for one model of a run (see the module doc); returns the data directory. The
     sequences are the first ``n_sequences`` with stored maps of ``corpus`` (its ``sample/`` stores for a
     ``maps: sample`` corpus; none when the run kept no maps of it)."""
-    from ..core.reduce import ReduceError, map_dirs
-    from ..core.store import AttentionStore, StoreError, store_dirs
-
     model, atlas_path = find_atlas(run_dir, model)
     atlas = pd.read_csv(atlas_path, sep="\t").sort_values(["layer", "head"]).reset_index(drop=True)
     n_layers, n_heads = int(atlas["layer"].max()) + 1, int(atlas["head"].max()) + 1

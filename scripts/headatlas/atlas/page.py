@@ -35,6 +35,8 @@ import pandas as pd
 
 from ..core.data import SPECIAL_NAMES, SPECIAL_NONE, read_records
 from ..core.figures import head_label
+from ..core.io import atomic_path
+from ..core.reduce import ReduceError, map_dirs
 from ..core.store import AttentionStore, StoreError, word_level
 from . import columns as registry
 
@@ -277,7 +279,6 @@ def examples_data(
     if not store_dirs:
         out["note"] = f"corpus {settings.corpus} is not extracted for this model"
         return out
-    from ..core.reduce import ReduceError, map_dirs
 
     try:  # a maps: sample corpus keeps its maps in its sample/ stores
         store_dirs = map_dirs(store_dirs, "the atlas page's example maps")
@@ -422,8 +423,6 @@ def build_page(sources: dict[str, dict], corpus_path: str | None, settings: Page
     """Read every model's tables (and example maps) named in ``sources`` (model -> atlas,
     agreement, stores, scores paths; rule atlas_page's params), write the page to ``out``
     atomically, and return it with the JSON size of each model's part (bytes)."""
-    from ..core.io import atomic_path
-
     models, sizes = [], {}
     for model, src in sources.items():
         atlas = pd.read_csv(src["atlas"], sep="\t")

@@ -15,10 +15,24 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..core.agreement import spearman_ci, topk_overlap
 from ..core.bootstrap import bootstrap_ci
 from ..core.figures import head_label
+from ..core.models import decoder_bos, model_kind, resolve
 from ..core.multitest import adjust
+from ..detectors.inputs import random_inputs
 from . import weights as W
+from .induction import ablation_check, ablation_tables
+from .longrange import (
+    BIN_NAMES,
+    chat_frame,
+    layer_windows,
+    long_range_scores,
+    needle_inputs,
+    retrieval_bins,
+    retrieval_runs,
+    top_share,
+)
 
 KEY = ["layer", "head"]
 
@@ -194,8 +208,6 @@ def long_tables(runs: list[dict], scores: np.ndarray, long_range: dict, short_in
                 model: str, n_layers: int, n_heads: int, settings: CircuitSettings) -> dict:  # fmt: skip
     """``runs`` (one row per needle run), ``heads`` (``circ_retrieval*``, ``circ_echo_long*``,
     ``circ_induction_long*``, the RazorAttention sets), ``bins`` (share of heads per Wu bin, beside Wu et al.)."""
-    from .longrange import BIN_NAMES, retrieval_bins, top_share
-
     s = settings
     n = n_layers * n_heads
     heads = pd.DataFrame({"layer": np.arange(n) // n_heads, "head": np.arange(n) % n_heads})
@@ -309,8 +321,6 @@ def agreement(heads: pd.DataFrame, detectors: pd.DataFrame | None, ablation: pd.
     intact loss of each head, exact or checked estimate; NaN heads left out). ``detectors`` / ``ablation`` are None
     when that analysis does not cover the model; a score that is absent gets one row with ``status`` saying why
     ("not run: ..." / "skipped: ..."; its numbers NaN) instead of leaving the table silent."""
-    from ..core.agreement import spearman_ci, topk_overlap
-
     s = settings
     cols, missing = {}, {}
     notes = {p for n in heads.get("circ_note", pd.Series(dtype=str)).dropna().astype(str) for p in n.split("; ")}
@@ -397,8 +407,6 @@ def model_kind_only(spec, cache_dir) -> tuple[str, object]:
     """(kind, config) of a model from its config alone (no weights loaded: an encoder's skipped rules stay cheap)."""
     from transformers import AutoConfig
 
-    from ..core.models import model_kind, resolve
-
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)
     return model_kind(config, spec), config
@@ -417,10 +425,6 @@ def induction_check(spec, model, tokenizer, config, detectors: pd.DataFrame, pai
     """The causal check of one loaded causal model (:mod:`headatlas.circuits.induction`) on the first
     ``settings.n_sequences`` of the detectors' repeated random sequences (``det_settings``: their DetectorSettings):
     (summary, per induction head)."""
-    from ..core.models import decoder_bos
-    from ..detectors.inputs import random_inputs
-    from .induction import ablation_check, ablation_tables
-
     bos = decoder_bos(tokenizer, config, spec)
     seqs, kinds = random_inputs(tokenizer, "decoder", bos, det_settings, spec.max_length, 0, spec.name)
     repeated = [t for t, k in zip(seqs, kinds) if k == "repeated"][: settings.n_sequences]
@@ -436,9 +440,6 @@ def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, d
                 settings: CircuitSettings, log=None) -> dict:  # fmt: skip
     """The long-input tables of one causal model (:func:`long_tables`): needle runs on ``haystack`` (text), the
     long-range echo / induction scores, their overlap with the detectors' short-range induction heads."""
-    from ..core.models import decoder_bos
-    from .longrange import chat_frame, layer_windows, long_range_scores, needle_inputs, retrieval_runs
-
     n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
     positions = int(getattr(config, "max_position_embeddings", 0) or spec.max_length)
     long, too_long = fitting_lengths(long, positions)

@@ -22,6 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..ablation.analysis import matched_random_sets
+from ..ablation.patch import HeadPatch
+from ..core.bootstrap import bootstrap_ci
+from ..core.extract import head_output_modules, length_batches, model_inputs
+from ..core.figures import head_label
+from ..core.reduce import fused_reduce
+from ..detectors.reducers import DETECTORS, DetectorReducer
+
 
 @dataclass(frozen=True, kw_only=True)
 class InductionSettings:
@@ -61,8 +69,6 @@ def head_means(model, tokenized, batch_size: int, pad_id: int, patch) -> np.ndar
     """Every head's mean output vector [L, H, d] over the real tokens of ``tokenized`` (the ablation values)."""
     import torch
 
-    from ..core.extract import length_batches, model_inputs
-
     use_types = getattr(model.config, "type_vocab_size", 0) > 1
     device = next(model.parameters()).device
     sums, count = 0.0, 0
@@ -88,9 +94,6 @@ def induction_scores(model, tokenized, batch_size, kind, pad_id, name, patch=Non
     ``values`` when given."""
     from contextlib import nullcontext
 
-    from ..core.reduce import fused_reduce
-    from ..detectors.reducers import DETECTORS, DetectorReducer
-
     ctx = nullcontext() if mask is None else patch
     with ctx:
         patch_ctx = nullcontext() if mask is None else patch.ablated(mask, values)
@@ -113,10 +116,6 @@ def ablation_check(model, tokenized, kind: str, pad_id: int, name: str, detector
     """Intact, previous-token-ablated and matched-random-ablated induction scores of the induction heads.
     Returns ``prev``, ``induction`` (head lists), ``intact`` [N, I], ``ablated`` [N, I], ``random`` [R, N, I]
     and ``random_sets``; empty head lists when the detectors found none."""
-    from ..ablation.analysis import matched_random_sets
-    from ..ablation.patch import HeadPatch
-    from ..core.extract import head_output_modules
-
     s = settings
     n_layers, n_heads = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
     prev, ind = pick_heads(detectors, s.n_prev, s.n_induction)
@@ -144,9 +143,6 @@ def ablation_tables(result: dict, model: str, settings: InductionSettings, comp:
                     prev_scores: np.ndarray | None, n_heads: int) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """(summary, per induction head). ``comp``: :func:`headatlas.circuits.weights.composition` (or None);
     ``prev_scores`` [L, H] the detectors' previous-token means."""
-    from ..core.bootstrap import bootstrap_ci
-    from ..core.figures import head_label
-
     s = settings
     prev, ind = result["prev"], result["induction"]
     label = lambda hs: " ".join(head_label(a, b) for a, b in hs)  # noqa: E731

@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.reduce import fused_reduce
+from ..detectors.inputs import frame, ordinary_ids
+from ..detectors.reducers import DETECTORS, DetectorReducer
+
 NEEDLE_KEYS = ("the cup", "the lighthouse", "the red door", "the old bridge", "the north tower", "the garden")
 BIN_NAMES = ("0", "(0,0.1]", "(0.1,0.5]", "(0.5,1]")  # Wu et al.'s retrieval-score bins
 
@@ -277,8 +281,6 @@ def retrieval_bins(score: np.ndarray) -> np.ndarray:
 def repeated_blocks(tokenizer, kind: str, bos: int | None, m: int, n: int, seed: int, first_index: int = 0) -> list:
     """``n`` sequences of a block of ``m`` distinct random ordinary tokens repeated twice, framed as the detectors
     frame theirs (RazorAttention's long-range input)."""
-    from ..detectors.inputs import frame, ordinary_ids
-
     vocab = ordinary_ids(tokenizer)
     if m > len(vocab):
         raise ValueError(f"analysis.circuits.long.block_lengths: {m} distinct tokens, the vocabulary has {len(vocab)}")
@@ -292,9 +294,6 @@ def repeated_blocks(tokenizer, kind: str, bos: int | None, m: int, n: int, seed:
 
 def long_range_scores(model, tokenizer, kind: str, bos: int | None, settings: LongSettings, pad_id: int, name: str):
     """Per block length m: echo and induction scores [n_blocks, L, H] of the repeated blocks (detectors' reducer)."""
-    from ..core.reduce import fused_reduce
-    from ..detectors.reducers import DETECTORS, DetectorReducer
-
     out = {}
     for m in settings.block_lengths:
         seqs = repeated_blocks(tokenizer, kind, bos, m, settings.blocks, settings.seed)

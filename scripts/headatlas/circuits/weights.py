@@ -45,6 +45,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.models import architecture_module, word_embeddings
+from ..detectors.inputs import ordinary_ids
+
 MODES = ("q", "k", "v")
 # model type -> how its attention weights are laid out (types outside: skipped with the reason)
 FAMILIES = {
@@ -103,8 +106,6 @@ def family(config) -> str:
 
 
 def _module(model, path: str):
-    from ..core.models import architecture_module
-
     m = architecture_module(model, path)
     if m is None:
         raise UnsupportedModel(f"model type {model.config.model_type!r}: no module {path!r}")
@@ -155,7 +156,6 @@ def head_weights(model) -> HeadWeights:
             p = f"layers.{layer}"
             wq, wk, wv, wo = (_w(_module(model, f"{p}.self_attn.{n}_proj")) for n in ("q", "k", "v", "o"))
             g_in = _gamma(_module(model, f"{p}.input_layernorm"), mt)
-            from ..core.models import architecture_module
 
             for name, target in (("q_norm", "q"), ("k_norm", "k")):
                 m = architecture_module(model, f"{p}.self_attn.{name}")
@@ -255,8 +255,6 @@ def copy_tokens(tokenizer, n_tokens: int, seed: int) -> np.ndarray:
     """The fixed token list of the copying scores: ``n_tokens`` ordinary tokens (detectors' definition) that
     decode to one alphabetic word of at least 3 letters (with its leading space for byte-level BPE), drawn with
     ``seed``, sorted."""
-    from ..detectors.inputs import ordinary_ids
-
     ids = ordinary_ids(tokenizer)
     texts = tokenizer.batch_decode([[int(i)] for i in ids])
     ok = np.array([bool(_WORD.match(t)) for t in texts])
@@ -302,8 +300,6 @@ def extended_embedding(model, ids: np.ndarray) -> np.ndarray:
     """``e + MLP_0(norm(e))`` of token ``ids`` [T] -> [T, D] (first layer's MLP with its own norms; attention of
     layer 0 left out), for the pre-norm families."""
     import torch
-
-    from ..core.models import architecture_module, word_embeddings
 
     fam = family(model.config)
     if fam == "bert":

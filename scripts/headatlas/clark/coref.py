@@ -26,8 +26,6 @@ Anaphor types from the head word's UPOS: PRON -> pronoun, PROPN -> proper, else 
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -37,8 +35,6 @@ import pandas as pd
 from ..core.data import Record
 from ..core.figures import head_label
 from .syntax import WordMaps, sentence_ci, word_block
-
-log = logging.getLogger("headatlas.clark.coref")
 
 TYPES = ("pronoun", "proper", "nominal")
 BASELINES = ("Nearest", "Head match", "Rule-based")
@@ -369,36 +365,3 @@ class CorefSettings:
     @classmethod
     def from_config(cls, section: dict) -> "CorefSettings":
         return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
-
-
-def run_coref(
-    splits: dict[str, tuple[Sequence[str], Sequence[Record]]],
-    settings: CorefSettings = CorefSettings(),
-    model: str = "",
-) -> dict[str, pd.DataFrame]:
-    """Rule clark_syntax_coref: score every head and baseline on the documents of each split
-    (split -> shard directories, records) and return :func:`coref_tables`. Every head's predictions come from
-    :func:`headatlas.core.reduce.reduce_corpus` (replayed from a stored corpus, loaded from a fused one)."""
-    from ..core.reduce import reduce_corpus
-    from .syntax_reducers import CorefReducer, coref_result
-
-    t0 = time.time()
-    reducer = CorefReducer(settings.word_mode)
-    preds = {s: (reduce_corpus(list(maps), reducer, records), records) for s, (maps, records) in splits.items()}
-    res = coref_result(preds)
-    kept = {s: int(p.n_words.sum()) for s, (p, _) in preds.items()}
-    ties = sum(int(p.ties.sum()) for p, _ in preds.values())
-    log.info(
-        "%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces, %d exact ties among %d "
-        "predictions (first candidate taken) (%.1f s)",
-        model,
-        len(res.heads),
-        kept,
-        res.n_no_pieces,
-        ties,
-        res.heads.size,
-        time.time() - t0,
-    )
-    tables = coref_tables(res, model, n_boot=settings.bootstrap, seed=settings.seed)
-    log.info("table 2:\n%s", tables["table2"].to_string(index=False))
-    return tables

@@ -28,7 +28,16 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
-from ..core.models import lm_head_model  # noqa: F401  (moved to core: the ablation analysis loads it too)
+from ..core.device import job_device
+from ..core.extract import length_batches, model_inputs, tokenize_records
+from ..core.models import (
+    decoder_bos,
+    lm_head_model,  # noqa: F401  (moved to core: the ablation analysis loads it too)
+    model_kind,
+    resolve,
+    word_embeddings,
+)
+from ..core.progress import progress
 from .surface import punct_mask
 
 log = logging.getLogger("headatlas.clark.gradients")
@@ -125,10 +134,6 @@ def gradient_importance(
     """
     import torch
     import torch.nn.functional as F
-
-    from ..core.extract import length_batches, model_inputs
-    from ..core.models import word_embeddings
-    from ..core.progress import progress
 
     causal = kind == "decoder"
     n_layers = int(model.config.num_hidden_layers)
@@ -234,10 +239,6 @@ def gradient_table(
     ``n_segments`` records, tokenised exactly as extraction does; a skipped table when the
     model has no LM head."""
     from transformers import AutoConfig, AutoTokenizer
-
-    from ..core.device import job_device
-    from ..core.extract import tokenize_records
-    from ..core.models import decoder_bos, model_kind, resolve
 
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)

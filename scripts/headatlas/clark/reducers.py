@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
+from ..core.mapfree import Needs, offset_target
 from ..core.patterns import prev_token_score, prev_token_score_free
 from ..core.reduce import (
     ReduceBatch,
@@ -24,6 +25,7 @@ from ..core.reduce import (
     scratch,
     stack_layers,
 )
+from .clustering import js_sums, smoothed_cells
 from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -203,8 +205,6 @@ def surface_needs(batch: ReduceBatch, causal: bool, smoothing: float):
     """The passes :func:`free_surface_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets at offsets
     +1 (encoders), 0 and -1; the entropy pass only without smoothing (smoothed rows come from recomputed row
     blocks, :func:`smoothed_row_entropy`). The key types' masses need no pass (:func:`typed_key_mass`)."""
-    from ..core.mapfree import Needs, offset_target
-
     offsets = (0, -1) if causal else (1, 0, -1)
     return Needs(entropy=smoothing == 0, targets={f"offset:{o}": offset_target(batch, o) for o in offsets})
 
@@ -438,8 +438,6 @@ class JSReducer(Reducer):
             self._add(torch.cat([a[wanted] for a in attn], dim=1), wanted, batch)
 
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        from ..core.mapfree import Needs
-
         return Needs()
 
     def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
@@ -460,8 +458,6 @@ class JSReducer(Reducer):
 
     def _add(self, stacked, wanted: np.ndarray, batch: ReduceBatch) -> None:
         """The JS sums of the ``wanted`` sequences' maps ``stacked`` [len(wanted), L*H, n, n] (layer-major)."""
-        from .clustering import js_sums, smoothed_cells
-
         for i, b in enumerate(wanted):  # per sequence: each has its own length and its own JS sum
             n = int(batch.lengths[b])
             maps = stacked[i, :, :n, :n].float().cpu().numpy()

@@ -24,8 +24,6 @@ one sentence are not independent), with a generator seeded per relation.
 
 from __future__ import annotations
 
-import logging
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -41,7 +39,6 @@ from ..core.store import word_level as store_word_level
 
 DIRECTIONS = ("dep->head", "head->dep")
 DEFAULT_OFFSETS = (-3, -2, -1, 0, 1, 2)
-log = logging.getLogger("headatlas.clark.syntax")
 
 POSS_RELATIONS = ("nmod:poss",)
 POSS_MARKERS = ("'s", "'", "s'", "\u2019s", "\u2019")
@@ -455,29 +452,3 @@ def syntax_tables(c: Correctness, model: str, settings: HeadSettings = HeadSetti
         "relations": best[best["relation"].isin(list(masks))],
         "table1": table1(best, min_count),
     }
-
-
-def run_heads(
-    maps: Sequence[str], records: Sequence[Record], settings: HeadSettings = HeadSettings(), model: str = ""
-) -> dict[str, pd.DataFrame]:
-    """Rule clark_syntax_heads: :func:`syntax_tables` of every head's predictions on the corpus of ``maps``
-    (shard directories), from :func:`headatlas.core.reduce.reduce_corpus` (replayed from a stored corpus,
-    loaded from a fused one)."""
-    from ..core.reduce import reduce_corpus
-    from .syntax_reducers import HeadPredictionReducer
-
-    t0 = time.time()
-    pred = reduce_corpus(list(maps), HeadPredictionReducer(settings.word_mode), records)
-    c = pred.correctness(records, settings.offsets, settings.poss_rule)
-    log.info(
-        "%s: %d dependents in %d sentences, %d words without pieces; exact ties (first word taken) "
-        "dep->head %d, head->dep %d of %d predictions each (%.1f s)",
-        model,
-        len(c.relation),
-        len(pred),
-        c.n_missing,
-        *pred.ties.sum(1).tolist(),
-        pred.pred.shape[1] * pred.pred.shape[2],
-        time.time() - t0,
-    )
-    return syntax_tables(c, model, settings)

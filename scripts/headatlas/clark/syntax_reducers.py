@@ -23,22 +23,30 @@ coreference reducer needs only its anaphors' head-word rows, recomputed from q, 
 (:func:`anaphor_rows`, :meth:`~headatlas.core.mapfree.FreeLayer.query_rows`; no extra pass), as long documents would need a column per word.
 
 Results hold one entry per sequence in feed order (record_index, n_words), so that shards concatenate
-(``combine``) and an analysis joins them with the corpus records without a store.
+(``combine``) and an analysis joins them with the corpus records without a store. The rules of Tables 1 and 2,
+:func:`run_heads` and :func:`run_coref`, live here too: they reduce (:func:`headatlas.core.reduce.reduce_corpus`),
+then score with :mod:`~headatlas.clark.syntax` and :mod:`~headatlas.clark.coref`, which import no reducer.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Iterator, Sequence
 
 import numpy as np
+import pandas as pd
 
 from ..core.data import SPECIAL_NONE, Record
-from ..core.reduce import ReduceBatch, Reducer, clean_maps
+from ..core.mapfree import Needs
+from ..core.reduce import ReduceBatch, Reducer, clean_maps, reduce_corpus
 from ..core.store import decode_cells, encode_cells, lower_cells, unit_pooling, word_units
-from .coref import Anaphors, CorefResult, baseline_correct, document_anaphors
-from .syntax import Correctness, WordBlock, WordMaps, gather_correctness
+from .coref import Anaphors, CorefResult, CorefSettings, baseline_correct, coref_tables, document_anaphors
+from .syntax import Correctness, HeadSettings, WordBlock, WordMaps, gather_correctness, syntax_tables
+
+log = logging.getLogger("headatlas.clark.syntax_reducers")
 
 ANALYSIS = "clark_syntax"
 WORD_MODES = ("mean", "first")
@@ -423,8 +431,6 @@ class _WordReducer(Reducer):
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
         """The word-level maps' key side: the :data:`UNITS` value columns (one per unit of the widest
         sequence), shared by the reducers of a corpus (:class:`CorefReducer` needs none)."""
-        from ..core.mapfree import Needs
-
         return Needs(values={UNITS: batch_units(batch, self.word_mode).to})
 
     def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
@@ -625,8 +631,6 @@ class CorefReducer(_WordReducer):
 
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
         """No extra pass: only the anaphors' head words' rows, recomputed from q, k and LSE (``FreeLayer.query_rows``)."""
-        from ..core.mapfree import Needs
-
         return Needs()
 
     def _reduce_free(self, view, batch, units):
@@ -732,3 +736,59 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     if corpus == section["probe_train"] or corpus in section["probe_eval"].values():
         out.append(WordMapsReducer(mode))
     return out
+
+
+# --- the rules of Tables 1 and 2: every head's predictions (reduce_corpus), then the scores ---------------
+
+
+def run_heads(
+    maps: Sequence[str], records: Sequence[Record], settings: HeadSettings = HeadSettings(), model: str = ""
+) -> dict[str, pd.DataFrame]:
+    """Rule clark_syntax_heads: :func:`~headatlas.clark.syntax.syntax_tables` of every head's predictions on the corpus of ``maps``
+    (shard directories), from :func:`headatlas.core.reduce.reduce_corpus` (replayed from a stored corpus,
+    loaded from a fused one)."""
+    t0 = time.time()
+    pred = reduce_corpus(list(maps), HeadPredictionReducer(settings.word_mode), records)
+    c = pred.correctness(records, settings.offsets, settings.poss_rule)
+    log.info(
+        "%s: %d dependents in %d sentences, %d words without pieces; exact ties (first word taken) "
+        "dep->head %d, head->dep %d of %d predictions each (%.1f s)",
+        model,
+        len(c.relation),
+        len(pred),
+        c.n_missing,
+        *pred.ties.sum(1).tolist(),
+        pred.pred.shape[1] * pred.pred.shape[2],
+        time.time() - t0,
+    )
+    return syntax_tables(c, model, settings)
+
+
+def run_coref(
+    splits: dict[str, tuple[Sequence[str], Sequence[Record]]],
+    settings: CorefSettings = CorefSettings(),
+    model: str = "",
+) -> dict[str, pd.DataFrame]:
+    """Rule clark_syntax_coref: score every head and baseline on the documents of each split
+    (split -> shard directories, records) and return :func:`~headatlas.clark.coref.coref_tables`. Every head's predictions come from
+    :func:`headatlas.core.reduce.reduce_corpus` (replayed from a stored corpus, loaded from a fused one)."""
+    t0 = time.time()
+    reducer = CorefReducer(settings.word_mode)
+    preds = {s: (reduce_corpus(list(maps), reducer, records), records) for s, (maps, records) in splits.items()}
+    res = coref_result(preds)
+    kept = {s: int(p.n_words.sum()) for s, (p, _) in preds.items()}
+    ties = sum(int(p.ties.sum()) for p, _ in preds.values())
+    log.info(
+        "%s: %d anaphors, words kept per split %s, %d anaphor heads without pieces, %d exact ties among %d "
+        "predictions (first candidate taken) (%.1f s)",
+        model,
+        len(res.heads),
+        kept,
+        res.n_no_pieces,
+        ties,
+        res.heads.size,
+        time.time() - t0,
+    )
+    tables = coref_tables(res, model, n_boot=settings.bootstrap, seed=settings.seed)
+    log.info("table 2:\n%s", tables["table2"].to_string(index=False))
+    return tables

@@ -1,13 +1,12 @@
-"""Checks of the workflow's inputs before any job runs: config files and model position limits.
+"""Checks of the workflow's inputs before any job runs: config files, corpus map settings and model files.
 
 - :func:`check_yaml`: a config file's YAML syntax errors and duplicate keys, as ``file:line:column``
   (Snakemake's own message for a bad ``--configfile`` names neither).
 - :func:`merge_config` / :func:`config_bases`: a config's ``extends:`` key (configs merged under it).
 - :func:`model_files`: the local files a model loads from (rule inputs: new weights re-extract);
   :func:`bos_warning`: a decoder that gets no BOS (its [CLS]/BOS columns would be empty).
-- :func:`position_limit` / :func:`check_max_length`: a model's ``max_length`` against the position
-  limit in its ``config.json``, naming both numbers and the key (instead of a raw torch size
-  mismatch in the middle of extraction).
+- :func:`local_model_config`: a model's ``config.json`` when it is readable without a network (the position
+  limit itself: :func:`headatlas.core.models.check_max_length`).
 - :func:`map_setting`: a corpus's ``maps: full | sample | none`` (and ``sample: K``).
 """
 
@@ -21,12 +20,6 @@ import yaml
 
 from .data import CorpusError, read_lines
 from .models import ModelError, ModelSpec, architecture, gguf_file, model_kind, resolve
-
-# position-limit keys of config.json, in the order they are looked for
-POSITION_KEYS = ("max_position_embeddings", "n_positions")
-# model types whose learned positions start after the padding index (RoBERTa's 514 = 512 + 2)
-PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}
-
 
 MAP_MODES = ("full", "sample", "none")  # what an extraction keeps of the n x n maps (README: Fused reduction)
 DEFAULT_SAMPLE = 32  # sequences whose maps a `maps: sample` corpus keeps
@@ -230,50 +223,6 @@ def bos_warning(spec: ModelSpec, config: dict) -> str | None:
         f"attention to [CLS]/BOS, Pande's delimiter role on BOS) will be empty for it; set config key "
         f"models[{spec.name}].bos_token to a token string (e.g. '<|endoftext|>') to prepend one"
     )
-
-
-def position_limit(config: dict) -> tuple[str, int] | None:
-    """(key, most tokens the model takes) from a ``config.json`` dict, or None when it has no limit key.
-
-    RoBERTa-style models start positions after the padding index, so their limit is
-    ``max_position_embeddings - pad_token_id - 1`` (514 -> 512).
-    """
-    for key in POSITION_KEYS:
-        n = config.get(key)
-        if isinstance(n, int) and n > 0:
-            if config.get("model_type") in PADDING_OFFSET_TYPES:
-                n -= int(config.get("pad_token_id") or 0) + 1
-            return key, n
-    return None
-
-
-def check_max_length(spec: ModelSpec, config: dict, where: str, past_last: bool = False) -> None:
-    """Raise ModelError when ``spec.max_length`` tokens (one more for a decoder that reads its
-    representations one past the last token) exceed the model's position limit.
-
-    ``config`` is the model's ``config.json`` as a dict; ``where`` names it in the message.
-    """
-    limit = position_limit(config)
-    if limit is None:
-        return
-    key, n = limit
-    try:
-        extra = 1 if past_last and model_kind(SimpleNamespace(**config), spec) == "decoder" else 0
-    except ModelError:
-        extra = 0
-    if spec.max_length + extra > n:
-        plus = " (+1 token read one past the last, extraction.rep_position: past_last)" if extra else ""
-        corpus = spec.extra.get("length_corpus")  # a corpus that sets the length (wikitext_long's tokens)
-        if corpus:
-            raise ModelError(
-                f"corpus {corpus!r} has {spec.max_length} tokens per input{plus}, above the position limit {n} of "
-                f"model {spec.name!r} ({where}: {key} {config[key]}); lower config key corpora[{corpus}].tokens to at "
-                f"most {n - extra}, or list the models that take that many positions in corpora[{corpus}].models"
-            )
-        raise ModelError(
-            f"model {spec.name!r}: max_length {spec.max_length}{plus} is above the model's position limit {n} "
-            f"({where}: {key} {config[key]}); set config key models[{spec.name}].max_length to at most {n - extra}"
-        )
 
 
 def local_model_config(spec: ModelSpec) -> tuple[dict, str] | None:

@@ -11,7 +11,7 @@
   a known range (:func:`check_values`, :func:`read_table`).
 - At planning time the workflow asks :func:`damaged` for every sealed output under ``results/`` that no longer
   matches its seal and reruns its job (``workflow/rules/common.smk``); ``headatlas store verify results``
-  checks the whole run directory (:func:`run_faults`).
+  checks the whole run directory (:func:`headatlas.core.store.run_faults`).
 
 Every failure is an :class:`IntegrityError` that names the file, says what is wrong and how to rebuild it.
 """
@@ -31,6 +31,8 @@ import numpy as np
 CHECKSUM = "sha256"
 SIDECAR = ".sha256"
 DIR_SEAL = "checksums.json"
+MANIFEST = "manifest.json"  # an attention store's seal (headatlas.core.store)
+NESTED = ("reduced", "sample")  # subdirectories of a fused extraction's store: reducer results, the sample's store
 # files nothing reads back (figures, pages, logs): not sealed
 UNSEALED = (".png", ".svg", ".pdf", ".html", ".css", ".js", ".log", SIDECAR)
 # a sealed directory's files above this size are checked by size when read (by checksum in verify)
@@ -199,11 +201,9 @@ def check_inputs(paths: Iterable[str | Path]) -> None:
             check_file(p)
 
 
-def _walk(root: str | Path):
+def walk_outputs(root: str | Path):
     """(directory, its file names) below ``root``, without attention stores (their manifest is their seal; listed
     once, with ``None`` for names), sealed directories (likewise), Snakemake's benchmarks and temporaries."""
-    from .store import MANIFEST, NESTED
-
     root = Path(root)
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
@@ -222,7 +222,7 @@ def damaged(root: str | Path = RESULTS) -> list[tuple[Path, str]]:
     """(output, problem) of every sealable file under ``root`` that does not match its seal or has none, and of
     every sealed directory whose files changed size; what the workflow reruns at planning time."""
     out = []
-    for d, names in _walk(root):
+    for d, names in walk_outputs(root):
         if names is None:
             if (d / DIR_SEAL).is_file():
                 problems = dir_problems(d)
@@ -234,42 +234,6 @@ def damaged(root: str | Path = RESULTS) -> list[tuple[Path, str]]:
             if problem:
                 out.append((d / name, problem))
     return out
-
-
-def run_faults(root: str | Path) -> list[str]:
-    """Every fault of a run directory (``results/``) or any directory below it: every attention store (all values,
-    nested ``sample/`` stores), every corpus's set of shards, every sealed file and directory (full checksums),
-    every sealable file without a seal."""
-    from .store import MANIFEST, SHARD_NAME, verify_store
-
-    faults: list[str] = []
-    for d, names in _walk(root):
-        shards = [p.name for p in d.iterdir() if p.is_dir() and SHARD_NAME.fullmatch(p.name)]
-        if shards and names is not None:
-            faults += shard_set_faults(d, shards)
-        if names is None:
-            faults += verify_store(d) if (d / MANIFEST).is_file() else dir_problems(d, full=True)
-            continue
-        faults += [p for name in names if (p := file_problem(d / name, required=True))]
-    return faults
-
-
-def shard_set_faults(directory: Path, names: Sequence[str]) -> list[str]:
-    """A corpus directory's shards: one count n and every shard 0..n-1 present."""
-    from .store import SHARD_NAME
-
-    found = [SHARD_NAME.fullmatch(n) for n in names]
-    counts = sorted({int(m.group(2)) for m in found})
-    if len(counts) != 1:
-        return [f"{directory}: shards of different counts {counts} ({', '.join(sorted(names))}); {rebuild(directory)}"]
-    n = counts[0]
-    missing = sorted(set(range(n)) - {int(m.group(1)) for m in found})
-    if missing:
-        return [
-            f"{directory}: incomplete set of shards: {', '.join(f'shard{i}of{n}' for i in missing)} missing; "
-            "rerun snakemake to extract them"
-        ]
-    return []
 
 
 # --- values --------------------------------------------------------------------------------------------

@@ -7,14 +7,14 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from .integrity import seal, sealable
+
 
 @contextmanager
 def atomic_path(path: str | Path, sealed: bool | None = None):
     """Yield a temporary path next to ``path``; rename it to ``path`` only on success. The file is sealed
     (``<path>.sha256``, :func:`headatlas.core.integrity.seal`) unless ``sealed`` is false (default: every file
     but figures and pages)."""
-    from .integrity import seal, sealable
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{''.join(path.suffixes)}")

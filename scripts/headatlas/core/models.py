@@ -41,10 +41,11 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from .align import bos_id
 from .device import job_device
-from .integrity import check_target, replace_dir
+from .integrity import IntegrityError, check_inputs, check_target, replace_dir
 
 
 class ModelError(RuntimeError):
@@ -420,13 +421,61 @@ def check_vocabulary(spec: ModelSpec, tokenizer, config, where) -> None:
         )
 
 
+# position-limit keys of config.json, in the order they are looked for
+POSITION_KEYS = ("max_position_embeddings", "n_positions")
+# model types whose learned positions start after the padding index (RoBERTa's 514 = 512 + 2)
+PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}
+
+
+def position_limit(config: dict) -> tuple[str, int] | None:
+    """(key, most tokens the model takes) from a ``config.json`` dict, or None when it has no limit key.
+
+    RoBERTa-style models start positions after the padding index, so their limit is
+    ``max_position_embeddings - pad_token_id - 1`` (514 -> 512).
+    """
+    for key in POSITION_KEYS:
+        n = config.get(key)
+        if isinstance(n, int) and n > 0:
+            if config.get("model_type") in PADDING_OFFSET_TYPES:
+                n -= int(config.get("pad_token_id") or 0) + 1
+            return key, n
+    return None
+
+
+def check_max_length(spec: ModelSpec, config: dict, where: str, past_last: bool = False) -> None:
+    """Raise ModelError when ``spec.max_length`` tokens (one more for a decoder that reads its
+    representations one past the last token) exceed the model's position limit.
+
+    ``config`` is the model's ``config.json`` as a dict; ``where`` names it in the message.
+    """
+    limit = position_limit(config)
+    if limit is None:
+        return
+    key, n = limit
+    try:
+        extra = 1 if past_last and model_kind(SimpleNamespace(**config), spec) == "decoder" else 0
+    except ModelError:
+        extra = 0
+    if spec.max_length + extra > n:
+        plus = " (+1 token read one past the last, extraction.rep_position: past_last)" if extra else ""
+        corpus = spec.extra.get("length_corpus")  # a corpus that sets the length (wikitext_long's tokens)
+        if corpus:
+            raise ModelError(
+                f"corpus {corpus!r} has {spec.max_length} tokens per input{plus}, above the position limit {n} of "
+                f"model {spec.name!r} ({where}: {key} {config[key]}); lower config key corpora[{corpus}].tokens to at "
+                f"most {n - extra}, or list the models that take that many positions in corpora[{corpus}].models"
+            )
+        raise ModelError(
+            f"model {spec.name!r}: max_length {spec.max_length}{plus} is above the model's position limit {n} "
+            f"({where}: {key} {config[key]}); set config key models[{spec.name}].max_length to at most {n - extra}"
+        )
+
+
 def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | None = None):
     """Load (model, tokenizer) with eager attention, in eval mode, on ``device`` (default: the job's,
     :func:`headatlas.core.device.job_device`); a sealed directory (a model
     cache a rule wrote) is checked first, the tokenizer's vocabulary against the model's after."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    from .integrity import IntegrityError, check_inputs
 
     loc, kwargs = resolve(spec, cache_dir)
     try:
@@ -437,8 +486,6 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
         config = AutoConfig.from_pretrained(loc, **kwargs)
         architecture(config.model_type, spec.name)
         if spec.extra.get("length_corpus"):  # a corpus sets the length: check it before the weights load
-            from .inputs import check_max_length
-
             check_max_length(spec, config.to_dict(), f"{loc}/config.json")
         tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
         model = AutoModel.from_pretrained(loc, attn_implementation="eager", dtype=_torch_dtype(spec.dtype), **kwargs)

@@ -8,6 +8,8 @@ import logging
 import os
 import sys
 
+from .integrity import check_inputs
+
 
 def export_library_path(scripts_dir: str) -> None:
     """Put ``scripts_dir`` (where the headatlas package lives) first on ``PYTHONPATH`` in this process's
@@ -41,7 +43,6 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     os.environ.setdefault("TQDM_DISABLE", "1")  # weight-loading and GGUF bars: noise in a workflow's output
     pin_torch_threads(n)
     after_import("transformers", _transformers_to_log)
-    from .integrity import check_inputs
 
     check_inputs(getattr(snakemake, "input", ()))
     return log

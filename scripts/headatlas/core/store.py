@@ -59,13 +59,12 @@ import numpy as np
 
 from .data import SPECIAL_NAMES, SPECIAL_NONE, TokenizedRecord
 from .figures import head_label
-from .integrity import check_target, replace_dir
+from .integrity import MANIFEST, NESTED, check_target, dir_problems, file_problem, rebuild, replace_dir, walk_outputs
 from .io import compressed
 
 log = logging.getLogger("headatlas.core.store")
 
 STR = h5py.string_dtype(encoding="utf-8")
-MANIFEST = "manifest.json"
 # 1: no manifest (before the integrity checks); 2: manifest.json with sizes and checksums;
 # 3: causal maps stored as their lower triangle (manifest key map_layout). Layout 2 stores hold
 # full maps and are read as they are (READ_LAYOUTS).
@@ -77,7 +76,6 @@ CHECKSUM = "sha256"  # faster than blake2b here (767 vs 526 MB/s, hashlib, one c
 # float16 storage (2^-11 per cell) or half-precision compute (bfloat16: 2^-9) by up to ~2e-3.
 ROW_SUM_TOL = {"float32": 1e-3, "half": 1e-2}
 REBUILD = "delete the directory and rerun snakemake to extract it again"
-NESTED = ("reduced", "sample")  # subdirectories of a fused extraction: reducer results, the sample's store
 
 
 class StoreError(ValueError):
@@ -305,8 +303,6 @@ def store_dirs(directory: str | Path) -> list[Path]:
         return [d]
     shards = {m: p for p in d.iterdir() if (m := SHARD_NAME.fullmatch(p.name)) and p.is_dir()}
     if shards:
-        from .integrity import shard_set_faults
-
         faults = shard_set_faults(d, [m.group(0) for m in shards])
         if faults:
             raise StoreError(faults[0])
@@ -1025,6 +1021,38 @@ def verify_store(directory: str | Path) -> list[str]:
                             f"{f.filename}: {int(bad.sum())} non-finite values in {key}, first at sequence {k} (record {store.record_id[k]})"
                         )
     return faults
+
+
+def run_faults(root: str | Path) -> list[str]:
+    """Every fault of a run directory (``results/``) or any directory below it: every attention store (all values,
+    nested ``sample/`` stores), every corpus's set of shards, every sealed file and directory (full checksums),
+    every sealable file without a seal."""
+    faults: list[str] = []
+    for d, names in walk_outputs(root):
+        shards = [p.name for p in d.iterdir() if p.is_dir() and SHARD_NAME.fullmatch(p.name)]
+        if shards and names is not None:
+            faults += shard_set_faults(d, shards)
+        if names is None:
+            faults += verify_store(d) if (d / MANIFEST).is_file() else dir_problems(d, full=True)
+            continue
+        faults += [p for name in names if (p := file_problem(d / name, required=True))]
+    return faults
+
+
+def shard_set_faults(directory: Path, names: Sequence[str]) -> list[str]:
+    """A corpus directory's shards: one count n and every shard 0..n-1 present."""
+    found = [SHARD_NAME.fullmatch(n) for n in names]
+    counts = sorted({int(m.group(2)) for m in found})
+    if len(counts) != 1:
+        return [f"{directory}: shards of different counts {counts} ({', '.join(sorted(names))}); {rebuild(directory)}"]
+    n = counts[0]
+    missing = sorted(set(range(n)) - {int(m.group(1)) for m in found})
+    if missing:
+        return [
+            f"{directory}: incomplete set of shards: {', '.join(f'shard{i}of{n}' for i in missing)} missing; "
+            "rerun snakemake to extract them"
+        ]
+    return []
 
 
 def describe_store(directories: Sequence[str | Path]) -> dict:

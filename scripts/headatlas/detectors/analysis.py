@@ -17,9 +17,11 @@ import pandas as pd
 from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci
+from ..core.models import architecture, decoder_bos, model_kind
 from ..core.multitest import adjust
-from .inputs import INPUT_KINDS, DetectorSettings
-from .reducers import DETECTORS
+from ..core.reduce import fused_reduce
+from .inputs import INPUT_KINDS, DetectorSettings, inputs_table, natural_inputs, random_inputs
+from .reducers import DETECTORS, DetectorReducer
 
 # the input kind each detector is read on in the atlas, the group summary and the figure
 MAIN_INPUT = {"prev": "natural", "duplicate": "repeated", "induction": "repeated", "sink": "natural"}
@@ -196,11 +198,6 @@ def run_detectors(spec, model, tokenizer, config, corpora: dict, settings: Detec
     """Every table of rule detectors for one loaded model (:func:`headatlas.core.models.load`): build the
     inputs (``corpora``: name -> records of the natural corpora), reduce them fused, test and summarise.
     Returns frames ``inputs``, ``heads``, ``sinks``, ``kv_groups``, ``kv_summary``."""
-    from ..core.models import architecture, decoder_bos, model_kind
-    from ..core.reduce import fused_reduce
-    from .inputs import inputs_table, natural_inputs, random_inputs
-    from .reducers import DetectorReducer
-
     s = settings
     kind = model_kind(config, spec)
     bos = decoder_bos(tokenizer, config, spec)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.align import encode_record
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
 
 INPUT_KINDS = ("natural", "random", "repeated_token", "repeated")
@@ -156,8 +157,6 @@ def natural_inputs(
 ) -> tuple[list[TokenizedRecord], list[str]]:
     """The first ``n_sequences`` records that tokenise to at least 2 tokens, cut to ``length`` tokens at a word
     boundary, and their record ids."""
-    from ..core.align import encode_record
-
     out, ids = [], []
     for r in records:
         if len(out) == settings.n_sequences:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.data import SPECIAL_NONE
+from ..core.mapfree import Needs, key_target, offset_target
 from ..core.patterns import prev_token_score
 from ..core.reduce import ReduceBatch, Reducer, clean_maps
 
@@ -116,8 +117,6 @@ class DetectorReducer(Reducer):
 
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
         """Every score is one key per query: the targets (shared by name with other reducers), q, k and LSE."""
-        from ..core.mapfree import Needs, key_target, offset_target
-
         t = self._targets(batch)
         return Needs(
             targets={

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
+from ..core.mapfree import Needs, offset_target
 from ..core.patterns import local_band
 from ..core.reduce import (
     SUMMARY_GROUPS,
@@ -187,8 +188,6 @@ class _BatchSieves:
         """The passes :meth:`free_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets only (the band's
         offsets, the [CLS]/BOS/[SEP] tokens, the pairs' key pieces), and for batches with a pair the segments'
         value columns (+ the entropy pass with ``block_entropy``)."""
-        from ..core.mapfree import Needs, offset_target
-
         batch = self.batch
         targets = {f"offset:{o}": offset_target(batch, o) for o in local_band(settings.window, self.causal)}
         arcs = self.arc_targets()

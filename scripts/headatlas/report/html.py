@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .figures import head_label
-from .io import atomic_path
+from ..core.figures import head_label
+from ..core.io import atomic_path
 
 _STYLE = """
 body{font:13px/1.4 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:12px;color:#222}

@@ -19,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .patterns import local_band
-from .reduce import TINY, ReduceBatch, Reducer, cat_chunks, clean_maps, map_chunks, scratch
+from ..core.mapfree import Needs, key_positions, key_target, offset_target
+from ..core.patterns import local_band
+from ..core.reduce import TINY, ReduceBatch, Reducer, cat_chunks, clean_maps, map_chunks, scratch
 
 STATS = ("sink", "local", "entropy", "distance")
 UNITS = {"sink": "fraction", "local": "fraction", "entropy": "nats", "distance": "tokens"}
@@ -90,8 +91,6 @@ def free_position_stats(view, batch: ReduceBatch, causal: bool, window: int):
 def position_needs(batch: ReduceBatch, causal: bool, window: int):
     """The passes :func:`free_position_stats` needs (:class:`~headatlas.core.mapfree.Needs`)."""
     import torch
-
-    from .mapfree import Needs, key_positions, key_target, offset_target
 
     pos = key_positions(batch, "cpu")
     lower = {} if causal else {"one_pos": torch.cat([torch.ones_like(pos), pos], -1)}
@@ -213,39 +212,3 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     if corpus not in section.get("corpora", []):
         return []
     return [PositionReducer(int(section.get("local_window", 2)), section.get("edges", DEFAULT_EDGES))]
-
-
-def position_figure(table: pd.DataFrame, title: str = ""):
-    """Four panels (sink, local, entropy, distance) against the query position: one line per layer,
-    the mean over its heads, coloured from the first layer to the last."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    layers = sorted(table["layer"].unique())
-    mean = table.groupby(["layer", "bucket_start"], as_index=False)[list(STATS)].mean()
-    cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8), constrained_layout=True)
-    labels = {
-        "sink": "attention to the first token (fraction)",
-        "local": "attention within the local window (fraction)",
-        "entropy": "row entropy (nats)",
-        "distance": "mean attention distance (tokens)",
-    }
-    for ax, stat in zip(axes, STATS):
-        for layer in layers:
-            d = mean[mean["layer"] == layer]
-            c = cmap(layer / max(1, len(layers) - 1))
-            ax.plot(d["bucket_start"] + 1, d[stat], color=c, lw=1.2, marker="o", ms=2)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("query position + 1 (tokens, bucket start)")
-        ax.set_ylabel(labels[stat])
-        ax.set_title(stat)
-        if UNITS[stat] == "fraction":
-            ax.set_ylim(-0.02, 1.02)
-    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(1, len(layers)))
-    fig.colorbar(sm, ax=axes, label="layer (1 = first; each line: mean over the layer's heads)")
-    n_seq = int(table["n_sequences"].iloc[0]) if len(table) else 0
-    fig.suptitle(f"Where do heads look, by query position: {title} ({n_seq} inputs)")
-    return fig
