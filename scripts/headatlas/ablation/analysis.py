@@ -34,6 +34,7 @@ from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.figures import head_label
+from ..core.settings import Settings
 from .patch import layer_samples
 
 log = logging.getLogger("headatlas.ablation.analysis")
@@ -45,8 +46,10 @@ ACCURACY_NOTE = "skipped: accuracy has no gradient estimate (exact ablation only
 
 
 @dataclass(frozen=True, kw_only=True)
-class AblationSettings:
+class AblationSettings(Settings):
     """analysis.ablation (workflow/schemas/ablation.schema.yaml)."""
+
+    SECTION = "analysis.ablation"
 
     mode: str = "mean"
     lm_sequences: int = 16
@@ -70,14 +73,6 @@ class AblationSettings:
     bootstrap: int = 1000
     ci: float = 0.95
     seed: int = 0
-
-    @classmethod
-    def from_config(cls, section: dict) -> "AblationSettings":
-        kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        for k in ("pande_roles", "pruning_fractions", "compare_estimators"):
-            if k in kw:
-                kw[k] = tuple(kw[k])
-        return cls(**kw)
 
 
 def metrics_of(task: str) -> list[str]:

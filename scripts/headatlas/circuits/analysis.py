@@ -18,14 +18,17 @@ from scipy import stats
 from ..core.bootstrap import bootstrap_ci
 from ..core.figures import head_label
 from ..core.multitest import adjust
+from ..core.settings import Settings
 from . import weights as W
 
 KEY = ["layer", "head"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class CircuitSettings:
+class CircuitSettings(Settings):
     """analysis.circuits top-level keys (workflow/schemas/circuits.schema.yaml)."""
+
+    SECTION = "analysis.circuits"
 
     n_tokens: int = 500
     top_k: int = 5
@@ -36,10 +39,6 @@ class CircuitSettings:
     fdr_method: str = "fdr_bh"
     agreement_top_k: int = 10
     edges: int = 12
-
-    @classmethod
-    def from_config(cls, section: dict) -> "CircuitSettings":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 def _grid(n_layers: int, n_heads: int, model: str) -> pd.DataFrame:
