@@ -202,3 +202,20 @@ def test_a_class_check_keeps_its_error_type_and_names_the_section():
         GeneratorConfig.from_config({"tasks": ["Parsing"]})
     with pytest.raises(ValueError, match=r"^config key analysis\.pande: local window must be >= 0, not -1"):
         SieveSettings.from_config({"local_window": -1})
+
+
+def test_rule_params_come_from_the_settings_classes():
+    """Every settings class (but the parts of another) reaches its rules as ``settings_params(Cls, ...)``, and no
+    rule file lists a section's keys by hand."""
+    import re
+    import typing
+
+    rules = "\n".join(p.read_text() for p in sorted((ROOT / "workflow" / "rules").glob("*.smk")))
+    parts = {h for c in SETTINGS for h in typing.get_type_hints(c).values() if h in SETTINGS}
+    missing = [
+        c.__name__
+        for c in SETTINGS
+        if c not in parts and not re.search(rf"settings_params\(\s*{c.__name__}\s*,", rules)
+    ]
+    assert not missing, f"rules that build these settings list their keys another way: {missing}"
+    assert not re.search(r"for k in [\(\[]", rules), "a hand list of keys in a rule file"

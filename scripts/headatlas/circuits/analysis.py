@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci
 from ..core.figures import head_label
@@ -54,6 +53,8 @@ def composition_tables(comp: dict, model: str, n_layers: int, n_heads: int, d_ef
                        settings: CircuitSettings) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """(one row per causal pair: score, z against random orientations, z against the model's pairs, FDR; one row
     per mode: the distribution beside the null and the non-causal pairs)."""
+    from scipy import stats  # here: the workflow imports this module when it plans (its settings)
+
     s = settings
     causal = comp["causal"]
     w, r = np.nonzero(causal)
@@ -104,6 +105,8 @@ def composition_head_columns(comp: dict, n_layers: int, n_heads: int) -> pd.Data
 
 def _share_columns(hits: np.ndarray, chance: float, name: str, s: CircuitSettings, seed: int) -> dict:
     """hits [N, T] booleans -> share, bootstrap CI over tokens, binomial p vs ``chance``, FDR."""
+    from scipy import stats  # here: the workflow imports this module when it plans (its settings)
+
     n = hits.shape[1]
     k = hits.sum(1)
     lo, hi = bootstrap_ci(
