@@ -9,12 +9,12 @@ the config keys of its section, by name; the class attributes say the rest:
 - ``CONVERT``: field name -> function of the config value, where more than the type's conversion is needed;
 - ``PARENT_KEYS``: fields the rule script takes from the enclosing section (not keys of this one).
 
-``from_section`` (``Cls.from_config``) builds the object: a tuple field gets a tuple (its items converted to int / float as the type
-says), a field typed with a settings class is built from its sub-section, and a key that is no setting of the class
-is an error naming its config key path. ``settings_params`` picks the class's keys from a whole section: what a
-rule passes through ``params:`` (so there is no second list of keys in the rule files); ``Cls.pick(section)``
-builds from a whole section that holds other readers' keys too. Defaults are written in the
-schema (``workflow/schemas/``); the field defaults are their copies for library callers, and
+``from_section`` (``Cls.from_config``) builds the object: a tuple field gets a tuple (its items converted to
+int / float as the type says), a field typed with a settings class is built from its sub-section, and a key that
+is no setting of the class is an error naming its config key path. ``settings_params`` picks the class's keys
+from a whole section: what a rule passes through ``params:`` (so there is no second list of keys in the rule
+files); ``Cls.pick(section)`` builds from a whole section that holds other readers' keys too. Defaults are
+written in the schema (``workflow/schemas/``); the field defaults are their copies for library callers, and
 ``tests/test_settings.py`` checks that every one equals the schema's.
 """
 
