@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     config = yaml.safe_load(Path(args.config).read_text())
     section = config["analysis"]["ablation"]
-    settings = AblationSettings.from_config(section)
+    settings = AblationSettings.pick(section)
     models = {m["name"]: m for m in config["models"]}
     results = {}
     load_start = os.getloadavg()

@@ -32,10 +32,10 @@ if lm_model is None:
     tables = A.long_skipped(spec.name, n_layers, n_heads, reason)
 else:
     model, tokenizer, config = load(spec, cache_dir=cache)
-    if not sm.params.induction["activate"] or detectors is None:
+    if not sm.params.induction_active or detectors is None:
         why = (
             "off"
-            if not sm.params.induction["activate"]
+            if not sm.params.induction_active
             else "analysis.detectors does not cover the model (the check reads its heads and inputs)"
         )
         summary, per_head = A.skipped(spec.name, why), pd.DataFrame()
@@ -43,7 +43,7 @@ else:
         det = DetectorSettings.from_config(sm.params.detectors)
         pairs = A.read_table(sm.input.pairs)
         summary, per_head = A.induction_check(spec, model, tokenizer, config, detectors, pairs, det, ind_settings)
-    if sm.params.long["activate"]:
+    if sm.params.long_active:
         with open(sm.input.haystack, encoding="utf-8") as fh:
             text = fh.read()
         tables = A.long_inputs(spec, lm_model, model, tokenizer, config, text, long, detectors, settings, log)

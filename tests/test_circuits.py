@@ -265,7 +265,7 @@ def test_ablating_the_last_layer_leaves_every_induction_score(tiny_loaded, bpe_t
 
 
 def test_induction_settings_from_config():
-    s = InductionSettings.from_config({"n_prev": 2, "activate": True, "random_sets": 0})
+    s = InductionSettings.pick({"n_prev": 2, "activate": True, "random_sets": 0})
     assert (s.n_prev, s.random_sets) == (2, 0)
 
 

@@ -183,7 +183,7 @@ def test_coref_tables_best_head_column_follows_table2():
 def test_coref_settings_from_config():
     from headatlas.clark.coref import CorefSettings
 
-    s = CorefSettings.from_config({"word_mode": "first", "bootstrap": 10, "seed": 3, "min_count": 100})
+    s = CorefSettings.pick({"word_mode": "first", "bootstrap": 10, "seed": 3, "min_count": 100})
     assert s == CorefSettings(word_mode="first", bootstrap=10, seed=3)
     assert CorefSettings.from_config({}) == CorefSettings()
     with pytest.raises(TypeError):

@@ -228,7 +228,7 @@ def test_specs_rebuild_the_same_reducers():
     ]
     rebuilt = build_reducers(specs)
     assert [r.spec() for r in rebuilt] == specs
-    assert rebuilt[2].settings == SieveSettings.from_config(SECTIONS["pande"])
+    assert rebuilt[2].settings == SieveSettings.pick(SECTIONS["pande"])
     assert reducer_specs(SECTIONS, "other") == []
 
 

@@ -113,7 +113,7 @@ def test_bad_inputs_are_named():
     X, y = planted(P=2)
     with pytest.raises(ValueError, match="optimizer"):
         ProbeConfig(optimizer="sgd")
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match=r"analysis\.jomyaeng\.probe\.momentum: unknown setting"):
         ProbeConfig.from_config({"lr": 0.1, "momentum": 0.9})
     bad = dict(y, dev=y["dev"][:-1])
     with pytest.raises(ValueError, match="dev"):

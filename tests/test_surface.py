@@ -356,12 +356,12 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
 def test_surface_settings_from_config():
     from headatlas.clark.surface import ClusteringSettings, SurfaceSettings
 
-    s = SurfaceSettings.from_config(
-        {"broad_entropy": 2.0, "clustering": {"seed": 3, "mds_eps": 1e-6}, "activate": True}
-    )
+    s = SurfaceSettings.pick({"broad_entropy": 2.0, "clustering": {"seed": 3, "mds_eps": 1e-6}, "activate": True})
     assert s.broad_entropy == 2.0 and s.smoothing == SurfaceSettings().smoothing
     assert s.clustering == ClusteringSettings(seed=3, mds_eps=1e-6)
-    assert SurfaceSettings.from_config({"gradients": {"n_segments": 5, "threads": 4}}).gradients.n_segments == 5
+    assert SurfaceSettings.pick({"gradients": {"n_segments": 5, "threads": 4}}).gradients.n_segments == 5
+    with pytest.raises(ValueError, match=r"analysis\.clark_surface\.gradients\.threads: unknown setting"):
+        SurfaceSettings.from_config({"gradients": {"n_segments": 5, "threads": 4}})  # threads goes to the rule
     assert SurfaceSettings.from_config({}) == SurfaceSettings()
     with pytest.raises(TypeError):
         SurfaceSettings(1e-4)  # keyword-only

@@ -358,8 +358,10 @@ def test_syntax_tables_of_the_rule():
 
 
 def test_head_settings_from_config():
-    s = HeadSettings.from_config({"word_mode": "first", "offsets": [-1, 1], "min_count": 5, "activate": True})
+    s = HeadSettings.pick({"word_mode": "first", "offsets": [-1, 1], "min_count": 5, "activate": True})
     assert s == HeadSettings(word_mode="first", offsets=(-1, 1), min_count=5)
+    with pytest.raises(ValueError, match=r"analysis\.clark_syntax\.activate: unknown setting"):
+        HeadSettings.from_config({"activate": True})
     assert HeadSettings.from_config({}) == HeadSettings() and HeadSettings().offsets == DEFAULT_OFFSETS
     with pytest.raises(TypeError):
         HeadSettings("first")  # keyword-only

@@ -136,7 +136,7 @@ def sentence_maps(model, tokenizer, config, spec: ModelSpec, tok, kind: str) -> 
 
 def surface_settings(config: dict | None):
     """Clark's surface settings of the config (analysis.clark_surface), defaults where it has none."""
-    return SurfaceSettings.from_config(((config or {}).get("analysis") or {}).get("clark_surface") or {})
+    return SurfaceSettings.pick(((config or {}).get("analysis") or {}).get("clark_surface") or {})
 
 
 def surface_patterns(model, tokenizer, spec: ModelSpec, tok, kind: str, settings) -> pd.DataFrame:

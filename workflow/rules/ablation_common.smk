@@ -1,11 +1,9 @@
+from headatlas.ablation.analysis import AblationSettings
+from headatlas.core.settings import settings_params
+
 ABLATION = analysis_section("ablation", "../schemas/ablation.schema.yaml")
 # the keys the rules read (AblationSettings.from_config builds the settings from them)
-ABLATION_SETTINGS = {
-    k: v
-    for k, v in ABLATION.items()
-    if k
-    not in ("activate", "models", "corpus", "behaviour_corpus", "threads", "exact_jobs")
-}
+ABLATION_SETTINGS = settings_params(AblationSettings, ABLATION)
 
 register_targets(
     "ablation",

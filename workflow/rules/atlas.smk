@@ -57,7 +57,7 @@ rule atlas:
         mem_mb=2000,
         runtime=10,
     params:
-        atlas={k: v for k, v in ATLAS.items() if k != "page"},
+        atlas=settings_params(AtlasSettings, ATLAS),
     script:
         "../../scripts/atlas_model.py"
 
@@ -129,7 +129,7 @@ rule atlas_page:
         mem_mb=2000,
         runtime=10,
     params:
-        page=ATLAS["page"],
+        page=settings_params(PageSettings, ATLAS["page"]),
         sources=atlas_page_sources(),
     script:
         "../../scripts/atlas_page.py"

@@ -1,4 +1,6 @@
-from headatlas.atlas.analysis import ATLAS_SOURCES, source_inputs
+from headatlas.atlas.analysis import ATLAS_SOURCES, AtlasSettings, source_inputs
+from headatlas.atlas.page import PageSettings
+from headatlas.core.settings import settings_params
 
 ATLAS = analysis_section("atlas", "../schemas/atlas.schema.yaml")
 ATLAS_MODELS = analysis_models("atlas")

@@ -28,7 +28,7 @@ rule circuits_weights:
         mem_mb=4000,
         runtime=20,
     params:
-        circuits={k: CIRCUITS[k] for k in CIRCUIT_KEYS},
+        circuits=settings_params(CircuitSettings, CIRCUITS),
         model=lambda wc: MODELS[wc.model],
     script:
         "../../scripts/circuits_weights.py"
@@ -72,12 +72,14 @@ rule circuits_causal:
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
-        circuits={k: CIRCUITS[k] for k in CIRCUIT_KEYS},
-        induction=CIRCUITS["induction"],
-        long={k: v for k, v in CIRCUITS["long"].items() if k != "haystack"},
-        detectors=lambda wc: {
-            k: ANALYSES["detectors"][k] for k in CIRCUIT_DETECTOR_KEYS
-        },
+        circuits=settings_params(CircuitSettings, CIRCUITS),
+        induction=settings_params(InductionSettings, CIRCUITS["induction"]),
+        induction_active=CIRCUITS["induction"]["activate"],
+        long=settings_params(LongSettings, CIRCUITS["long"]),
+        long_active=CIRCUITS["long"]["activate"],
+        detectors=lambda wc: settings_params(
+            DetectorSettings, ANALYSES["detectors"], *CIRCUIT_DETECTOR_KEYS
+        ),
         model=lambda wc: MODELS[wc.model],
     script:
         "../../scripts/circuits_causal.py"
@@ -124,6 +126,6 @@ rule circuits_model:
         mem_mb=2000,
         runtime=10,
     params:
-        circuits={k: CIRCUITS[k] for k in CIRCUIT_KEYS},
+        circuits=settings_params(CircuitSettings, CIRCUITS),
     script:
         "../../scripts/circuits_model.py"

@@ -1,16 +1,10 @@
+from headatlas.circuits.analysis import CircuitSettings
+from headatlas.circuits.induction import InductionSettings
+from headatlas.circuits.longrange import LongSettings
+from headatlas.core.settings import settings_params
+from headatlas.detectors.inputs import DetectorSettings
+
 CIRCUITS = analysis_section("circuits", "../schemas/circuits.schema.yaml")
-# the keys the rules read (the settings classes' from_config build the objects from them)
-CIRCUIT_KEYS = [
-    "n_tokens",
-    "top_k",
-    "seed",
-    "bootstrap",
-    "ci",
-    "alpha",
-    "fdr_method",
-    "agreement_top_k",
-    "edges",
-]
 # the detectors' keys that build their repeated random sequences (the induction check's inputs)
 CIRCUIT_DETECTOR_KEYS = ["n_sequences", "length", "repeat_length", "seed", "batch_size"]
 

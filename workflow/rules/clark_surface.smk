@@ -1,10 +1,7 @@
+from headatlas.clark.surface import SurfaceSettings
+from headatlas.core.settings import settings_params
+
 CLARK = analysis_section("clark_surface", "../schemas/clark_surface.schema.yaml")
-# the keys each rule reads (SurfaceSettings.from_config builds the settings from them)
-CLARK_THRESHOLDS = {
-    "broad_entropy": CLARK["broad_entropy"],
-    "offset_threshold": CLARK["offset_threshold"],
-    "special_threshold": CLARK["special_threshold"],
-}
 
 # Fig. 1 draws its example from the stored maps (a maps: sample corpus: from its sample)
 for _c in CLARK["corpora"] if analysis_active("clark_surface") else []:
@@ -63,7 +60,7 @@ rule clark_surface_stats:
         mem_mb=4000,
         runtime=30,
     params:
-        surface={"smoothing": CLARK["smoothing"]},
+        surface=settings_params(SurfaceSettings, CLARK, "smoothing"),
     script:
         "../../scripts/surface_stats.py"
 
@@ -91,7 +88,13 @@ rule clark_behaviour:
         mem_mb=1000,
         runtime=5,
     params:
-        surface=CLARK_THRESHOLDS,
+        surface=settings_params(
+            SurfaceSettings,
+            CLARK,
+            "broad_entropy",
+            "offset_threshold",
+            "special_threshold",
+        ),
     script:
         "../../scripts/clark_behaviour.py"
 
@@ -129,7 +132,7 @@ rule clark_surface_figures:
         mem_mb=1000,
         runtime=5,
     params:
-        surface={"broad_entropy": CLARK["broad_entropy"]},
+        surface=settings_params(SurfaceSettings, CLARK, "broad_entropy"),
     script:
         "../../scripts/clark_surface_figures.py"
 
@@ -161,7 +164,7 @@ rule clark_gradients:
     params:
         model=lambda wc: MODELS[wc.model],
         overflow=lambda wc: CORPORA[wc.corpus].get("overflow", EXTRACTION["overflow"]),
-        surface={"gradients": CLARK["gradients"]},
+        surface=settings_params(SurfaceSettings, CLARK, "gradients"),
     script:
         "../../scripts/clark_gradients.py"
 
@@ -208,12 +211,13 @@ rule clark_js_distances:
         mem_mb=4000,
         runtime=60,
     params:
-        surface={
-            "clustering": {
-                k: CLARK["clustering"][k]
-                for k in ("n_segments", "smoothing", "max_elements")
-            }
-        },
+        surface=settings_params(
+            SurfaceSettings,
+            CLARK,
+            "clustering.n_segments",
+            "clustering.smoothing",
+            "clustering.max_elements",
+        ),
     script:
         "../../scripts/clark_js_distances.py"
 
@@ -260,18 +264,15 @@ rule clark_mds:
         mem_mb=2000,
         runtime=15,
     params:
-        surface={
-            "clustering": {
-                k: CLARK["clustering"][k]
-                for k in (
-                    "seed",
-                    "mds_n_init",
-                    "mds_max_iter",
-                    "mds_eps",
-                    "permutations",
-                )
-            }
-        },
+        surface=settings_params(
+            SurfaceSettings,
+            CLARK,
+            "clustering.seed",
+            "clustering.mds_n_init",
+            "clustering.mds_max_iter",
+            "clustering.mds_eps",
+            "clustering.permutations",
+        ),
     script:
         "../../scripts/clark_mds.py"
 
@@ -301,7 +302,7 @@ rule clark_examples:
         mem_mb=2000,
         runtime=5,
     params:
-        surface={"examples": CLARK["examples"]},
+        surface=settings_params(SurfaceSettings, CLARK, "examples"),
     script:
         "../../scripts/clark_examples.py"
 
@@ -331,6 +332,6 @@ rule clark_headlines:
         mem_mb=1000,
         runtime=5,
     params:
-        surface={"broad_entropy": CLARK["broad_entropy"]},
+        surface=settings_params(SurfaceSettings, CLARK, "broad_entropy"),
     script:
         "../../scripts/clark_headlines.py"

@@ -55,17 +55,7 @@ rule clark_syntax_heads:
         runtime=30,
     params:
         corpus=CLARK_SYNTAX["syntax_corpus"],
-        heads={
-            k: CLARK_SYNTAX[k]
-            for k in (
-                "word_mode",
-                "min_count",
-                "offsets",
-                "bootstrap",
-                "seed",
-                "poss_rule",
-            )
-        },
+        heads=settings_params(HeadSettings, CLARK_SYNTAX),
     script:
         "../../scripts/clark_syntax_heads.py"
 
@@ -97,7 +87,7 @@ rule clark_syntax_coref:
         runtime=20,
     params:
         splits=CLARK_SYNTAX["coref_corpora"],
-        coref={k: CLARK_SYNTAX[k] for k in ("word_mode", "bootstrap", "seed")},
+        coref=settings_params(CorefSettings, CLARK_SYNTAX),
     script:
         "../../scripts/clark_syntax_coref.py"
 
@@ -126,7 +116,7 @@ rule clark_syntax_probe:
     params:
         eval_splits=list(CLARK_SYNTAX["probe_eval"]),
         word_mode=CLARK_SYNTAX["word_mode"],
-        probe=CLARK_SYNTAX["probe"],
+        probe=settings_params(ProbeSettings, CLARK_SYNTAX["probe"]),
     script:
         "../../scripts/clark_syntax_probe.py"
 

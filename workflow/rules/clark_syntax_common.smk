@@ -1,4 +1,8 @@
 # Helpers of workflow/rules/clark_syntax.smk (Clark et al. 2019, Tables 1-3 and Fig. 5).
+from headatlas.clark.coref import CorefSettings
+from headatlas.clark.parsing_probe import ProbeSettings
+from headatlas.clark.syntax import HeadSettings
+from headatlas.core.settings import settings_params
 
 CLARK_SYNTAX = analysis_section("clark_syntax", "../schemas/clark_syntax.schema.yaml")
 

@@ -1,17 +1,7 @@
+from headatlas.core.settings import settings_params
+from headatlas.detectors.inputs import DetectorSettings
+
 DETECTORS = analysis_section("detectors", "../schemas/detectors.schema.yaml")
-# the keys rule detectors reads (DetectorSettings.from_config builds the settings from them)
-DETECTOR_KEYS = [
-    "n_sequences",
-    "length",
-    "repeat_length",
-    "sink_epsilon",
-    "seed",
-    "bootstrap",
-    "ci",
-    "alpha",
-    "fdr_method",
-    "batch_size",
-]
 DETECTOR_FILES = [
     "heads.tsv",
     "sinks.tsv",
@@ -78,7 +68,7 @@ rule detectors:
         runtime=30,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
-        detectors={k: DETECTORS[k] for k in DETECTOR_KEYS},
+        detectors=settings_params(DetectorSettings, DETECTORS),
         model=lambda wc: MODELS[wc.model],
         corpora=lambda wc: analysis_corpora("detectors", wc.model),
     script:

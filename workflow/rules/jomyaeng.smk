@@ -1,3 +1,8 @@
+from headatlas.core.settings import settings_params
+from headatlas.jomyaeng.analysis import TopNSettings
+from headatlas.jomyaeng.probes import ProbeConfig
+from headatlas.jomyaeng.probing_tasks import GeneratorConfig
+
 JM = analysis_section("jomyaeng", "../schemas/jomyaeng.schema.yaml")
 JM_PROBING = list(JM["generator"]["tasks"])
 JM_DOWNSTREAM = list(JM["downstream"])
@@ -67,7 +72,7 @@ rule jomyaeng_probing_tasks:
         runtime=20,
     params:
         sources=JM["sources"],
-        generator=JM["generator"],
+        generator=settings_params(GeneratorConfig, JM["generator"]),
     script:
         "../../scripts/jomyaeng_probing_tasks.py"
 
@@ -138,8 +143,8 @@ if JM["probe_jobs"] == "task":
             mem_mb=4000,
             runtime=60,
         params:
-            probe=JM["probe"],
-            top={k: JM[k] for k in ("top_n", "n_curve")},
+            probe=settings_params(ProbeConfig, JM["probe"]),
+            top=settings_params(TopNSettings, JM),
             task=lambda wc: (
                 {"kind": "probing"}
                 if wc.task in JM_PROBING
@@ -173,8 +178,8 @@ else:
             mem_mb=4000,
             runtime=60 * len(JM_TASKS),
         params:
-            probe=JM["probe"],
-            top={k: JM[k] for k in ("top_n", "n_curve")},
+            probe=settings_params(ProbeConfig, JM["probe"]),
+            top=settings_params(TopNSettings, JM),
             tasks={
                 t: {"kind": "probing"} if t in JM_PROBING else JM["downstream"][t]
                 for t in JM_TASKS
@@ -216,7 +221,7 @@ rule jomyaeng_tables:
         mem_mb=1000,
         runtime=5,
     params:
-        top={"top_n": JM["top_n"]},
+        top=settings_params(TopNSettings, JM, "top_n"),
     script:
         "../../scripts/jomyaeng_tables.py"
 

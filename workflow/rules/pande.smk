@@ -1,3 +1,7 @@
+from headatlas.core.settings import settings_params
+from headatlas.pande.hypothesis import HypothesisSettings
+from headatlas.pande.sieves import SieveSettings
+
 PANDE = analysis_section("pande", "../schemas/pande.schema.yaml")
 PANDE_MODELS = analysis_models("pande")
 if set(PANDE["corpora"]) - set(CORPORA):
@@ -98,16 +102,7 @@ rule pande_scores:
         mem_mb=4000,
         runtime=30,
     params:
-        sieves={
-            k: PANDE[k]
-            for k in (
-                "local_window",
-                "relations",
-                "relation_labels",
-                "direction",
-                "block_entropy",
-            )
-        },
+        sieves=settings_params(SieveSettings, PANDE),
     script:
         "../../scripts/pande_scores.py"
 
@@ -147,21 +142,7 @@ rule pande_test:
         mem_mb=4000,
         runtime=30,
     params:
-        tests={
-            k: PANDE[k]
-            for k in (
-                "tau",
-                "alpha",
-                "ddof",
-                "fdr_method",
-                "bootstrap",
-                "ci",
-                "nonparametric",
-                "permutations",
-                "seed",
-                "stability_resamples",
-            )
-        },
+        tests=settings_params(HypothesisSettings, PANDE),
     script:
         "../../scripts/pande_test.py"
 

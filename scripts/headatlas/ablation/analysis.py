@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.figures import head_label
 from ..core.io import atomic_path
+from ..core.settings import Settings
 from .patch import layer_samples
 
 log = logging.getLogger("headatlas.ablation.analysis")
@@ -46,8 +46,10 @@ ACCURACY_NOTE = "skipped: accuracy has no gradient estimate (exact ablation only
 
 
 @dataclass(frozen=True, kw_only=True)
-class AblationSettings:
+class AblationSettings(Settings):
     """analysis.ablation (workflow/schemas/ablation.schema.yaml)."""
+
+    SECTION = "analysis.ablation"
 
     mode: str = "mean"
     lm_sequences: int = 16
@@ -71,14 +73,6 @@ class AblationSettings:
     bootstrap: int = 1000
     ci: float = 0.95
     seed: int = 0
-
-    @classmethod
-    def from_config(cls, section: dict) -> "AblationSettings":
-        kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        for k in ("pande_roles", "pruning_fractions", "compare_estimators"):
-            if k in kw:
-                kw[k] = tuple(kw[k])
-        return cls(**kw)
 
 
 def metrics_of(task: str) -> list[str]:
@@ -150,6 +144,8 @@ def layer_check(
 
 def agreement(estimate: np.ndarray, exact: np.ndarray, k: int = 10) -> dict:
     """Spearman rho, top-k overlap (largest |value|), largest and mean absolute error."""
+    from scipy import stats  # here: the workflow imports this module when it plans (its settings)
+
     k = min(k, len(exact))
     ok = len(exact) >= 3 and np.ptp(exact) > 0 and np.ptp(estimate) > 0
     rho = stats.spearmanr(estimate, exact)[0] if ok else np.nan

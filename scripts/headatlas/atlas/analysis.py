@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..core.agreement import spearman_ci, topk_overlap
 from ..core.figures import head_label
+from ..core.settings import Settings
 
 KEY = ["layer", "head"]
 PANDE_ROLES_MAIN = ["local", "syntactic", "delimiter", "block"]
@@ -405,21 +406,16 @@ def layer_profiles(atlas: pd.DataFrame, n_layers: int) -> pd.DataFrame:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AtlasSettings:
+class AtlasSettings(Settings):
     """analysis.atlas (workflow/schemas/atlas.schema.yaml)."""
+
+    SECTION = "analysis.atlas"
 
     surface_corpus: str = "wiki"
     relations: tuple[str, ...] = ("nsubj", "obj", "amod", "advmod")
     top_k: int = 0
     bootstrap: int = 1000
     seed: int = 0
-
-    @classmethod
-    def from_config(cls, section: dict) -> "AtlasSettings":
-        kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        if "relations" in kw:
-            kw["relations"] = tuple(kw["relations"])
-        return cls(**kw)
 
 
 def atlas_tables(

@@ -37,6 +37,7 @@ from ..core.data import SPECIAL_NAMES, SPECIAL_NONE, read_records
 from ..core.figures import head_label
 from ..core.io import atomic_path
 from ..core.reduce import ReduceError, map_dirs
+from ..core.settings import Settings
 from ..core.store import AttentionStore, StoreError, word_level
 from . import columns as registry
 
@@ -47,8 +48,10 @@ KV_COLUMN = "det_kv_group"  # detectors: the key/value head a query head reads
 
 
 @dataclass(frozen=True, kw_only=True)
-class PageSettings:
+class PageSettings(Settings):
     """analysis.atlas.page (workflow/schemas/atlas.schema.yaml)."""
+
+    SECTION = "analysis.atlas.page"
 
     corpus: str = "ewt_dev"  # the corpus whose stored maps give the example sentences
     examples: int = 3  # sentences shown for every head (plus its typical one)
@@ -56,10 +59,6 @@ class PageSettings:
     min_words: int = 5
     max_words: int = 18
     probe: int = 400  # at most this many sequences tried when a store keeps maps of a sample only
-
-    @classmethod
-    def from_config(cls, section: dict) -> "PageSettings":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 # --- columns ---------------------------------------------------------------------------

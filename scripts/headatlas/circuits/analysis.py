@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..core.agreement import spearman_ci, topk_overlap
 from ..core.bootstrap import bootstrap_ci
@@ -21,6 +20,7 @@ from ..core.figures import head_label
 from ..core.models import decoder_bos, model_kind, resolve
 from ..core.multitest import adjust
 from ..detectors.inputs import random_inputs
+from ..core.settings import Settings
 from . import weights as W
 from .induction import ablation_check, ablation_tables
 from .longrange import (
@@ -38,8 +38,10 @@ KEY = ["layer", "head"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class CircuitSettings:
+class CircuitSettings(Settings):
     """analysis.circuits top-level keys (workflow/schemas/circuits.schema.yaml)."""
+
+    SECTION = "analysis.circuits"
 
     n_tokens: int = 500
     top_k: int = 5
@@ -50,10 +52,6 @@ class CircuitSettings:
     fdr_method: str = "fdr_bh"
     agreement_top_k: int = 10
     edges: int = 12
-
-    @classmethod
-    def from_config(cls, section: dict) -> "CircuitSettings":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 def _grid(n_layers: int, n_heads: int, model: str) -> pd.DataFrame:
@@ -69,6 +67,8 @@ def composition_tables(comp: dict, model: str, n_layers: int, n_heads: int, d_ef
                        settings: CircuitSettings) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """(one row per causal pair: score, z against random orientations, z against the model's pairs, FDR; one row
     per mode: the distribution beside the null and the non-causal pairs)."""
+    from scipy import stats  # here: the workflow imports this module when it plans (its settings)
+
     s = settings
     causal = comp["causal"]
     w, r = np.nonzero(causal)
@@ -119,6 +119,8 @@ def composition_head_columns(comp: dict, n_layers: int, n_heads: int) -> pd.Data
 
 def _share_columns(hits: np.ndarray, chance: float, name: str, s: CircuitSettings, seed: int) -> dict:
     """hits [N, T] booleans -> share, bootstrap CI over tokens, binomial p vs ``chance``, FDR."""
+    from scipy import stats  # here: the workflow imports this module when it plans (its settings)
+
     n = hits.shape[1]
     k = hits.sum(1)
     lo, hi = bootstrap_ci(

@@ -29,11 +29,16 @@ from ..core.extract import head_output_modules, length_batches, model_inputs
 from ..core.figures import head_label
 from ..core.reduce import fused_reduce
 from ..detectors.reducers import DETECTORS, DetectorReducer
+from ..core.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)
-class InductionSettings:
-    """analysis.circuits.induction (workflow/schemas/circuits.schema.yaml)."""
+class InductionSettings(Settings):
+    """analysis.circuits.induction (workflow/schemas/circuits.schema.yaml); bootstrap, ci and seed are
+    analysis.circuits's own."""
+
+    SECTION = "analysis.circuits.induction"
+    PARENT_KEYS = ("bootstrap", "ci", "seed")
 
     n_prev: int = 4
     n_induction: int = 4
@@ -42,10 +47,6 @@ class InductionSettings:
     bootstrap: int = 1000
     ci: float = 0.95
     seed: int = 0
-
-    @classmethod
-    def from_config(cls, section: dict) -> "InductionSettings":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 def pick_heads(detectors: pd.DataFrame, n_prev: int, n_induction: int) -> tuple[list, list]:

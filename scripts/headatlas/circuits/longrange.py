@@ -31,14 +31,18 @@ import numpy as np
 from ..core.reduce import fused_reduce
 from ..detectors.inputs import frame, ordinary_ids
 from ..detectors.reducers import DETECTORS, DetectorReducer
+from ..core.settings import Settings
 
 NEEDLE_KEYS = ("the cup", "the lighthouse", "the red door", "the old bridge", "the north tower", "the garden")
 BIN_NAMES = ("0", "(0,0.1]", "(0.1,0.5]", "(0.5,1]")  # Wu et al.'s retrieval-score bins
 
 
 @dataclass(frozen=True, kw_only=True)
-class LongSettings:
-    """analysis.circuits.long (workflow/schemas/circuits.schema.yaml)."""
+class LongSettings(Settings):
+    """analysis.circuits.long (workflow/schemas/circuits.schema.yaml); seed is analysis.circuits's own."""
+
+    SECTION = "analysis.circuits.long"
+    PARENT_KEYS = ("seed",)
 
     lengths: tuple[int, ...] = (1024,)
     depths: tuple[float, ...] = (0.1, 0.5, 0.9)
@@ -50,11 +54,6 @@ class LongSettings:
     block_lengths: tuple[int, ...] = (512,)
     blocks: int = 2
     seed: int = 0
-
-    @classmethod
-    def from_config(cls, section: dict) -> "LongSettings":
-        tuples = {"lengths", "depths", "block_lengths"}
-        return cls(**{k: (tuple(v) if k in tuples else v) for k, v in section.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass

@@ -34,6 +34,7 @@ import pandas as pd
 
 from ..core.data import Record
 from ..core.figures import head_label
+from ..core.settings import Settings
 from .syntax import WordMaps, sentence_ci, word_block
 
 TYPES = ("pronoun", "proper", "nominal")
@@ -355,13 +356,12 @@ def coref_tables(res: CorefResult, model: str, *, n_boot: int = 1000, seed: int 
 
 
 @dataclass(frozen=True, kw_only=True)
-class CorefSettings:
+class CorefSettings(Settings):
     """The keys of analysis.clark_syntax (workflow/schemas/clark_syntax.schema.yaml) rule clark_syntax_coref reads."""
+
+    SECTION = "analysis.clark_syntax"
 
     word_mode: str = "mean"
     bootstrap: int = 1000
     seed: int = 0
 
-    @classmethod
-    def from_config(cls, section: dict) -> "CorefSettings":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})

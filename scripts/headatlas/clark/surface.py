@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_NONE
+from ..core.settings import Settings
 
 PUNCT = {".", ","}
 STATS = [
@@ -49,13 +50,11 @@ SHARE_STATS = STATS[:8]
 LABEL_ORDER = ["next", "prev", "broad", "cls", "sep", "punct"]
 
 
-def _pick(cls, section: dict) -> dict:
-    return {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-
-
 @dataclass(frozen=True, kw_only=True)
-class GradientSettings:
+class GradientSettings(Settings):
     """analysis.clark_surface.gradients (``threads`` goes to the rule)."""
+
+    SECTION = "analysis.clark_surface.gradients"
 
     n_segments: int = 100
     mask_prob: float = 0.15
@@ -64,8 +63,10 @@ class GradientSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusteringSettings:
+class ClusteringSettings(Settings):
     """analysis.clark_surface.clustering: the JS distances and their MDS."""
+
+    SECTION = "analysis.clark_surface.clustering"
 
     n_segments: int = 200
     smoothing: float = 1e-3
@@ -78,16 +79,20 @@ class ClusteringSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExampleSettings:
+class ExampleSettings(Settings):
     """analysis.clark_surface.examples: Fig. 1's sequence length and the weights drawn."""
+
+    SECTION = "analysis.clark_surface.examples"
 
     n_tokens: int = 24
     min_weight: float = 0.01
 
 
 @dataclass(frozen=True, kw_only=True)
-class SurfaceSettings:
+class SurfaceSettings(Settings):
     """analysis.clark_surface (workflow/schemas/clark_surface.schema.yaml); a rule passes the keys it reads."""
+
+    SECTION = "analysis.clark_surface"
 
     smoothing: float = 1e-4
     broad_entropy: float = 3.8
@@ -96,15 +101,6 @@ class SurfaceSettings:
     gradients: GradientSettings = field(default_factory=GradientSettings)
     clustering: ClusteringSettings = field(default_factory=ClusteringSettings)
     examples: ExampleSettings = field(default_factory=ExampleSettings)
-
-    @classmethod
-    def from_config(cls, section: dict) -> "SurfaceSettings":
-        parts = {"gradients": GradientSettings, "clustering": ClusteringSettings, "examples": ExampleSettings}
-        kw = _pick(cls, section)
-        for key, part in parts.items():
-            if key in kw:
-                kw[key] = part(**_pick(part, kw[key]))
-        return cls(**kw)
 
 
 def normalise_piece(piece: str) -> str:

@@ -34,6 +34,7 @@ import pandas as pd
 from ..core.bootstrap import bootstrap_ci
 from ..core.data import SPECIAL_NONE, Record
 from ..core.figures import head_label
+from ..core.settings import Settings
 from ..core.store import AttentionStore, budget_runs
 from ..core.store import word_level as store_word_level
 
@@ -295,8 +296,10 @@ def gather_correctness(
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeadSettings:
+class HeadSettings(Settings):
     """The keys of analysis.clark_syntax (workflow/schemas/clark_syntax.schema.yaml) rule clark_syntax_heads reads."""
+
+    SECTION = "analysis.clark_syntax"
 
     word_mode: str = "mean"
     min_count: int = 100
@@ -304,13 +307,6 @@ class HeadSettings:
     bootstrap: int = 1000
     seed: int = 0
     poss_rule: bool = True
-
-    @classmethod
-    def from_config(cls, section: dict) -> "HeadSettings":
-        kw = {k: section[k] for k in cls.__dataclass_fields__ if k in section}
-        if "offsets" in kw:
-            kw["offsets"] = tuple(int(o) for o in kw["offsets"])
-        return cls(**kw)
 
 
 def relation_masks(c: Correctness, min_count: int, also: Sequence[str] = ()) -> dict[str, np.ndarray]:

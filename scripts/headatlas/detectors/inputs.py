@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.align import encode_record
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
+from ..core.settings import Settings
 
 INPUT_KINDS = ("natural", "random", "repeated_token", "repeated")
 _PLACEHOLDER = re.compile(r"^(\[unused\d+\]|<unused\d+>|<0x[0-9A-Fa-f]{2}>)$")
@@ -35,8 +36,10 @@ class DetectorInputError(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DetectorSettings:
+class DetectorSettings(Settings):
     """analysis.detectors (workflow/schemas/detectors.schema.yaml)."""
+
+    SECTION = "analysis.detectors"
 
     n_sequences: int = 64
     length: int = 64
@@ -48,10 +51,6 @@ class DetectorSettings:
     alpha: float = 0.05
     fdr_method: str = "fdr_bh"
     batch_size: int = 16
-
-    @classmethod
-    def from_config(cls, section: dict) -> "DetectorSettings":
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 def ordinary_ids(tokenizer) -> np.ndarray:

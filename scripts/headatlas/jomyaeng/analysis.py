@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..core.figures import head_label
 from ..core.progress import Progress
+from ..core.settings import Settings
 from .probes import SPLITS, ProbeConfig, pair_features, relatedness_targets, train_probes
 
 log = logging.getLogger("headatlas.jomyaeng.analysis")
@@ -165,21 +166,15 @@ def _labels(y: np.ndarray, data: TaskData) -> dict[str, np.ndarray]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TopNSettings:
+class TopNSettings(Settings):
     """analysis.jomyaeng top_n / n_curve (workflow/schemas/jomyaeng.schema.yaml): heads in the top-n probe
     (None: heads per layer, the paper; the config's 0) and the sizes of the top-n curve."""
 
+    SECTION = "analysis.jomyaeng"
+    CONVERT = {"top_n": lambda v: int(v) or None}  # the config's 0 is None
+
     top_n: int | None = None
     n_curve: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
-
-    @classmethod
-    def from_config(cls, section: dict) -> "TopNSettings":
-        kw = {}
-        if "top_n" in section:
-            kw["top_n"] = int(section["top_n"]) or None
-        if "n_curve" in section:
-            kw["n_curve"] = tuple(int(n) for n in section["n_curve"])
-        return cls(**kw)
 
 
 def curve_sizes(n_curve: Sequence[int], n_top: int, n_total: int) -> list[int]:

@@ -33,14 +33,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.settings import Settings
+
 # torch is imported in the functions that use it: the TSV-only rules that import this module
 # (through jomyaeng.analysis) do not pay its start-up
 
 SPLITS = ("train", "dev", "test")
 
 
-@dataclass(frozen=True)
-class ProbeConfig:
+@dataclass(frozen=True, kw_only=True)
+class ProbeConfig(Settings):
+    """analysis.jomyaeng.probe (workflow/schemas/jomyaeng.schema.yaml): SentEval's probe and its grid."""
+
+    SECTION = "analysis.jomyaeng.probe"
+
     l2: tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2)
     optimizer: str = "rmsprop"
     lr: float | None = None  # None: torch's default of the optimizer (RMSprop 0.01, Adam 0.001)
@@ -59,16 +65,6 @@ class ProbeConfig:
             raise ValueError(f"probe l2 grid must be non-empty and non-negative, got {self.l2}")
         if self.batch_size < 1 or self.epoch_size < 1 or self.tenacity < 0 or self.max_epoch < 0:
             raise ValueError("probe batch_size and epoch_size must be >= 1, tenacity and max_epoch >= 0")
-
-    @classmethod
-    def from_config(cls, p: dict) -> "ProbeConfig":
-        unknown = sorted(set(p) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"probe: unknown keys {unknown}")
-        kw = dict(p)
-        if "l2" in kw:
-            kw["l2"] = tuple(float(v) for v in kw["l2"])
-        return cls(**kw)
 
     @property
     def learning_rate(self) -> float:

@@ -51,6 +51,7 @@ import pandas as pd
 
 from ..core.corpora import read_conllu, tsv_records
 from ..core.data import Record
+from ..core.settings import Settings
 from .ptb import Tree, read_trees, top_constituents, tree_depth
 
 PROBING_TASKS = (
@@ -404,8 +405,13 @@ def take_balanced(candidates: list[tuple[str, str, "object"]], total: int, exclu
 # --- the generator ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GeneratorConfig:
+@dataclass(frozen=True, kw_only=True)
+class GeneratorConfig(Settings):
+    """analysis.jomyaeng.generator (workflow/schemas/jomyaeng.schema.yaml): the ten probing tasks' corpora."""
+
+    SECTION = "analysis.jomyaeng.generator"
+    CONVERT = {"sizes": lambda v: tuple((s, int(v[s])) for s in SPLITS)}  # {split: size} in split order
+
     seed: int = 123
     sizes: tuple[tuple[str, int], ...] = (("train", 1000), ("dev", 250), ("test", 250))
     min_words: int = 5
@@ -419,21 +425,10 @@ class GeneratorConfig:
     somo_min_count: int = 3
     tasks: tuple[str, ...] = PROBING_TASKS
 
-    @classmethod
-    def from_config(cls, p: dict) -> "GeneratorConfig":
-        unknown = sorted(set(p) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise GeneratorError(f"generator: unknown keys {unknown}")
-        kw = dict(p)
-        if "sizes" in kw:
-            kw["sizes"] = tuple((s, int(kw["sizes"][s])) for s in SPLITS)
-        for k in ("length_bins", "wc_band", "depth_range", "tasks"):
-            if k in kw:
-                kw[k] = tuple(kw[k])
-        bad = sorted(set(kw.get("tasks", ())) - set(PROBING_TASKS))
+    def __post_init__(self):
+        bad = sorted(set(self.tasks) - set(PROBING_TASKS))
         if bad:
             raise GeneratorError(f"generator.tasks: unknown tasks {bad}; known: {list(PROBING_TASKS)}")
-        return cls(**kw)
 
     def size(self, split: str) -> int:
         return dict(self.sizes)[split]

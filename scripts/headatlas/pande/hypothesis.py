@@ -34,6 +34,7 @@ import pandas as pd
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.multitest import adjust  # noqa: F401 (re-exported: pande.hypothesis.adjust)
 from ..core.progress import progress
+from ..core.settings import Settings
 
 log = logging.getLogger("headatlas.pande.hypothesis")
 
@@ -53,8 +54,12 @@ STABILITY_COLUMNS = [
 ]
 
 
-@dataclass(frozen=True)
-class HypothesisSettings:
+@dataclass(frozen=True, kw_only=True)
+class HypothesisSettings(Settings):
+    """The test keys of analysis.pande (workflow/schemas/pande.schema.yaml) rule pande_test reads."""
+
+    SECTION = "analysis.pande"
+
     tau: float = 3.0
     alpha: float = 0.05
     ddof: int = 0
@@ -77,22 +82,6 @@ class HypothesisSettings:
             raise ValueError(f"nonparametric must be one of {NONPARAMETRIC}, not {self.nonparametric!r}")
         if self.stability_resamples < 0:
             raise ValueError(f"stability_resamples must be >= 0, not {self.stability_resamples}")
-
-    @classmethod
-    def from_config(cls, section: dict) -> "HypothesisSettings":
-        keys = (
-            "tau",
-            "alpha",
-            "ddof",
-            "fdr_method",
-            "bootstrap",
-            "ci",
-            "nonparametric",
-            "permutations",
-            "seed",
-            "stability_resamples",
-        )
-        return cls(**{k: section[k] for k in keys if k in section})
 
 
 def one_sided_t(x: np.ndarray, tau: float, ddof: int = 0) -> dict[str, np.ndarray]:

@@ -548,6 +548,6 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     """The reducers analysis pande needs on ``corpus`` (its validated config section): the sieve scores."""
     if corpus not in (section.get("corpora") or []):
         return []
-    r = SieveReducer(SieveSettings.from_config(section))
+    r = SieveReducer(SieveSettings.pick(section))
     r.analysis = "pande"
     return [r]

@@ -35,13 +35,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.data import SPECIAL_NONE
+from ..core.settings import Settings
 
 TOKEN_ROLES = ("local", "delimiter", "delimiter_cls", "delimiter_sep", "block")
 DIRECTIONS = ("dep_to_head", "head_to_dep", "both")
 
 
-@dataclass(frozen=True)
-class SieveSettings:
+@dataclass(frozen=True, kw_only=True)
+class SieveSettings(Settings):
+    """The sieve keys of analysis.pande (workflow/schemas/pande.schema.yaml) rule pande_scores reads."""
+
+    SECTION = "analysis.pande"
+    RENAME = {"local_window": "window", "relation_labels": "labels"}  # config key -> field
+    CONVERT = {"labels": lambda v: {rel: tuple(labs) for rel, labs in v.items()}}
+
     window: int = 2
     relations: tuple[str, ...] = ("nsubj", "obj", "amod", "advmod")
     # relation -> dependency labels that count as it (spaCy's English parser says dobj, UD says obj)
@@ -56,16 +63,6 @@ class SieveSettings:
             raise ValueError(f"direction must be one of {DIRECTIONS}, not {self.direction!r}")
         if len(set(self.relations)) != len(self.relations):
             raise ValueError(f"relations listed twice: {self.relations}")
-
-    @classmethod
-    def from_config(cls, section: dict) -> "SieveSettings":
-        return cls(
-            window=int(section.get("local_window", 2)),
-            relations=tuple(section.get("relations", cls.relations)),
-            labels={k: tuple(v) for k, v in section.get("relation_labels", {"obj": ["obj", "dobj"]}).items()},
-            direction=section.get("direction", "dep_to_head"),
-            block_entropy=bool(section.get("block_entropy", True)),
-        )
 
     def label_map(self) -> dict[str, int]:
         """Dependency label -> index of the relation it counts for."""

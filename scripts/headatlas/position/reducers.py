@@ -211,4 +211,4 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     """The reducers the ``position`` analysis needs on ``corpus`` (the fused-reducer contract)."""
     if corpus not in section.get("corpora", []):
         return []
-    return [PositionReducer(int(section.get("local_window", 2)), section.get("edges", DEFAULT_EDGES))]
+    return [PositionReducer(section["local_window"], section["edges"])]  # the validated section: defaults filled
