@@ -28,8 +28,8 @@ from ..core.bootstrap import bootstrap_ci
 from ..core.extract import head_output_modules, length_batches, model_inputs
 from ..core.figures import head_label
 from ..core.reduce import fused_reduce
-from ..detectors.reducers import DETECTORS, DetectorReducer
 from ..core.settings import Settings
+from ..detectors.reducers import DETECTORS, DetectorReducer
 
 
 @dataclass(frozen=True, kw_only=True)

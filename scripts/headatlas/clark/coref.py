@@ -364,4 +364,3 @@ class CorefSettings(Settings):
     word_mode: str = "mean"
     bootstrap: int = 1000
     seed: int = 0
-
