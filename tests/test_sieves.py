@@ -7,7 +7,8 @@ import pytest
 from reference.sieves import score_store, sequence_scores
 
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
-from headatlas.pande.sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
+from headatlas.pande.roles import TOKEN_ROLES, role_names
+from headatlas.pande.sieves import SieveSettings, dependency_pairs, query_segment
 
 ROLES = role_names(("nsubj", "obj", "amod", "advmod"))
 R = {name: i for i, name in enumerate(ROLES)}

@@ -11,15 +11,8 @@ import numpy as np
 
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
 from headatlas.core.progress import progress
-from headatlas.pande.sieves import (
-    TOKEN_ROLES,
-    SieveSettings,
-    blas_threads,
-    dependency_pairs,
-    query_segment,
-    role_names,
-    role_notes,
-)
+from headatlas.pande.roles import TOKEN_ROLES, role_names
+from headatlas.pande.sieves import SieveSettings, blas_threads, dependency_pairs, query_segment, role_notes
 
 
 class SievePlan:
