@@ -18,7 +18,7 @@ from test_reduce import hand_batch
 from headatlas.ablation.analysis import AblationSettings
 from headatlas.atlas.analysis import PANDE_ROLES_MAIN
 from headatlas.atlas.figures import ROLE_MARKERS
-from headatlas.core.reduce import FeedInfo, feed_layer, padded
+from headatlas.core.reduce import FeedInfo, ReduceError, feed_layer, padded
 from headatlas.pande.figures import ordered_roles
 from headatlas.pande.reducers import SieveReducer
 from headatlas.pande.roles import (
@@ -143,6 +143,20 @@ def test_atlas_and_ablation_copies_equal_the_registry():
     assert schema["properties"]["pande_roles"]["default"] == main_roles()
     default = AblationSettings.__dataclass_fields__["pande_roles"].default
     assert default is dataclasses.MISSING or list(default) == main_roles()
+
+
+def test_a_store_of_other_roles_is_refused():
+    """The reducer's params do not name the roles: a result saved with other roles (an older registry) is an
+    error naming both lists, not a silent table without the new role."""
+    st = SieveSettings(relations=("nsubj",))
+    r = SieveReducer(st)
+    result, _ = feed_hand(r, False)
+    arrays = r.to_arrays(result)
+    assert SieveReducer.from_arrays(arrays)["roles"] == result["roles"]
+    keep = [i for i, role in enumerate(result["roles"]) if role != "delimiter_sep"]
+    old = dict(arrays, roles=arrays["roles"][keep], scores=arrays["scores"][..., keep])
+    with pytest.raises(ReduceError, match="reduced with roles .* the registry .* rerun the extraction"):
+        SieveReducer.from_arrays(old)
 
 
 def test_registry_checks():

@@ -516,6 +516,12 @@ class SieveReducer(Reducer):
         out["record_id"] = np.asarray(arrays["record_id"]).astype(str)
         out["roles"] = [str(x) for x in arrays["roles"]]
         out["relations"] = [str(x) for x in arrays["relations"]]
+        if out["roles"] != role_names(out["relations"]):  # the params do not name the roles: a store of an old registry
+            raise ReduceError(
+                f"{cls.name}: reduced with roles {out['roles']}, the registry (pande/roles.py) has "
+                f"{role_names(out['relations'])}; rerun the extraction of that corpus (delete its store directory "
+                "and rerun snakemake)"
+            )
         out["model_kind"], out["corpus"] = str(arrays["model_kind"][0]), str(arrays["corpus"][0])
         out["settings"] = _settings_from_params(json.loads(str(arrays["settings"][0])))
         out["notes"] = _notes(out)
