@@ -93,6 +93,23 @@ def test_a_new_role_is_one_registry_entry(causal):
     assert got["notes"] == base["notes"]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_next_token_role_and_a_band_the_causal_mask_cuts(causal):
+    """A ``next`` role (offset +1): 0.5 n / (n - 1) on the hand maps of an encoder (the last token has no next
+    one, so it is no query); under a causal mask the band is empty: NaN and the generic note."""
+    st = SieveSettings(relations=("nsubj",))
+    *tok, arcs = ROLES
+    reg = {**{k: ROLES[k] for k in tok}, "next": Role(Band((1,)), "the next token"), arcs: ROLES[arcs]}
+    got, lengths = feed_hand(SieveReducer(st, registry=reg), causal)
+    col = got["roles"].index("next")
+    for b, n in enumerate(lengths):
+        if causal:
+            assert np.isnan(got["scores"][b, 0, 0, col])
+        else:
+            assert got["scores"][b, 0, 0, col] == pytest.approx(0.5 * n / (n - 1), rel=1e-6)
+    assert (got["notes"].get("next") == "corpus ?: no query token has a next sieve") == causal
+
+
 def test_a_new_role_has_notes_figure_order_and_main_place():
     """An empty new role gets the generic note (or its own); main = k puts it among the main roles."""
     st = SieveSettings(relations=("nsubj",))

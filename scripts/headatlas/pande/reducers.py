@@ -86,8 +86,9 @@ class _BatchSieves:
             sieve = role.sieve
             if isinstance(sieve, Band):
                 offs = sieve.keys(settings.window, causal)
-                mask = cell & torch.isin(diff, torch.tensor(offs, device=device))[None]
-                j = idx[:, None] + torch.tensor(offs, device=device, dtype=idx.dtype)[None, :]  # [n, K] band keys
+                offs = torch.tensor(offs, device=device, dtype=idx.dtype)
+                mask = cell & torch.isin(diff, offs)[None]
+                j = idx[:, None] + offs[None, :]  # [n, K] band keys
                 ok = (j >= 0) & (j < n)
                 self.bands[name] = (torch.where(ok, idx[:, None] * n + j, 0).reshape(-1), ok.float())
             elif isinstance(sieve, Keys):
@@ -192,7 +193,7 @@ class _BatchSieves:
         for name, role in self.token.items():
             if isinstance(role.sieve, Band):  # the band's cells (i, i + off) read at once (padded cells are 0)
                 idx, w = self.bands[name]
-                out[name] = (a.reshape(bsz, h, n * n).index_select(2, idx).view(bsz, h, n, -1) * w).sum(-1)
+                out[name] = (a.reshape(bsz, h, n * n).index_select(2, idx).view(bsz, h, n, w.shape[1]) * w).sum(-1)
             elif isinstance(role.sieve, Keys):
                 out[name] = self._key_mass(role, km)
             else:  # the block; no pair in the batch: no block sieve (NaN in from_sums)
@@ -242,7 +243,8 @@ class _BatchSieves:
         km = free_key_masses(view, self.batch, self.key_groups) if self.key_groups else None
         for name, role in self.token.items():
             if isinstance(role.sieve, Band):
-                out[name] = sum(view.target(f"offset:{o}") for o in role.sieve.keys(settings.window, self.causal))
+                offs = role.sieve.keys(settings.window, self.causal)  # none: a band cut away by the causal mask
+                out[name] = sum(view.target(f"offset:{o}") for o in offs) if offs else out["rowsum"] * 0
             elif isinstance(role.sieve, Keys):
                 out[name] = self._key_mass(role, km)
             else:  # the mass on the content tokens of the query's segment (used on pairs only)
