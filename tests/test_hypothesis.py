@@ -21,7 +21,8 @@ from headatlas.pande.hypothesis import (
     sign_flip_p,
     wilcoxon_p,
 )
-from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names
+from headatlas.pande.roles import role_names
+from headatlas.pande.sieves import SieveSettings, dependency_pairs
 
 
 def sample(seed=0, n=40, cols=6, nan_share=0.2):

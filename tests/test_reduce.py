@@ -24,7 +24,8 @@ from headatlas.core.models import ModelError, model_kind
 from headatlas.core.reduce import ReduceBatch, ReduceError, Reducer, attention_modules, fused_reduce, padded, replay
 from headatlas.core.store import AttentionStore
 from headatlas.pande.reducers import SieveReducer, _BatchSieves
-from headatlas.pande.sieves import SieveSettings, dependency_pairs, role_names
+from headatlas.pande.roles import role_names
+from headatlas.pande.sieves import SieveSettings, dependency_pairs
 
 TOL = 1e-6
 

@@ -7,7 +7,8 @@ import pytest
 from reference.sieves import score_store, sequence_scores
 
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
-from headatlas.pande.sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names
+from headatlas.pande.roles import TOKEN_ROLES, Band, Block, Keys, role_names, token_roles
+from headatlas.pande.sieves import SieveSettings, dependency_pairs, query_segment
 
 ROLES = role_names(("nsubj", "obj", "amod", "advmod"))
 R = {name: i for i, name in enumerate(ROLES)}
@@ -75,17 +76,23 @@ def reference(a, special, segment, word, head, deprel, settings, causal):
             b *= -sum(x * np.log(x) for x in p if x > 0)
         return b
 
-    sieves = {
-        "local": lambda i: range(max(0, i - settings.window), min(n, i + settings.window + 1)),
-        "delimiter": lambda i: [j for j in range(n) if special[j] in (SPECIAL_CLS, SPECIAL_BOS, SPECIAL_SEP)],
-        "delimiter_cls": lambda i: [j for j in range(n) if special[j] in (SPECIAL_CLS, SPECIAL_BOS)],
-        "delimiter_sep": lambda i: [j for j in range(n) if special[j] == SPECIAL_SEP],
-        "block": lambda i: [j for j in content if segment[j] == qseg(i)],
-    }
-    for role, sieve in sieves.items():
-        if role == "block" and not pair:
+    def sieve_of(kind):
+        """The keys of query i under a sieve kind of the registry (pande/roles.py), spelled out."""
+        if isinstance(kind, Band):
+            w = settings.window
+            offs = range(-w, w + 1) if kind.offsets is None else kind.offsets
+            return lambda i: [i + o for o in offs if 0 <= i + o < n]
+        if isinstance(kind, Keys):
+            kinds = {k for g in kind.groups for k in g}
+            return lambda i: [j for j in range(n) if special[j] in kinds]
+        return lambda i: [j for j in content if segment[j] == qseg(i)]  # Block
+
+    for role, r in token_roles().items():
+        block = isinstance(r.sieve, Block)
+        if block and not pair:
             continue
-        vals = [bias(i, sieve(i), entropy=role == "block" and settings.block_entropy) for i in range(n)]
+        sieve = sieve_of(r.sieve)
+        vals = [bias(i, sieve(i), entropy=block and settings.block_entropy) for i in range(n)]
         vals = [v for v in vals if v is not None]
         if vals:
             out[R[role]] = np.mean(vals)

@@ -9,17 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record
+from headatlas.core.data import SPECIAL_NONE, Record
 from headatlas.core.progress import progress
-from headatlas.pande.sieves import (
-    TOKEN_ROLES,
-    SieveSettings,
-    blas_threads,
-    dependency_pairs,
-    query_segment,
-    role_names,
-    role_notes,
-)
+from headatlas.pande.roles import Band, Block, Keys, role_names, token_roles
+from headatlas.pande.sieves import SieveSettings, blas_threads, dependency_pairs, query_segment, role_notes
 
 
 class SievePlan:
@@ -53,13 +46,6 @@ class SievePlan:
         second = (content & (segment == 1)).astype(np.int64)
         self.is_pair = np.add.reduceat(second, self.tok_off[:-1]) > 0 if t_all else np.zeros(0, bool)
 
-        # local: offsets -w..w (causal: -w..0) inside the sequence
-        offs = np.arange(-settings.window, (0 if causal else settings.window) + 1)
-        j = pos[:, None] + offs[None, :]
-        ok = (j >= 0) & (j < n_row[:, None])
-        self.local_idx = self.row_start[:, None] + np.where(ok, j, 0)
-        self.local_w = ok.astype(np.float32)
-
         def columns(mask):
             """[T, m] cells of each row's keys where ``mask`` holds in its sequence, visible."""
             toks = np.flatnonzero(mask)
@@ -76,14 +62,28 @@ class SievePlan:
                 ok &= c <= pos[:, None]
             return self.row_start[:, None] + np.where(ok, c, 0), ok.astype(np.float32)
 
-        self.cls_idx, self.cls_w = columns((special == SPECIAL_CLS) | (special == SPECIAL_BOS))
-        self.sep_idx, self.sep_w = columns(special == SPECIAL_SEP)
-        cls_cnt, sep_cnt = self.cls_w.sum(1), self.sep_w.sum(1)
+        # the token roles of the registry by the kind of their sieve: [T, m] cells of each row's sieve keys (a band;
+        # special keys, one part per group of kinds) or a cell mask (the block)
+        self.token = token_roles()
+        self.cells: dict[str, list] = {}
+        cnt = {}
+        for name, role in self.token.items():
+            sieve = role.sieve
+            if isinstance(sieve, Band):  # offsets j - i inside the sequence (cut to j <= i under a causal mask)
+                offs = np.asarray(sieve.keys(settings.window, causal), dtype=np.int64)
+                j = pos[:, None] + offs[None, :]
+                ok = (j >= 0) & (j < n_row[:, None])
+                self.cells[name] = [(self.row_start[:, None] + np.where(ok, j, 0), ok.astype(np.float32))]
+            elif isinstance(sieve, Keys):
+                self.cells[name] = [columns(np.isin(special, g)) for g in sieve.groups]
+            if name in self.cells:
+                cnt[name] = sum(w.sum(1) for _, w in self.cells[name])
+        self.block = next((name for name, r in self.token.items() if isinstance(r.sieve, Block)), None)
 
         # block: cells whose key is a content token of the query's segment, pair sequences only
         self.block_mask = None
         block_cnt = np.zeros(t_all)
-        if self.is_pair.any():
+        if self.block is not None and self.is_pair.any():
             qseg = query_segment(special, segment, self.tok_off[:-1])
             cell_row = np.repeat(np.arange(t_all), n_row)
             col = np.arange(self.n_cells) - self.row_start[cell_row]
@@ -94,10 +94,14 @@ class SievePlan:
             self.block_mask = mask.astype(np.float32)
             block_cnt = np.add.reduceat(self.block_mask, self.row_start) if t_all else block_cnt
 
-        self.cnt = np.stack([ok.sum(1), cls_cnt + sep_cnt, cls_cnt, sep_cnt, block_cnt]).astype(np.float64)  # [5, T]
+        if self.block is not None:
+            cnt[self.block] = block_cnt
+        self.cnt = np.stack([cnt[name] for name in self.token]).astype(np.float64)  # [R, T]
         self.use = self.cnt > 0
         self.use_count = (
-            np.add.reduceat(self.use.astype(np.float64), self.tok_off[:-1], axis=1) if t_all else np.zeros((5, 0))
+            np.add.reduceat(self.use.astype(np.float64), self.tok_off[:-1], axis=1)
+            if t_all
+            else np.zeros((len(self.token), 0))
         )
 
         # syntactic: one group per (pair, query piece that sees a key piece)
@@ -176,33 +180,29 @@ class SievePlan:
         """Sentence scores [heads, sequences, roles] from one layer's flat cells [heads, cells]."""
         h = flat.shape[0]
         n_rel = len(self.settings.relations)
-        out = np.full((h, self.n_seq, len(TOKEN_ROLES) + 1 + n_rel), np.nan)
+        n_tok = len(self.token)
+        out = np.full((h, self.n_seq, n_tok + 1 + n_rel), np.nan)
         if not self.n_seq:
             return out
         rowsum = (np.add.reduceat(flat, self.row_start, axis=1) if rowsum is None else rowsum).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             scale = np.where(rowsum > 0, self.k / rowsum, np.nan)  # 1 / uniform share
-        cls = (flat[:, self.cls_idx] * self.cls_w).sum(-1)
-        sep = (flat[:, self.sep_idx] * self.sep_w).sum(-1)
-        mass = np.zeros((h, len(TOKEN_ROLES), len(self.k)))
-        mass[:, 0] = (flat[:, self.local_idx] * self.local_w).sum(-1)
-        mass[:, 1] = cls + sep
-        mass[:, 2] = cls
-        mass[:, 3] = sep
-        if self.block_mask is not None:
-            mass[:, 4] = np.add.reduceat(flat * self.block_mask, self.row_start, axis=1)
+        mass = np.zeros((h, n_tok, len(self.k)))
+        for r, name in enumerate(self.token):
+            if name in self.cells:  # a band or special keys: the sum over its parts' cells
+                mass[:, r] = sum((flat[:, idx] * w).sum(-1) for idx, w in self.cells[name])
+            elif self.block_mask is not None:
+                mass[:, r] = np.add.reduceat(flat * self.block_mask, self.row_start, axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             b = mass / np.maximum(self.cnt, 1) * scale[:, None, :]
         if self.block_mask is not None and self.settings.block_entropy:
             xlogx = np.add.reduceat(flat * np.log(np.maximum(flat, np.finfo(np.float32).tiny)), self.row_start, axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
                 entropy = np.log(rowsum) - xlogx / rowsum  # of the row renormalised, in nats
-            b[:, 4] *= entropy
-        total = np.add.reduceat(np.where(self.use, b, 0.0), self.tok_off[:-1], axis=2)  # [H, 5, N]
+            b[:, list(self.token).index(self.block)] *= entropy
+        total = np.add.reduceat(np.where(self.use, b, 0.0), self.tok_off[:-1], axis=2)  # [H, R, N]
         with np.errstate(invalid="ignore", divide="ignore"):
-            out[:, :, : len(TOKEN_ROLES)] = np.where(self.use_count > 0, total / self.use_count, np.nan).transpose(
-                0, 2, 1
-            )
+            out[:, :, :n_tok] = np.where(self.use_count > 0, total / self.use_count, np.nan).transpose(0, 2, 1)
         if not self.groups or not self.live.any():
             return out
         pair_scores = []
@@ -217,8 +217,8 @@ class SievePlan:
         ps = ps[:, self.order]
         rel_mean = np.add.reduceat(ps, self.rel_start, axis=1) / self.rel_size
         seq_of, rel_of = np.divmod(self.rel_keys, max(n_rel, 1))
-        out[:, seq_of, len(TOKEN_ROLES) + 1 + rel_of] = rel_mean
-        out[:, self.seq_keys, len(TOKEN_ROLES)] = np.add.reduceat(ps, self.seq_start, axis=1) / self.seq_size
+        out[:, seq_of, n_tok + 1 + rel_of] = rel_mean
+        out[:, self.seq_keys, n_tok] = np.add.reduceat(ps, self.seq_start, axis=1) / self.seq_size
         return out
 
 

@@ -32,13 +32,20 @@ def legend_behaviours(behaviours) -> list[str]:
     return [k for k in BEHAVIOUR_COLOURS if k != drop]
 
 
-# Pande roles drawn as markers at fixed spots of a cell (dx, dy from the centre)
-ROLE_MARKERS = {
-    "local": ("<", (-0.25, -0.22), "#08519c"),
-    "syntactic": ("^", (0.25, -0.22), "#a50f15"),
-    "delimiter": ("s", (-0.25, 0.22), "#54278f"),
-    "block": ("o", (0.25, 0.22), "#006d2c"),
-}
+# Pande's main roles drawn as markers at fixed spots of a cell (marker, (dx, dy) from the centre, colour), one
+# spot per main role in order (a main role without a spot fails here)
+ROLE_MARKERS = dict(
+    zip(
+        PANDE_ROLES_MAIN,
+        [
+            ("<", (-0.25, -0.22), "#08519c"),
+            ("^", (0.25, -0.22), "#a50f15"),
+            ("s", (-0.25, 0.22), "#54278f"),
+            ("o", (0.25, 0.22), "#006d2c"),
+        ],
+        strict=True,
+    )
+)
 
 
 def stability_alpha(share) -> float:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.figures import head_label, layer_head_axes, layer_ticks, panel_columns, save_figure
+from .roles import figure_order
 
 MODES = {"faithful": "significant_faithful", "fdr": "significant_fdr"}
 MODE_TITLES = {
@@ -24,13 +25,13 @@ MODE_TITLES = {
 }
 _MARKERS = ["o", "*", "s", "^", "v", "D", "P", "X", "h", "<", ">", "p", "d", "8", "H", "1", "2", "3"]
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#ff7f0e", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
-# the paper's four role families first
-_ORDER = ["local", "syntactic", "delimiter", "block", "delimiter_cls", "delimiter_sep"]
 
 
 def ordered_roles(roles) -> list[str]:
+    """``roles`` in figure order (:func:`headatlas.pande.roles.figure_order`: the paper's four role families
+    first), then the others (per-relation roles) as given."""
     roles = list(dict.fromkeys(roles))
-    first = [r for r in _ORDER if r in roles]
+    first = [r for r in figure_order() if r in roles]
     return first + [r for r in roles if r not in first]
 
 

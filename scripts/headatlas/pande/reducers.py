@@ -4,14 +4,15 @@ masks, on the device where the attention is (sums over cells in float32 like the
 float64). Only the scores [B, H, roles] of each
 layer go to the host.
 
-Token roles (local, delimiter, delimiter_cls, delimiter_sep, block) use [B, n, n] sieve masks built once
-per batch; syntactic roles gather, per (dependency pair, query piece), that piece's row of the map and sum
+Roles come by name from the registry (:data:`headatlas.pande.roles.ROLES`): each token role (a band of
+offsets, special keys, the block) has a [B, n, n] sieve mask built once per batch and one [B, H, n] mass per
+layer, kept in a dict under the role's name; syntactic roles gather, per (dependency pair, query piece), that piece's row of the map and sum
 it over the key word's pieces: no Python loop over cells, rows, heads or pairs. The only loop over the
 sequences of a batch builds their dependency pairs from the corpus records (Python objects), once per batch.
 
 Map-free (:mod:`headatlas.core.mapfree`, :meth:`_BatchSieves.free_sums`): the same sums from q, k and LSE.
-Rows sum to 1 (the kernel's softmax over the visible keys); local = the band's offset targets; [CLS]/BOS and
-[SEP] = one product of the queries with those tokens' keys (:func:`free_key_masses`); block = two value columns
+Rows sum to 1 (the kernel's softmax over the visible keys); a band = its offset targets; special keys ([CLS]/BOS,
+[SEP]) = one product of the queries with those tokens' keys (:func:`free_key_masses`); block = two value columns
 (content tokens of segment A, of segment B) picked by the query's segment, and A ln A summed = -entropy (the
 entropy pass); syntactic = one target per (query piece, key piece) of a pair, summed over the key word's pieces.
 """
@@ -23,9 +24,8 @@ import math
 
 import numpy as np
 
-from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
+from ..core.data import SPECIAL_NONE
 from ..core.mapfree import Needs, offset_target
-from ..core.patterns import local_band
 from ..core.reduce import (
     SUMMARY_GROUPS,
     TINY,
@@ -39,7 +39,8 @@ from ..core.reduce import (
     scratch,
     stack_layers,
 )
-from .sieves import TOKEN_ROLES, SieveSettings, dependency_pairs, query_segment, role_names, role_notes
+from .roles import ROLES, Band, Block, Keys, Role, check_registry, key_groups, role_names, token_roles
+from .sieves import SieveSettings, dependency_pairs, query_segment, role_notes
 
 DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0, 1), (1, 0)]}
 
@@ -47,10 +48,15 @@ DIRECTION_ENDS = {"dep_to_head": [(0, 1)], "head_to_dep": [(1, 0)], "both": [(0,
 class _BatchSieves:
     """The layer-independent part of a batch: sieve masks, counts, dependency pairs (on the device)."""
 
-    def __init__(self, batch: ReduceBatch, settings: SieveSettings, causal: bool, device):
+    def __init__(
+        self, batch: ReduceBatch, settings: SieveSettings, causal: bool, device, registry: dict[str, Role] = ROLES
+    ):
         import torch
 
+        check_registry(registry)
         self.batch = batch
+        self.token = token_roles(registry)  # name -> Role of the roles scored per query token, in column order
+        self.key_groups = key_groups(registry)
         m = batch.masks(device, causal)
         valid, cell, allowed, content = m["valid"], m["cell"], m["allowed"], m["content"]
         self.cell, self.allowed = cell, allowed
@@ -59,14 +65,8 @@ class _BatchSieves:
         idx = torch.arange(n, device=device)
         self.k = ((idx + 1)[None, :].expand(bsz, n) if causal else lengths[:, None].expand(bsz, n)).double()
         diff = idx[None, :] - idx[:, None]  # key - query
-        offs = local_band(settings.window, causal)
-        band = (diff >= offs.start) & (diff < offs.stop)
         special = batch.tensor("special", device)
         segment = batch.tensor("segment", device)
-        local = cell & band[None]
-        cls_k = (special == SPECIAL_CLS) | (special == SPECIAL_BOS)
-        cls = allowed & cls_k[:, None, :]
-        sep = allowed & (special == SPECIAL_SEP)[:, None, :]
         self.is_pair = (content & (segment == 1)).any(1)  # [B]
         # a special token takes the segment of the next content token of its sequence (sieves.query_segment)
         flat_special = np.concatenate([batch.special[b, :l] for b, l in enumerate(batch.lengths)])
@@ -76,27 +76,42 @@ class _BatchSieves:
         qseg = np.full((bsz, n), -1, dtype=np.int64)
         qseg[batch.special != -1] = qseg_flat  # row-major order of the real tokens = concatenation order
         qseg = self.qseg = torch.as_tensor(qseg, device=device)
-        block = allowed & content[:, None, :] & (segment[:, None, :] == qseg[:, :, None]) & self.is_pair[:, None, None]
-        masks = [local, cls, sep, block]
-        # per layer: local = the band's diagonals; cls and sep = a gather of their few columns; block = the
-        # maps times the block mask, for batches with a pair only (clean_maps cuts keys j > i under a causal mask)
-        offs = torch.arange(offs.start, offs.stop, device=device)
-        j = idx[:, None] + offs[None, :]  # [n, K] keys of the band
-        ok = (j >= 0) & (j < n)
-        self.band_idx = torch.where(ok, idx[:, None] * n + j, 0).reshape(-1)
-        self.band_w = ok.float()  # [n, K]
-        self.block_f = block.float()[:, None] if bool(self.is_pair.any()) else None  # [B, 1, n, n]
+        # per layer: a band = its diagonals; special keys = a gather of their few columns; the block = the maps
+        # times the block mask, for batches with a pair only (clean_maps cuts keys j > i under a causal mask)
+        has_block = any(isinstance(r.sieve, Block) for r in self.token.values())
+        self.any_block = has_block and bool(self.is_pair.any())
+        self.block_f = None  # [B, 1, n, n]
+        self.bands = {}  # band role -> (flat cell index [n * K], weight [n, K]) of its K offsets
+        cnt = {}  # role -> [B, n] sieve size of each query
+        for name, role in self.token.items():
+            sieve = role.sieve
+            if isinstance(sieve, Band):
+                offs = sieve.keys(settings.window, causal)
+                offs = torch.tensor(offs, device=device, dtype=idx.dtype)
+                mask = cell & torch.isin(diff, offs)[None]
+                j = idx[:, None] + offs[None, :]  # [n, K] band keys
+                ok = (j >= 0) & (j < n)
+                self.bands[name] = (torch.where(ok, idx[:, None] * n + j, 0).reshape(-1), ok.float())
+            elif isinstance(sieve, Keys):
+                kinds = torch.tensor([k for g in sieve.groups for k in g], device=device, dtype=special.dtype)
+                mask = allowed & torch.isin(special, kinds)[:, None, :]
+            elif isinstance(sieve, Block):
+                mask = allowed & content[:, None, :] & (segment[:, None, :] == qseg[:, :, None])
+                mask &= self.is_pair[:, None, None]
+                if self.any_block:
+                    self.block_f = mask.float()[:, None]
+            else:  # pragma: no cover (check_registry)
+                raise ValueError(f"Pande role {name}: unknown sieve {sieve!r}")
+            cnt[name] = mask.sum(-1).double()
         self.causal = causal
-        cnt = [mk.sum(-1).double() for mk in masks]  # [B, n] each
-        self.cnt = torch.stack([cnt[0], cnt[1] + cnt[2], cnt[1], cnt[2], cnt[3]])  # [5, B, n]
+        self.cnt = torch.stack(list(cnt.values()))  # [R, B, n], R token roles in registry order
         self.use = (self.cnt > 0) & valid[None]
-        self.use_count = self.use.sum(-1).double()  # [5, B]
+        self.use_count = self.use.sum(-1).double()  # [R, B]
         # per layer, a role's sentence score is sum_i b_i * use_w_i (+ NaN where no query has the sieve)
-        self.inv_cnt = (1.0 / self.cnt.clamp(min=1))[:, :, None, :]  # [5, B, 1, n]
-        self.use_w = (self.use.double() / self.use_count.clamp(min=1)[:, :, None])[:, :, None, :]  # [5, B, 1, n]
-        self.no_query = torch.where(self.use_count > 0, 0.0, math.nan)[:, :, None]  # [5, B, 1]
+        self.inv_cnt = (1.0 / self.cnt.clamp(min=1))[:, :, None, :]  # [R, B, 1, n]
+        self.use_w = (self.use.double() / self.use_count.clamp(min=1)[:, :, None])[:, :, None, :]  # [R, B, 1, n]
+        self.no_query = torch.where(self.use_count > 0, 0.0, math.nan)[:, :, None]  # [R, B, 1]
         self.pad_rows = (~valid).double()[:, None, :]  # [B, 1, n]: 1 on padded rows, so their scale stays finite
-        self.any_block = bool(self.is_pair.any())
         self.done: dict = {}  # layer -> sums (SieveReducer.update)
         self._pairs(batch, settings, device)
 
@@ -157,39 +172,57 @@ class _BatchSieves:
 
     def scores(self, attn, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
         """[B, H, roles] float64 sentence scores of one layer's padded maps, NaN where a role has no query or pair."""
-        return self.from_sums(tuple(None if x is None else x[None] for x in self.sums(attn, settings)), settings)[0]
+        one = {k: None if x is None else x[None] for k, x in self.sums(attn, settings).items()}
+        return self.from_sums(one, settings)[0]
 
-    def sums(self, attn, settings: SieveSettings) -> tuple:
-        """The passes over one layer's maps that :meth:`scores` needs, float32 sums over rows: (row sums,
-        local band, [CLS]/BOS, [SEP], block sieve or None, the block's sum of A ln A or None, [G, H] sieve
-        sums of each direction's groups); :meth:`from_sums` turns them into the scores."""
+    def _key_mass(self, role: Role, km):
+        """A special-keys role's [B, H, n] mass: its groups' columns of ``km`` [B, H, n, G] added in order."""
+        cols = [km[..., self.key_groups.index(tuple(g))] for g in role.sieve.groups]
+        return sum(cols[1:], cols[0])
+
+    def sums(self, attn, settings: SieveSettings) -> dict:
+        """The passes over one layer's maps that :meth:`scores` needs, float32 sums over rows, by name:
+        ``rowsum``, each token role's [B, H, n] mass under its own name (the block: None without a pair in the
+        batch), ``xlogx`` (the block's sum of A ln A, or None) and ``arcs:<d>`` ([G, H] sieve sums of direction
+        d's groups); :meth:`from_sums` turns them into the scores."""
         import torch
 
         a = clean_maps(attn, self.batch, self.causal)  # read-only; padded rows and columns are 0
         bsz, h, n, _ = a.shape
-        rowsum = a.sum(-1)  # [B, H, n]; sums over cells in float32, as the reference SievePlan
-        # the band's cells (i, i + off) read at once from the flattened maps (padded cells are 0)
-        local = (a.reshape(bsz, h, n * n).index_select(2, self.band_idx).view(bsz, h, n, -1) * self.band_w).sum(-1)
-        cls, sep = key_masses(a, self.batch).unbind(-1)  # [CLS]/BOS and [SEP], shared with the surface statistics
-        block = xlogx = None  # no pair in the batch: no block sieve (NaN in from_sums)
-        if self.block_f is not None:
-            block = torch.mul(a, self.block_f, out=scratch("sieve_block", a.shape, a.device)).sum(-1)
+        out = {"rowsum": a.sum(-1)}  # [B, H, n]; sums over cells in float32, as the reference SievePlan
+        km = key_masses(a, self.batch, self.key_groups) if self.key_groups else None  # shared with the surface
+        for name, role in self.token.items():
+            if isinstance(role.sieve, Band):  # the band's cells (i, i + off) read at once (padded cells are 0)
+                idx, w = self.bands[name]
+                out[name] = (a.reshape(bsz, h, n * n).index_select(2, idx).view(bsz, h, n, w.shape[1]) * w).sum(-1)
+            elif isinstance(role.sieve, Keys):
+                out[name] = self._key_mass(role, km)
+            else:  # the block; no pair in the batch: no block sieve (NaN in from_sums)
+                out[name] = None
+                if self.block_f is not None:
+                    out[name] = torch.mul(a, self.block_f, out=scratch("sieve_block", a.shape, a.device)).sum(-1)
+        out["xlogx"] = None
         if self.any_block and settings.block_entropy:
             logs = torch.clamp(a, min=TINY, out=scratch("sieve_block", a.shape, a.device)).log_()
-            xlogx = logs.mul_(a).sum(-1)
-        groups = []
-        for g in self.groups:
+            out["xlogx"] = logs.mul_(a).sum(-1)
+        for d, g in enumerate(self.groups):
             flat = self._flat_rows(g, h, n)  # [G * H] rows (b, head, row) of the flattened maps
             rows = a.reshape(-1, n).index_select(0, flat).view(-1, h, n)  # [G, H, n]: the query piece's row
-            groups.append((rows * g["sieve"][:, None, :]).sum(-1))  # [G, H]
-        return rowsum, local, cls, sep, block, xlogx, *groups
+            out[f"arcs:{d}"] = (rows * g["sieve"][:, None, :]).sum(-1)  # [G, H]
+        return out
 
     def mapfree_needs(self, settings: SieveSettings):
-        """The passes :meth:`free_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets only (the band's
-        offsets, the [CLS]/BOS/[SEP] tokens, the pairs' key pieces), and for batches with a pair the segments'
-        value columns (+ the entropy pass with ``block_entropy``)."""
+        """The passes :meth:`free_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets only (the bands'
+        offsets, the pairs' key pieces; the special keys are a product with their keys, no pass), and for
+        batches with a pair the segments' value columns (+ the entropy pass with ``block_entropy``)."""
         batch = self.batch
-        targets = {f"offset:{o}": offset_target(batch, o) for o in local_band(settings.window, self.causal)}
+        offsets = [
+            o
+            for r in self.token.values()
+            if isinstance(r.sieve, Band)
+            for o in r.sieve.keys(settings.window, self.causal)
+        ]
+        targets = {f"offset:{o}": offset_target(batch, o) for o in dict.fromkeys(offsets)}
         arcs = self.arc_targets()
         targets |= {arc_name(settings, t): arcs[:, t].cpu().numpy() for t in range(arcs.shape[1])}
         values = {}
@@ -198,34 +231,40 @@ class _BatchSieves:
             values["segment_content"] = np.stack([content & (seg == s) for s in (0, 1)], -1).astype(np.float32)
         return Needs(entropy=self.any_block and settings.block_entropy, values=values, targets=targets)
 
-    def free_sums(self, view, settings: SieveSettings) -> tuple:
+    def free_sums(self, view, settings: SieveSettings) -> dict:
         """:meth:`sums` without the maps, from a :class:`~headatlas.core.mapfree.FreeLayer` given the passes of
-        :meth:`mapfree_needs`: the same tuple (row sums are 1: the kernel's softmax over the visible keys)."""
+        :meth:`mapfree_needs`: the same dict (row sums are 1: the kernel's softmax over the visible keys)."""
         import torch
 
         valid = view.valid[:, None].float()  # [B, 1, n]
         bsz, h, n = view.lse.shape
-        rowsum = valid.expand(bsz, h, n)
-        local = sum(view.target(f"offset:{o}") for o in local_band(settings.window, self.causal))
-        cls, sep = free_key_masses(view, self.batch).unbind(-1)
-        block = xlogx = None
-        if self.block_f is not None:  # the mass on the content tokens of the query's segment (used on pairs only)
-            seg = view.value("segment_content")  # [B, H, n, 2]
-            block = seg.gather(3, self.qseg.clamp(min=0)[:, None, :, None].expand(bsz, h, n, 1))[..., 0]
+        out = {"rowsum": valid.expand(bsz, h, n)}
+        km = free_key_masses(view, self.batch, self.key_groups) if self.key_groups else None
+        for name, role in self.token.items():
+            if isinstance(role.sieve, Band):
+                offs = role.sieve.keys(settings.window, self.causal)  # none: a band cut away by the causal mask
+                out[name] = sum(view.target(f"offset:{o}") for o in offs) if offs else out["rowsum"] * 0
+            elif isinstance(role.sieve, Keys):
+                out[name] = self._key_mass(role, km)
+            else:  # the mass on the content tokens of the query's segment (used on pairs only)
+                out[name] = None
+                if self.block_f is not None:
+                    seg = view.value("segment_content")  # [B, H, n, 2]
+                    out[name] = seg.gather(3, self.qseg.clamp(min=0)[:, None, :, None].expand(bsz, h, n, 1))[..., 0]
+        out["xlogx"] = None
         if self.any_block and settings.block_entropy:
-            xlogx = -view.entropy()  # sum_j A ln A of a row summing to 1
-        groups = []
+            out["xlogx"] = -view.entropy()  # sum_j A ln A of a row summing to 1
         if self.groups:
             arcs = self.arc_targets()
             n_t = arcs.shape[1]
             at = torch.stack([view.target(arc_name(settings, t)) for t in range(n_t)], 2) if n_t else None
-            for g, (flat, gi) in zip(self.groups, self.arc_entries()):
+            for d, (g, (flat, gi)) in enumerate(zip(self.groups, self.arc_entries())):
                 gs = torch.zeros((len(g["b"]), h), dtype=torch.float32, device=view.q.device)
                 if n_t and len(flat):  # each entry's value at (b, :, slot, row), added to its group
                     vals = at.permute(0, 2, 3, 1).reshape(-1, h).index_select(0, flat)
                     gs.index_add_(0, gi, vals)
-                groups.append(gs)
-        return rowsum, local, cls, sep, block, xlogx, *groups
+                out[f"arcs:{d}"] = gs
+        return out
 
     def arc_targets(self):
         """[B, T, n] int64: per query piece the key pieces of its pairs' sieves, one per slot t (-1: none), for
@@ -278,30 +317,32 @@ class _BatchSieves:
             at += len(gi)
         self._arc_cache = (targets, entries)
 
-    def from_sums(self, sums: tuple, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
+    def from_sums(self, sums: dict, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
         """[L, B, H, roles] float64 scores from :meth:`sums` stacked over L layers in a leading axis: the
         float64 operations of every layer of the batch at once (a fixed number of small operations per batch
-        instead of per layer; the same values as layer by layer)."""
+        instead of per layer; the same values as layer by layer). Columns: :func:`~headatlas.pande.roles.role_names`."""
         import torch
 
-        rowsum, local, cls, sep, block, xlogx, *gsums = sums
+        rowsum, xlogx = sums["rowsum"], sums["xlogx"]
         n_layers, bsz, h, n = rowsum.shape
-        n_rel = len(settings.relations)
+        n_tok, n_rel = len(self.token), len(settings.relations)
         dev = rowsum.device
-        out = torch.full((n_layers, bsz, h, len(TOKEN_ROLES) + 1 + n_rel), math.nan, dtype=torch.float64, device=dev)
+        out = torch.full((n_layers, bsz, h, n_tok + 1 + n_rel), math.nan, dtype=torch.float64, device=dev)
         rs = rowsum.double() + self.pad_rows  # [L, B, H, n]
         scale = self.k[:, None, :] / rs  # a real row summing to 0 gives inf -> NaN, as the reference
-        if block is None:
-            block = local.new_zeros(()).expand_as(local)
-        mass = torch.stack([local, cls + sep, cls, sep, block]).double()  # [5, L, B, H, n]
+        zero = rowsum.new_zeros(()).expand_as(rowsum)  # a block without a pair in the batch
+        mass = torch.stack([zero if sums[r] is None else sums[r] for r in self.token]).double()  # [R, L, B, H, n]
         b = mass * self.inv_cnt[:, None] * scale[None]
         if xlogx is not None:
-            b[4] = b[4] * (torch.log(rs) - xlogx.double() / rs)  # entropy (nats) of the renormalised row
-        out[..., : len(TOKEN_ROLES)] = ((b * self.use_w[:, None]).sum(-1) + self.no_query[:, None]).permute(1, 2, 3, 0)
+            for r, role in enumerate(self.token.values()):
+                if isinstance(role.sieve, Block):  # entropy (nats) of the renormalised row
+                    b[r] = b[r] * (torch.log(rs) - xlogx.double() / rs)
+        out[..., :n_tok] = ((b * self.use_w[:, None]).sum(-1) + self.no_query[:, None]).permute(1, 2, 3, 0)
         if not self.groups:
             return out
         per_dir = []
-        for g, gs in zip(self.groups, gsums):
+        for d, g in enumerate(self.groups):
+            gs = sums[f"arcs:{d}"]
             flat = self._flat_rows(g, h, n)
             m = (
                 gs.double()
@@ -328,9 +369,9 @@ class _BatchSieves:
                 n_layers, bsz, n_rel + 1, h
             )
             if col is None:
-                out[..., len(TOKEN_ROLES)] = mean[:, :, n_rel]
+                out[..., n_tok] = mean[:, :, n_rel]
             else:
-                out[..., len(TOKEN_ROLES) + 1 :] = mean[:, :, :n_rel].permute(0, 1, 3, 2)
+                out[..., n_tok + 1 :] = mean[:, :, :n_rel].permute(0, 1, 3, 2)
         return out
 
     @staticmethod
@@ -375,19 +416,24 @@ def arc_name(settings: SieveSettings, slot: int) -> str:
 class SieveReducer(Reducer):
     """Pande's sentence scores for every role: ``result()`` is ``score_store`` (tests/reference/sieves.py)'s
     dict (scores [N, L, H, R] float32, pair_counts, pairs_present, roles, relations, record_id, is_pair, notes).
-    The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse)."""
+    The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse). ``registry``: the
+    roles by name (:data:`headatlas.pande.roles.ROLES`; a copy with other roles in tests)."""
 
     name = "pande_sieves"
     needs_records = True
 
-    def __init__(self, settings: SieveSettings | None = None, flush_every: int = 256):
+    def __init__(
+        self, settings: SieveSettings | None = None, flush_every: int = 256, registry: dict[str, Role] = ROLES
+    ):
+        check_registry(registry)
         self.settings = settings or SieveSettings()
         self.flush_every = flush_every  # (batch, layer) results kept on the device before one copy to the host
+        self.registry = registry
 
     def start(self, info) -> None:
         super().start(info)
         n_rel = len(self.settings.relations)
-        self.roles = role_names(self.settings.relations)
+        self.roles = role_names(self.settings.relations, self.registry)
         self.scores = np.full(
             (info.n_sequences, info.n_layers, info.n_heads, len(self.roles)), np.nan, dtype=np.float32
         )
@@ -415,10 +461,10 @@ class SieveReducer(Reducer):
         interleaves batches)."""
         key = ("pande_sieves", id(self), str(device))
         if key not in batch._cache:
-            batch._cache[key] = _BatchSieves(batch, self.settings, self.info.causal, device)
+            batch._cache[key] = _BatchSieves(batch, self.settings, self.info.causal, device, self.registry)
         return batch._cache[key]
 
-    def _add(self, layer: int, plan: _BatchSieves, sums: tuple, batch: ReduceBatch) -> None:
+    def _add(self, layer: int, plan: _BatchSieves, sums: dict, batch: ReduceBatch) -> None:
         """One layer's sums; the scores of all the batch's layers at once after its last."""
         if layer == 0:
             self.is_pair[batch.seq] = plan.is_pair.cpu().numpy()
@@ -432,7 +478,9 @@ class SieveReducer(Reducer):
         if len(plan.done) < self.info.n_layers:
             return
         self.open -= 1
-        layers, sums = stack_layers(plan.done)
+        names = list(sums)  # the same names on every layer of the batch
+        layers, stacked = stack_layers({lay: tuple(d[k] for k in names) for lay, d in plan.done.items()})
+        sums = dict(zip(names, stacked))
         plan.done = {}
         # scores stay on the device until a flush, so a GPU is not made to wait for the host after every layer
         self._pending.append((batch.seq, layers, plan.from_sums(sums, self.settings).float()))
@@ -469,6 +517,12 @@ class SieveReducer(Reducer):
         out["record_id"] = np.asarray(arrays["record_id"]).astype(str)
         out["roles"] = [str(x) for x in arrays["roles"]]
         out["relations"] = [str(x) for x in arrays["relations"]]
+        if out["roles"] != role_names(out["relations"]):  # the params do not name the roles: a store of an old registry
+            raise ReduceError(
+                f"{cls.name}: reduced with roles {out['roles']}, the registry (pande/roles.py) has "
+                f"{role_names(out['relations'])}; rerun the extraction of that corpus (delete its store directory "
+                "and rerun snakemake)"
+            )
         out["model_kind"], out["corpus"] = str(arrays["model_kind"][0]), str(arrays["corpus"][0])
         out["settings"] = _settings_from_params(json.loads(str(arrays["settings"][0])))
         out["notes"] = _notes(out)
@@ -513,6 +567,7 @@ class SieveReducer(Reducer):
                 self.settings,
                 info.corpus or "?",
                 info.model_kind,
+                self.registry,
             ),
         }
 

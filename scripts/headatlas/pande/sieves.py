@@ -22,7 +22,8 @@ Roles:
   multiplied by the Shannon entropy (nats) of row i, so uniform attention scores ln k_i;
 - ``syntactic`` (the union of the configured relations) and ``syntactic_<rel>`` per relation.
 
-This module holds the settings, the role names, the dependency pairs and the notes; the scores are computed
+The roles themselves (their sieves, order and notes) are the registry :data:`headatlas.pande.roles.ROLES`.
+This module holds the settings, the dependency pairs and the notes; the scores are computed
 by :class:`headatlas.pande.reducers.SieveReducer` (tested against the numpy reference in
 tests/reference/sieves.py). The local window is :func:`headatlas.core.patterns.local_band`.
 """
@@ -36,8 +37,8 @@ import numpy as np
 
 from ..core.data import SPECIAL_NONE
 from ..core.settings import Settings
+from .roles import ROLES, Role, arc_role
 
-TOKEN_ROLES = ("local", "delimiter", "delimiter_cls", "delimiter_sep", "block")
 DIRECTIONS = ("dep_to_head", "head_to_dep", "both")
 
 
@@ -73,10 +74,6 @@ class SieveSettings(Settings):
                     raise ValueError(f"dependency label {lab!r} counts for two relations")
                 out[lab] = r
         return out
-
-
-def role_names(relations) -> list[str]:
-    return list(TOKEN_ROLES) + ["syntactic"] + [f"syntactic_{r}" for r in relations]
 
 
 def dependency_pairs(
@@ -124,24 +121,23 @@ def blas_threads(n: int):
     return threadpool_limits(limits=n, user_api="blas")
 
 
-def role_notes(scores, roles, has_trees, pairs_present, settings: SieveSettings, corpus: str, model_kind: str) -> dict:
-    """role -> why it has no sentence in this corpus, for the roles without any."""
+def role_notes(
+    scores, roles, has_trees, pairs_present, settings: SieveSettings, corpus: str, model_kind: str,
+    registry: dict[str, Role] = ROLES,
+) -> dict:  # fmt: skip
+    """role -> why it has no sentence in this corpus, for the roles without any (the registry's ``empty``
+    note, the syntactic roles' reasons, or a generic one)."""
     notes = {}
     valid = ~np.isnan(scores[:, 0, 0, :])
+    arcs = arc_role(registry)
     for r, role in enumerate(roles):
         if valid[:, r].any():
             continue
-        if role == "block":
-            why = f"corpus {corpus} has no sentence pairs ([CLS] A [SEP] B [SEP]); block needs pairs"
-        elif role == "delimiter_sep":
-            why = f"corpus {corpus}: the model input has no [SEP] token ({model_kind})"
-        elif role == "delimiter_cls":
-            why = f"corpus {corpus}: the model input has no [CLS]/BOS token"
-        elif role.startswith("syntactic"):
+        if role == arcs or role.startswith(f"{arcs}_"):
             if not has_trees.any():
                 why = f"corpus {corpus} has no dependency trees"
             else:
-                rel = role[len("syntactic_") :] or "any configured relation"
+                rel = role[len(arcs) + 1 :] or "any configured relation"
                 present = int(
                     pairs_present[settings.relations.index(rel)] if rel in settings.relations else pairs_present[-1]
                 )
@@ -151,6 +147,8 @@ def role_notes(scores, roles, has_trees, pairs_present, settings: SieveSettings,
                            f"mask in direction {settings.direction}")  # fmt: skip
                 else:
                     why = f"corpus {corpus}: no sentence has a pair of relation {rel} (labels {sorted(labels)})"
+        elif role in registry and registry[role].empty:
+            why = registry[role].empty.format(corpus=corpus, model_kind=model_kind)
         else:
             why = f"corpus {corpus}: no query token has a {role} sieve"
         notes[role] = why
