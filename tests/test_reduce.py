@@ -19,7 +19,7 @@ from headatlas.clark.reducers import JSReducer, SurfaceReducer, batch_surface_st
 from headatlas.clark.surface import STATS
 from headatlas.core.align import bos_id
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
-from headatlas.core.extract import extract, tokenize_records
+from headatlas.core.extract import ExtractSettings, extract, tokenize_records
 from headatlas.core.models import ModelError, model_kind
 from headatlas.core.reduce import ReduceBatch, ReduceError, Reducer, attention_modules, fused_reduce, padded, replay
 from headatlas.core.store import AttentionStore
@@ -149,7 +149,16 @@ def reduced(tmp_path_factory, tiny_loaded, records):
         spec = dataclasses.replace(spec, batch_size=4)
         kind = model_kind(config, spec)
         d = root / name
-        extract(records, spec, model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"}, reps=False)
+        extract(
+            records,
+            spec,
+            model,
+            tokenizer,
+            config,
+            d,
+            ExtractSettings(overflow="truncate", reps=False),
+            meta={"corpus": "t"},
+        )
         with AttentionStore(d) as store:
             today = (surface_table(store), score_store(store, records, st), js_distance_matrix(store, n_sequences=5))
             replayed = replay(
@@ -311,11 +320,8 @@ def test_replay_on_cuda_equals_cpu(reduced, tmp_path, tiny_loaded, records):
             tokenizer,
             config,
             d,
-            "float32",
-            "truncate",
-            0,
-            {"corpus": "t"},
-            reps=False,
+            ExtractSettings(overflow="truncate", reps=False),
+            meta={"corpus": "t"},
         )
         with AttentionStore(d) as store:
             cpu = replay(store, [SurfaceReducer(), SieveReducer(st)], 4, records, "cpu", corpus="t")
@@ -343,7 +349,7 @@ def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
     t = garbage_padded([random_maps(rng, 3, len(s[0])) for s in seqs], 7.0)
     whole = batch_surface_stats(t, batch, False, 1e-4)
     monkeypatch.setattr(reduce_module, "CHUNK_BYTES", 1)  # one sequence per chunk (core.reduce.map_chunks)
-    batch._cache.clear()
+    batch.forget()  # nothing computed at the whole size is reused
     np.testing.assert_array_equal(batch_surface_stats(t, batch, False, 1e-4).numpy(), whole.numpy())
 
 
@@ -368,7 +374,14 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
     model, tokenizer, config = load(spec, device="cpu")
     records = sentence_records(read_conllu(EWT_DEV))[:64]
     extract(
-        records, spec, model, tokenizer, config, tmp_path / "s", "float32", "truncate", 0, {"corpus": "ewt"}, reps=False
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        tmp_path / "s",
+        ExtractSettings(overflow="truncate", reps=False),
+        meta={"corpus": "ewt"},
     )
     st = SieveSettings()
     reducers = lambda: [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=8)]  # noqa: E731

@@ -134,12 +134,13 @@ def tokenize_input(record: Record, tokenizer, config, spec: ModelSpec):
 
 def sentence_maps(model, tokenizer, config, spec: ModelSpec, tok, kind: str) -> np.ndarray:
     """The [L, H, n, n] float32 maps of one tokenised input (extraction's forward pass)."""
-    from .core.extract import forward_batches, model_shape
+    from .core.reduce import LayerMaps, fused_reduce
 
-    n_layers, n_heads = model_shape(config)
+    maps: dict = {}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ((_, maps, _),) = forward_batches(model, [tok], 1, n_layers, n_heads, spec.name, pad, kind=kind)
-    return np.stack([m[0] for m in maps]).astype(np.float32)
+    keep = LayerMaps(lambda layer, attn, batch: maps.__setitem__(layer, attn[0].float().cpu().numpy()))
+    fused_reduce(model, [tok], [keep], 1, kind, pad_id=pad, name=spec.name, corpus="look", path="eager")
+    return np.stack([maps[layer] for layer in sorted(maps)]).astype(np.float32)
 
 
 def surface_settings(config: dict | None):
@@ -159,7 +160,6 @@ def surface_patterns(model, tokenizer, spec: ModelSpec, tok, kind: str, settings
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     reducer = SurfaceReducer(settings.smoothing)
-    reducer.analysis = "clark_surface"
     (table,) = fused_reduce(
         model, [tok], [reducer], 1, kind, pad_id=pad, name=spec.name, corpus="look", record_id=["look"]
     )

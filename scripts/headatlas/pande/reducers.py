@@ -379,6 +379,7 @@ class SieveReducer(Reducer):
     The feed must be given the corpus ``records`` for syntactic roles (gold trees or a parse)."""
 
     name = "pande_sieves"
+    analysis = "pande"
     needs_records = True
 
     def __init__(self, settings: SieveSettings | None = None, flush_every: int = 256):
@@ -415,9 +416,7 @@ class SieveReducer(Reducer):
         """The batch's layer-independent work, once per batch and device (kept with the batch: replay
         interleaves batches)."""
         key = ("pande_sieves", id(self), str(device))
-        if key not in batch._cache:
-            batch._cache[key] = _BatchSieves(batch, self.settings, self.info.causal, device)
-        return batch._cache[key]
+        return batch.memo(key, lambda: _BatchSieves(batch, self.settings, self.info.causal, device))
 
     def _add(self, layer: int, plan: _BatchSieves, sums: tuple, batch: ReduceBatch) -> None:
         """One layer's sums; the scores of all the batch's layers at once after its last."""
@@ -549,6 +548,4 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     """The reducers analysis pande needs on ``corpus`` (its validated config section): the sieve scores."""
     if corpus not in (section.get("corpora") or []):
         return []
-    r = SieveReducer(SieveSettings.from_config(section))
-    r.analysis = "pande"
-    return [r]
+    return [SieveReducer(SieveSettings.from_config(section))]
