@@ -523,7 +523,7 @@ def main(argv=None) -> int:
     T = TARGETS
     labels = {
         "extract": "extract()" + (" (rule path, maps + reps)" if reps_on else " (maps)"),
-        "extract_maps_only": "extract(reps=False) (maps only)",
+        "extract_maps_only": "extract(ExtractSettings(reps=False)) (maps only)",
     }
     rows = [
         (

@@ -336,3 +336,23 @@ def test_progress_names_model_corpus_and_shard(tiny_loaded, records, tmp_path, c
     lines = [r.getMessage() for r in caplog.records if r.name == "headatlas.progress"]
     assert any(line.startswith(f"extract {spec.name} ewt_dev: ") for line in lines), lines
     assert any(line.startswith(f"extract {spec.name} wiki shard1of2: ") for line in lines), lines
+
+
+def test_one_forward_pass_per_batch_feeds_maps_and_representations(tiny_loaded, records, extracted, tmp_path):
+    """The stored maps and representations are reducers of one forward loop: one model call per batch, and the
+    store is the one of the module's extraction bit for bit."""
+    spec, model, tokenizer, config = tiny_loaded("bert")
+    spec = dataclasses.replace(spec, batch_size=4)
+    calls = []
+    handle = model.register_forward_hook(lambda module, args, output: calls.append(1))
+    try:
+        extract(records, spec, model, tokenizer, config, tmp_path / "one", ExtractSettings(overflow="truncate"),
+                meta={"corpus": "t"})  # fmt: skip
+    finally:
+        handle.remove()
+    assert len(calls) == -(-len(records) // 4)  # one window: every batch of 4 once
+    with AttentionStore(extracted["bert"][0]) as a, AttentionStore(tmp_path / "one") as b:
+        for layer in range(a.n_layers):
+            np.testing.assert_array_equal(a.head(layer, 0)[0], b.head(layer, 0)[0])
+            np.testing.assert_array_equal(a.head_vectors(layer), b.head_vectors(layer))
+            np.testing.assert_array_equal(a.hidden(layer), b.hidden(layer))

@@ -132,7 +132,7 @@ def kill_late(module, args, output):
     if len(calls) == 4:  # after some windows went to the writer
         os.kill(os.getpid(), signal.SIGKILL)
 model.register_forward_hook(kill_late)
-extract(sentence_records(read_conllu(sys.argv[2]))[:10], spec, model, tokenizer, config, sys.argv[3], buffer_bytes=20_000)
+extract(sentence_records(read_conllu(sys.argv[2]))[:10], spec, model, tokenizer, config, sys.argv[3], ExtractSettings(buffer_bytes=20_000))
 """
 
 

@@ -477,3 +477,44 @@ def test_key_masses_shared_by_the_reducers_of_a_layer():
     )
     other = key_masses(a.clone(), batch)  # not the cleaned copy: computed afresh
     assert other is not both and torch.equal(other, both)
+
+
+def test_batch_memo_makes_a_value_once_and_forgets_it():
+    batch, _, _ = hand_batch()
+    made = []
+    make = lambda: made.append(1) or len(made)  # noqa: E731
+    assert batch.memo(("t", 1), make) == 1 and batch.memo(("t", 1), make) == 1 and made == [1]
+    assert batch.recall(("t", 1)) == 1 and batch.recall(("t", 2)) is None
+    assert batch.keep(("t", 2), "x") == "x" and batch.memo(("t", 2), make) == "x" and made == [1]
+    batch.forget(("t", 1))
+    assert batch.recall(("t", 1)) is None and batch.recall(("t", 2)) == "x"
+    batch.forget()
+    assert batch.recall(("t", 2)) is None
+    masks = batch.masks("cpu", False)
+    assert batch.masks("cpu", False) is masks and batch.masks("cpu", True) is not masks  # built once per (device, mask)
+
+
+def test_the_extraction_spine_imports_no_torch_and_no_module_of_its_own_inside_a_function():
+    """Planning (``headatlas.fused`` at job-graph time) loads no torch; the spine's modules import the project's
+    modules at their top only, and the map-free feed does not import the eager one (no import cycle)."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import headatlas.core as core
+
+    code = "import sys, headatlas.fused; print('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
+    for name in ("reducer", "mapfree", "reduce", "extract", "batching"):
+        tree = ast.parse((Path(core.__file__).parent / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.col_offset == 0, f"core/{name}.py line {node.lineno}: a local import of .{node.module}"
+                assert not (name in ("reducer", "mapfree") and node.module in ("reduce", "extract")), (
+                    name,
+                    node.module,
+                )

@@ -185,6 +185,71 @@ def rep_shapes(model, n_layers: int, n_heads: int) -> tuple[int, int]:
     return width // n_heads, int(model.config.hidden_size)
 
 
+class StoreWindow:
+    """The stored maps and representations of one window of consecutive sequences (:meth:`open`), filled by
+    writer reducers of the extraction's feed (:meth:`reducers`: :class:`~headatlas.core.reduce.LayerMaps` and
+    :class:`HeadReps`) and written as one block per layer (:meth:`write` of what :meth:`take` hands over,
+    in a background thread while the next window is computed). Each map is checked at the source: a model
+    whose maps are not distributions (within ``tol``) fails naming the head, record and row."""
+
+    def __init__(self, writer: AttentionWriter, model_name: str, ids: Sequence[str], tol: float):
+        self.writer, self.model_name, self.ids, self.tol = writer, model_name, ids, tol
+        self.n_layers, self.n_heads, self.dtype, self.lengths = (
+            writer.n_layers,
+            writer.n_heads,
+            writer.dtype,
+            writer.lengths,
+        )
+        self.maps, self.reps = writer.store_maps, writer.rep_shapes
+        self.buf: dict = {}
+
+    def reducers(self, model, kind: str, rep_position: str) -> list:
+        return ([LayerMaps(self.put_maps)] if self.maps else []) + (
+            [HeadReps(model, kind, rep_position, self.put_reps)] if self.reps else []
+        )
+
+    def open(self, start: int, stop: int) -> None:
+        cells = self.writer.cell_offsets[start : stop + 1] - self.writer.cell_offsets[start]
+        L, H = self.n_layers, self.n_heads
+        self.buf = {"start": start, "stop": stop, "cells": cells}
+        if self.maps:
+            self.buf["maps"] = [np.empty((H, int(cells[-1])), dtype=self.dtype) for _ in range(L)]
+        if self.reps:
+            d, dim = self.reps
+            self.buf["heads"] = [np.empty((stop - start, H, d), dtype=np.float32) for _ in range(L)]
+            self.buf["hidden"] = [np.empty((stop - start, dim), dtype=np.float32) for _ in range(L)]
+
+    def put_maps(self, layer: int, attn, batch: ReduceBatch) -> None:
+        a = attn.float().cpu().numpy()
+        off, buf = self.buf["cells"], self.buf["maps"][layer]
+        for b, p in enumerate((batch.seq - self.buf["start"]).tolist()):
+            n = int(batch.lengths[b])
+            buf[:, off[p] : off[p + 1]] = a[b, :, :n, :n].reshape(self.n_heads, n * n)
+
+    def put_reps(self, batch: ReduceBatch, heads: list, hidden: list) -> None:
+        pos = batch.seq - self.buf["start"]
+        for layer in range(self.n_layers):
+            self.buf["heads"][layer][pos] = heads[layer]
+            self.buf["hidden"][layer][pos] = hidden[layer]
+
+    def take(self) -> dict:
+        buf, self.buf = self.buf, {}
+        return buf
+
+    def write(self, buf: dict) -> None:
+        start, stop = buf["start"], buf["stop"]
+        for layer in range(self.n_layers):
+            if self.maps:
+                # the readers' value check, at the source: a model whose maps are not distributions fails here
+                for head, k, q, what in map_faults(buf["maps"][layer], self.lengths[start:stop], self.tol):
+                    raise ModelError(
+                        f"model {self.model_name!r}: head {head_label(layer, head)}, record {self.ids[start + k]}, query row {q}: attention {what}"
+                    )
+                self.writer.write_cells(start, stop, layer, buf["maps"][layer])
+            if self.reps:
+                self.writer.write_reps(np.arange(start, stop), layer, buf["heads"][layer], buf["hidden"][layer])
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExtractSettings:
     """How an extraction runs and what it stores (the workflow's ``extraction_params``): the stored maps' dtype,
@@ -206,6 +271,30 @@ class ExtractSettings:
             raise ValueError(f"rep_position must be 'last' or 'past_last', not {self.rep_position!r}")
         if self.attention not in PATHS:
             raise ValueError(f"attention path must be one of {PATHS}, not {self.attention!r}")
+
+
+def store_meta(
+    meta: dict, spec: ModelSpec, config, tokenizer, kind: str, bos, counts: Counts, s: ExtractSettings, sampled: bool
+) -> dict:
+    """The store's metadata (meta.json): ``meta`` and what the extraction was run with."""
+    return dict(
+        meta,
+        model=spec.name,
+        source=spec.source,
+        model_kind=kind,
+        model_type=config.model_type,
+        compute_dtype=spec.dtype,
+        max_length=spec.max_length,
+        overflow=s.overflow,
+        tokenizer=type(tokenizer).__name__,
+        bos_id=bos,
+        counts=counts.values,
+        versions=package_versions(),
+        maps=s.maps,
+        maps_mode="full" if s.maps else ("sample" if sampled else "none"),
+        reps=s.reps,
+        rep_position=("cls" if kind == "encoder" else s.rep_position) if s.reps else None,
+    )
 
 
 def extract(
@@ -262,24 +351,7 @@ def extract(
     n_layers, n_heads = model_shape(config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     m = meta or {}
-    full_meta = dict(
-        m,
-        model=spec.name,
-        source=spec.source,
-        model_kind=kind,
-        model_type=config.model_type,
-        compute_dtype=spec.dtype,
-        max_length=spec.max_length,
-        overflow=s.overflow,
-        tokenizer=type(tokenizer).__name__,
-        bos_id=bos,
-        counts=counts.values,
-        versions=package_versions(),
-        maps=s.maps,
-        maps_mode="full" if s.maps else ("sample" if sample is not None else "none"),
-        reps=s.reps,
-        rep_position=("cls" if kind == "encoder" else s.rep_position) if s.reps else None,
-    )
+    full_meta = store_meta(m, spec, config, tokenizer, kind, bos, counts, s, sample is not None)
     ids = [records[t.record_index - first_index].id for t in tokenized]
     shapes = rep_shapes(model, n_layers, n_heads) if s.reps else None
     lengths = np.array([len(t) for t in tokenized])
@@ -290,39 +362,9 @@ def extract(
     info = FeedInfo(
         len(tokenized), n_layers, n_heads, spec.name, kind, m.get("corpus", ""), np.asarray(ids), first_index
     )
-    window: dict = {}  # the window being computed: its first sequence, cell offsets and buffers
-
-    def store_maps(layer, attn, batch):
-        a = attn.float().cpu().numpy()
-        off, buf = window["cells"], window["maps"][layer]
-        for b, p in enumerate((batch.seq - window["start"]).tolist()):
-            n = int(batch.lengths[b])
-            buf[:, off[p] : off[p + 1]] = a[b, :, :n, :n].reshape(n_heads, n * n)
-
-    def store_reps(batch, heads, hidden):
-        pos = batch.seq - window["start"]
-        for layer in range(n_layers):
-            window["heads"][layer][pos] = heads[layer]
-            window["hidden"][layer][pos] = hidden[layer]
-
-    def write_window(writer, start, stop, buf, head_buf, hidden_buf):
-        for layer in range(n_layers):
-            if s.maps:
-                # the readers' value check, at the source: a model whose maps are not distributions fails here
-                for head, k, q, what in map_faults(buf[layer], lengths[start:stop], tol):
-                    raise ModelError(
-                        f"model {spec.name!r}: head {head_label(layer, head)}, record {ids[start + k]}, query row {q}: attention {what}"
-                    )
-                writer.write_cells(start, stop, layer, buf[layer])
-            if s.reps:
-                writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
-
-    # the stored maps and representations are reducers of the same feed as the statistics
-    writers = ([LayerMaps(store_maps)] if s.maps else []) + (
-        [HeadReps(model, kind, s.rep_position, store_reps)] if s.reps else []
-    )
     # A window is written by a background thread while the next one is computed (at most one
     # write in flight, so two windows in memory); the writer's exit still sees every write.
+    cell_bytes = n_layers * n_heads * store_dtype.itemsize
     map_layout = "lower" if kind == "decoder" else "full"  # causal maps: their lower triangle (also the sample's)
     with (
         AttentionWriter(
@@ -359,6 +401,8 @@ def extract(
                 )
             )
             keep = [SampleMaps(keep_pos, sample_writer, tol)]
+        window = StoreWindow(writer, spec.name, ids, tol)
+        writers = window.reducers(model, kind, s.rep_position)  # the stored maps and representations
         if fused:  # the statistics on the cheapest path that serves them (plan_feed)
             feed = open_feed(model, writers + list(reducers) + keep, info, longest_of(tokenized), s.attention)
         else:  # the model as loaded; the stored maps from its output, as transformers returns them for every type
@@ -368,26 +412,16 @@ def extract(
         shard = f"shard{m['shard']}of{m['n_shards']}" if m.get("n_shards", 1) > 1 else ""
         what = " ".join(filter(None, ["extract", spec.name, m.get("corpus"), shard]))  # the model, corpus, shard
         pending, done = None, Progress(int(lengths.sum()), what, "tokens")
-        for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, s.buffer_bytes):
+        for start, stop in storage_windows(lengths, cell_bytes, s.buffer_bytes):
             # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
-            cells = writer.cell_offsets[start : stop + 1] - writer.cell_offsets[start]
-            window = {"start": start, "cells": cells}
-            if s.maps:
-                window["maps"] = [np.empty((n_heads, int(cells[-1])), dtype=store_dtype) for _ in range(n_layers)]
-            if s.reps:
-                window["heads"] = [
-                    np.empty((stop - start, n_heads, shapes[0]), dtype=np.float32) for _ in range(n_layers)
-                ]
-                window["hidden"] = [np.empty((stop - start, shapes[1]), dtype=np.float32) for _ in range(n_layers)]
+            window.open(start, stop)
             batches = [start + pos for pos in length_batches(lengths[start:stop], spec.batch_size)]
-            loop = forward_loop(model, tokenized, batches, feed, corpus_records, pad_id, extra)
-            for _ in done.iter(loop, lambda pos: lengths[pos].sum()):
+            for _ in done.iter(forward_loop(model, tokenized, batches, feed, corpus_records, pad_id, extra),
+                               lambda pos: lengths[pos].sum()):  # fmt: skip
                 pass
             if pending is not None:
                 pending.result()
-            pending = io.submit(
-                write_window, writer, start, stop, window.get("maps"), window.get("heads"), window.get("hidden")
-            )
+            pending = io.submit(window.write, window.take())
         if pending is not None:
             pending.result()
         for r in reducers or []:

@@ -12,17 +12,24 @@ layer's maps with every cell outside a real query's visible keys set to 0 (one c
 and :meth:`ReduceBatch.masks` the boolean masks; the tests fill padding with garbage to make sure it never
 leaks.
 
+The base types (:class:`Reducer`, :class:`ReduceBatch` with its memo, :class:`FeedInfo`, :func:`scratch`,
+:func:`clean_maps`) live in :mod:`headatlas.core.reducer` and are importable from here.
+
 Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`feed_layer`):
 
 - :func:`replay` reads a stored store in windows of consecutive sequences that fit a byte budget, buckets
   each window by length, and builds the padded tensor per layer;
-- :func:`fused_reduce` runs the model with forward hooks on its attention modules (the modules transformers
-  itself records ``attentions`` from, ``_can_record_outputs``; for a model without them, e.g. MPNet, the
-  architecture table's ``attention`` module, asked alone for its probabilities, which the hook strips from
-  its output again), without ``output_attentions``: each
-  layer's probabilities go to the reducers as soon as they exist and are dropped after, so at most one
-  layer's maps are alive (reducers with ``needs_all_layers = True`` get all layers of the batch at the end
-  of its forward pass, which keeps them alive for that batch: say so where it matters).
+- :func:`forward_loop`, the one forward loop of every extraction (:func:`fused_reduce`,
+  :func:`headatlas.core.extract.extract`, :func:`bare_forward`), runs the model batch by batch inside a feed:
+  :class:`FusedFeed` with forward hooks on its attention modules (the modules transformers itself records
+  ``attentions`` from, ``_can_record_outputs``; for a model without them, e.g. MPNet, the architecture
+  table's ``attention`` module, asked alone for its probabilities, which the hook strips from its output
+  again), without ``output_attentions``: each layer's probabilities go to the reducers as soon as they exist
+  and are dropped after, so at most one layer's maps are alive (reducers with ``needs_all_layers = True`` get
+  all layers of the batch at the end of its forward pass, which keeps them alive for that batch: say so where
+  it matters); or the map-free feed (:mod:`headatlas.core.mapfree`, chosen by :func:`open_feed`). What an
+  extraction stores is written by reducers of the same feed (:class:`LayerMaps`, :class:`SampleMaps`,
+  :class:`headatlas.core.extract.HeadReps`).
 
 A reducer that fails raises :class:`ReduceError` naming the analysis, reducer, model, corpus and sequences.
 
