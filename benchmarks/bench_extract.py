@@ -74,7 +74,7 @@ import torch  # noqa: E402
 
 from headatlas.core.corpora import build_corpus  # noqa: E402
 from headatlas.core.data import SPECIAL_NONE  # noqa: E402
-from headatlas.core.extract import extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
+from headatlas.core.extract import ExtractSettings, extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
 from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind, package_versions, resolve  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
 
@@ -116,18 +116,8 @@ def time_extract(
     shutil.rmtree(out_dir, ignore_errors=True)
     gc.collect()
     t0 = time.perf_counter()
-    counts = extract(
-        records,
-        spec,
-        model,
-        tokenizer,
-        config,
-        out_dir,
-        storage_dtype=storage_dtype,
-        overflow="skip",
-        meta={"benchmark": True},
-        **extra,
-    )
+    settings = ExtractSettings(storage_dtype=storage_dtype, overflow="skip", **extra)
+    counts = extract(records, spec, model, tokenizer, config, out_dir, settings, meta={"benchmark": True})
     return time.perf_counter() - t0, counts["tokens"]
 
 
@@ -533,7 +523,7 @@ def main(argv=None) -> int:
     T = TARGETS
     labels = {
         "extract": "extract()" + (" (rule path, maps + reps)" if reps_on else " (maps)"),
-        "extract_maps_only": "extract(reps=False) (maps only)",
+        "extract_maps_only": "extract(ExtractSettings(reps=False)) (maps only)",
     }
     rows = [
         (

@@ -31,7 +31,7 @@ from reference.clark import store_correctness  # noqa: E402
 
 from headatlas.clark.syntax import head_table, relation_masks  # noqa: E402
 from headatlas.core.corpora import build_corpus  # noqa: E402
-from headatlas.core.extract import extract  # noqa: E402
+from headatlas.core.extract import ExtractSettings, extract  # noqa: E402
 from headatlas.core.models import ModelSpec, load  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
 
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         tables = {}
         for dtype in ("float32", "float16"):
             t0 = time.perf_counter()
-            extract(records, spec, model, tok, cfg, work / dtype, storage_dtype=dtype, reps=False)
+            extract(records, spec, model, tok, cfg, work / dtype, ExtractSettings(storage_dtype=dtype, reps=False))
             with AttentionStore(work / dtype) as store:
                 kept = [records[i] for i in store.record_index]
                 c = store_correctness(store, kept)

@@ -69,7 +69,7 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.corpora import read_conllu, sentence_records
-    from headatlas.core.extract import extract, tokenize_records
+    from headatlas.core.extract import ExtractSettings, extract, tokenize_records
     from headatlas.core.models import ModelSpec, load
     from headatlas.core.reduce import bare_forward, fused_reduce
     from headatlas.pande.reducers import SieveReducer
@@ -127,7 +127,15 @@ def worker(args) -> dict:
     elif args.worker == "store":
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            extract(records, spec, model, tokenizer, config, Path(tmp) / "s", "float32", "truncate", reps=False)
+            extract(
+                records,
+                spec,
+                model,
+                tokenizer,
+                config,
+                Path(tmp) / "s",
+                ExtractSettings(overflow="truncate", reps=False),
+            )
             out["seconds"] = time.perf_counter() - t0
             out["bytes_written"] = sum(f.stat().st_size for f in (Path(tmp) / "s").iterdir())
     else:

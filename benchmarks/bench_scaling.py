@@ -90,7 +90,7 @@ def worker(args) -> dict:
     torch.set_num_threads(1)
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.corpora import wiki_long_segments, wiki_segments
-    from headatlas.core.extract import extract, tokenize_records
+    from headatlas.core.extract import ExtractSettings, extract, tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
     from headatlas.core.reduce import bare_forward, fused_reduce
     from headatlas.pande.reducers import SieveReducer
@@ -142,7 +142,7 @@ def worker(args) -> dict:
                     ex.AttentionWriter = lambda *a, real=real, **k: real(*a, **dict(k, map_layout="full"))  # noqa: E731
                 try:
                     d = Path(tmp) / f"s_{layout}"
-                    extract(records, spec, model, tok, config, d, "float32", "truncate", reps=False)
+                    extract(records, spec, model, tok, config, d, ExtractSettings(overflow="truncate", reps=False))
                 finally:
                     ex.AttentionWriter = real
                 out[f"bytes_written_{layout or 'store'}"] = sum(f.stat().st_size for f in d.iterdir())

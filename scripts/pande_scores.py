@@ -18,7 +18,6 @@ settings = SieveSettings.from_config(sm.params.sieves)
 records = load_records(sm.input.corpus)
 records = trees_of(records, load_records(sm.input.trees[0]) if sm.input.trees else None)
 reducer = SieveReducer(settings)
-reducer.analysis = "pande"
 result = reduce_corpus(list(sm.input.shards), reducer, records)  # replayed from the maps, or a fused extraction's
 with AttentionStore(list(sm.input.shards)) as store:
     result["lengths"] = store.lengths[: len(store)]  # tokens per sequence, for the score-against-length figure

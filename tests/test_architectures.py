@@ -19,7 +19,7 @@ import torch
 from conftest import REPO, tiny_llama_config, tiny_spec
 
 from headatlas.core.data import Record
-from headatlas.core.extract import head_output_modules
+from headatlas.core.extract import ExtractSettings, head_output_modules
 from headatlas.core.models import (
     ARCHITECTURES,
     ModelError,
@@ -241,10 +241,8 @@ def arch_store(tmp_path_factory, arch_model, arch_records):
                 tokenizer,
                 config,
                 root / model_type,
-                "float32",
-                "truncate",
-                0,
-                {"corpus": "t"},
+                ExtractSettings(overflow="truncate"),
+                meta={"corpus": "t"},
             )
             assert counts["sequences"] == len(arch_records)
             cache[model_type] = root / model_type

@@ -590,7 +590,7 @@ def sample_run(tmp_path, tiny_loaded):
     """A real fused extraction of a corpus with hostile words (maps: sample, 3 of 5 records sampled) on the
     tiny BERT, its corpus file and an atlas of every family."""
     from headatlas.clark.reducers import SurfaceReducer
-    from headatlas.core.extract import extract
+    from headatlas.core.extract import ExtractSettings, extract
 
     words = [
         ("the", "cat", "sat", "down", "here"),
@@ -604,8 +604,7 @@ def sample_run(tmp_path, tiny_loaded):
     write_records(records, corpus)
     spec, model, tokenizer, config = tiny_loaded("bert")
     store = tmp_path / "shard0of1"
-    extract(records, spec, model, tokenizer, config, store, "float32", "truncate", 0, {"corpus": "c", "shard": 0, "n_shards": 1},
-            maps=False, reps=False, reducers=[SurfaceReducer()], sample=[0, 1, 2], corpus_records=records)  # fmt: skip
+    extract(records, spec, model, tokenizer, config, store, ExtractSettings(overflow="truncate", maps=False, reps=False), meta={"corpus": "c", "shard": 0, "n_shards": 1}, reducers=[SurfaceReducer()], sample=[0, 1, 2], corpus_records=records)  # fmt: skip
     with AttentionStore(store) as st:
         n_layers, n_heads = st.n_layers, st.n_heads
     atlas = tmp_path / "atlas_s.tsv"

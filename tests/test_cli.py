@@ -141,16 +141,14 @@ def test_look_numbers_are_the_analysis_numbers(name, tmp_path, tiny_models, tiny
     behaviour labels) and ``look`` on the same input give the same table, to float32 rounding."""
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.clark.surface import STATS, SurfaceSettings, behaviour_table
-    from headatlas.core.extract import extract
+    from headatlas.core.extract import ExtractSettings, extract
     from headatlas.core.reduce import reduce_corpus
     from headatlas.look import input_record
 
     spec, model, tokenizer, config = tiny_loaded(name)
     store = tmp_path / "store"
-    extract([input_record(SENTENCE)], spec, model, tokenizer, config, store, "float32", "truncate", 0,
-            {"corpus": "one", "shard": 0, "n_shards": 1}, maps=True, reps=False)  # fmt: skip
+    extract([input_record(SENTENCE)], spec, model, tokenizer, config, store, ExtractSettings(overflow="truncate", maps=True, reps=False), meta={"corpus": "one", "shard": 0, "n_shards": 1})  # fmt: skip
     reducer = SurfaceReducer(SurfaceSettings().smoothing)
-    reducer.analysis = "clark_surface"
     want = behaviour_table(reduce_corpus([store], reducer), SurfaceSettings())
     tsv = tmp_path / "look.tsv"
     argv = ["look", str(tiny_models[name]), SENTENCE, "--config", "", "--out", str(tmp_path / "l.png")]

@@ -232,14 +232,23 @@ def test_kv_groups_and_agreement():
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_fused_equals_replayed(name, tiny_loaded, records, tmp_path):
     from headatlas.core.align import bos_id
-    from headatlas.core.extract import extract, tokenize_records
+    from headatlas.core.extract import ExtractSettings, extract, tokenize_records
     from headatlas.core.models import model_kind
     from headatlas.core.store import AttentionStore
 
     spec, model, tokenizer, config = tiny_loaded(name)
     spec = dataclasses.replace(spec, batch_size=4)
     kind = model_kind(config, spec)
-    extract(records, spec, model, tokenizer, config, tmp_path, "float32", "truncate", 0, {"corpus": "t"}, reps=False)
+    extract(
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        tmp_path,
+        ExtractSettings(overflow="truncate", reps=False),
+        meta={"corpus": "t"},
+    )
     with AttentionStore(tmp_path) as store:
         replayed = replay(store, [DetectorReducer(seed=4)], batch_size=3, corpus="t")[0]
     bos = bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None
@@ -327,7 +336,7 @@ def test_minilm_fused_equals_replayed(tmp_path):
     from conftest import EWT_DEV
 
     from headatlas.core.corpora import read_conllu, sentence_records
-    from headatlas.core.extract import extract, tokenize_records
+    from headatlas.core.extract import ExtractSettings, extract, tokenize_records
     from headatlas.core.models import ModelSpec, load
     from headatlas.core.store import AttentionStore
 
@@ -337,7 +346,16 @@ def test_minilm_fused_equals_replayed(tmp_path):
     )
     model, tokenizer, config = load(spec, device="cpu")
     records = sentence_records(read_conllu(EWT_DEV))[:32]
-    extract(records, spec, model, tokenizer, config, tmp_path, "float32", "truncate", 0, {"corpus": "ewt"}, reps=False)
+    extract(
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        tmp_path,
+        ExtractSettings(overflow="truncate", reps=False),
+        meta={"corpus": "ewt"},
+    )
     with AttentionStore(tmp_path) as store:
         replayed = replay(store, [DetectorReducer()], 8, corpus="ewt")[0]
     tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")

@@ -11,7 +11,14 @@ from conftest import TINY_NAMES, tiny_spec
 
 from headatlas.core.align import bos_id, encode_record
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS
-from headatlas.core.extract import check_attentions, extract, length_batches, shard_slice, storage_windows
+from headatlas.core.extract import (
+    ExtractSettings,
+    check_attentions,
+    extract,
+    length_batches,
+    shard_slice,
+    storage_windows,
+)
 from headatlas.core.models import ModelError, ModelSpec, load, model_kind, resolve
 from headatlas.core.store import AttentionStore
 
@@ -35,10 +42,8 @@ def extracted(tmp_path_factory, tiny_loaded, records):
                 tokenizer,
                 config,
                 d,
-                "float32",
-                "truncate",
-                0,
-                {"corpus": "t"},
+                ExtractSettings(overflow="truncate"),
+                meta={"corpus": "t"},
             )
             assert counts["sequences"] == len(records)
             dirs.append(d)
@@ -254,11 +259,8 @@ def test_many_write_windows_give_the_same_store(name, tiny_loaded, records, extr
         tokenizer,
         config,
         tmp_path / "w",
-        "float32",
-        "truncate",
-        0,
-        {"corpus": "t"},
-        buffer_bytes=20_000,
+        ExtractSettings(overflow="truncate", buffer_bytes=20_000),
+        meta={"corpus": "t"},
     )
     with AttentionStore(extracted[name][0]) as a, AttentionStore(tmp_path / "w") as b:
         for layer in range(a.n_layers):
@@ -285,11 +287,8 @@ def test_failure_in_a_later_window_leaves_nothing(tiny_loaded, records, tmp_path
                 tokenizer,
                 config,
                 tmp_path / "out",
-                "float32",
-                "truncate",
-                0,
-                {},
-                buffer_bytes=20_000,
+                ExtractSettings(overflow="truncate", buffer_bytes=20_000),
+                meta={},
             )
     finally:
         handle.remove()
@@ -302,7 +301,16 @@ def test_cuda_extraction_matches_cpu(name, tiny_models, extracted, records, tmp_
     spec = dataclasses.replace(tiny_spec(name, tiny_models[name]), device="cuda")
     model, tokenizer, config = load(spec)
     assert next(model.parameters()).device.type == "cuda"
-    extract(records, spec, model, tokenizer, config, tmp_path / "gpu", "float32", "truncate", 0, {"corpus": "t"})
+    extract(
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        tmp_path / "gpu",
+        ExtractSettings(overflow="truncate"),
+        meta={"corpus": "t"},
+    )
     with AttentionStore(extracted[name][0]) as cpu, AttentionStore(tmp_path / "gpu") as gpu:
         assert cpu.lengths.tolist() == gpu.lengths.tolist()
         for layer in range(cpu.n_layers):
@@ -328,3 +336,23 @@ def test_progress_names_model_corpus_and_shard(tiny_loaded, records, tmp_path, c
     lines = [r.getMessage() for r in caplog.records if r.name == "headatlas.progress"]
     assert any(line.startswith(f"extract {spec.name} ewt_dev: ") for line in lines), lines
     assert any(line.startswith(f"extract {spec.name} wiki shard1of2: ") for line in lines), lines
+
+
+def test_one_forward_pass_per_batch_feeds_maps_and_representations(tiny_loaded, records, extracted, tmp_path):
+    """The stored maps and representations are reducers of one forward loop: one model call per batch, and the
+    store is the one of the module's extraction bit for bit."""
+    spec, model, tokenizer, config = tiny_loaded("bert")
+    spec = dataclasses.replace(spec, batch_size=4)
+    calls = []
+    handle = model.register_forward_hook(lambda module, args, output: calls.append(1))
+    try:
+        extract(records, spec, model, tokenizer, config, tmp_path / "one", ExtractSettings(overflow="truncate"),
+                meta={"corpus": "t"})  # fmt: skip
+    finally:
+        handle.remove()
+    assert len(calls) == -(-len(records) // 4)  # one window: every batch of 4 once
+    with AttentionStore(extracted["bert"][0]) as a, AttentionStore(tmp_path / "one") as b:
+        for layer in range(a.n_layers):
+            np.testing.assert_array_equal(a.head(layer, 0)[0], b.head(layer, 0)[0])
+            np.testing.assert_array_equal(a.head_vectors(layer), b.head_vectors(layer))
+            np.testing.assert_array_equal(a.hidden(layer), b.hidden(layer))

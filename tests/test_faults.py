@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from headatlas.core.extract import extract
+from headatlas.core.extract import ExtractSettings, extract
 from headatlas.core.store import AttentionStore, StoreError, layer_file, store_problem, verify_store
 
 
@@ -121,7 +121,7 @@ def test_corrupt_token_table_fails_on_open(store_dir, where):
 KILLED_WRITER = """
 import os, signal, sys
 from headatlas.core.corpora import read_conllu, sentence_records
-from headatlas.core.extract import extract
+from headatlas.core.extract import ExtractSettings, extract
 from headatlas.core.models import ModelSpec, load
 
 spec = ModelSpec.from_config({"name": "bert", "source": {"path": sys.argv[1]}, "max_length": 64, "batch_size": 2})
@@ -132,7 +132,7 @@ def kill_late(module, args, output):
     if len(calls) == 4:  # after some windows went to the writer
         os.kill(os.getpid(), signal.SIGKILL)
 model.register_forward_hook(kill_late)
-extract(sentence_records(read_conllu(sys.argv[2]))[:10], spec, model, tokenizer, config, sys.argv[3], buffer_bytes=20_000)
+extract(sentence_records(read_conllu(sys.argv[2]))[:10], spec, model, tokenizer, config, sys.argv[3], ExtractSettings(buffer_bytes=20_000))
 """
 
 
@@ -155,7 +155,7 @@ def test_kill_during_the_write_leaves_nothing_accepted_and_the_next_run_cleans_u
     with pytest.raises(StoreError, match="missing"):
         AttentionStore(out)
     spec, model, tokenizer, config = tiny_loaded("bert")
-    extract(ewt_records[:10], spec, model, tokenizer, config, out, buffer_bytes=20_000)
+    extract(ewt_records[:10], spec, model, tokenizer, config, out, ExtractSettings(buffer_bytes=20_000))
     assert [p.name for p in out.parent.iterdir()] == ["shard0of1"]  # the killed job's temporary is gone
     assert verify_store(out) == []
 

@@ -82,7 +82,7 @@ def test_evaluate_batches_by_length_and_keeps_each_label_with_its_record(tmp_pat
 
 @pytest.mark.parametrize("name,train_src,cols", [("bert", SST2_TRAIN, 1), ("gpt2", SICK_TRAIN, 2)])
 def test_finetune_tiny_model_writes_a_loadable_checkpoint(tmp_path, tiny_models, name, train_src, cols):
-    from headatlas.core.extract import extract
+    from headatlas.core.extract import ExtractSettings, extract
     from headatlas.core.models import ModelSpec, load
     from headatlas.core.store import AttentionStore
 
@@ -105,7 +105,7 @@ def test_finetune_tiny_model_writes_a_loadable_checkpoint(tmp_path, tiny_models,
     )
     model, tokenizer, config = load(spec, out, device="cpu")
     records = tsv_records(dev, cols, cols)[:5]
-    extract(records, spec, model, tokenizer, config, tmp_path / "store", reps=False)
+    extract(records, spec, model, tokenizer, config, tmp_path / "store", ExtractSettings(reps=False))
     with AttentionStore(tmp_path / "store") as st:
         assert len(st) == 5
     # fine-tuning changed the encoder weights, and the same seed gives the same weights

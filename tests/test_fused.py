@@ -15,7 +15,7 @@ import pytest
 from conftest import TINY_NAMES
 
 from headatlas.clark.reducers import JSReducer, SurfaceReducer
-from headatlas.core.extract import extract, shard_slice
+from headatlas.core.extract import ExtractSettings, extract, shard_slice
 from headatlas.core.inputs import ConfigError, map_setting
 from headatlas.core.reduce import (
     ReduceError,
@@ -51,12 +51,9 @@ def run_extract(loaded, records, out, fused: bool, sample=None, part=slice(None)
         tokenizer,
         config,
         out,
-        "float32",
-        "truncate",
-        part.start or 0,
-        {"corpus": "t", "shard": 0 if part.start is None else part.start, "n_shards": 1},
-        maps=not fused,
-        reps=True,
+        ExtractSettings(overflow="truncate", maps=not fused, reps=True),
+        first_index=part.start or 0,
+        meta={"corpus": "t", "shard": 0 if part.start is None else part.start, "n_shards": 1},
         reducers=(reducers() if reds is None else reds) if fused else None,
         sample=sample,
         corpus_records=records,
@@ -207,7 +204,6 @@ def test_js_combine_refuses_a_wrong_prefix():
 def test_params_mismatch_says_rerun(stores):
     _, fused = stores["bert"]
     r = SurfaceReducer(smoothing=0.01)
-    r.analysis = "clark_surface"
     with pytest.raises(
         ReduceError,
         match=r"analysis clark_surface, reducer clark_surface was computed with smoothing=0\.0001.*now says smoothing=0\.01; rerun the extraction",

@@ -28,7 +28,7 @@ def _validator(part: str):
 def run_dir(tmp_path, tiny_loaded):
     """results/ of a run: the atlas of model m and its ewt_dev store (maps: sample, 3 of 4 records kept)."""
     from headatlas.clark.reducers import SurfaceReducer
-    from headatlas.core.extract import extract
+    from headatlas.core.extract import ExtractSettings, extract
 
     words = [("the", "cat", "sat", "down"), HOSTILE[:4], ("we", "saw", "the", "big", "red", "bus"), ("a", "dog", "ran")]
     records = [Record(id=f"r{i}", words=w, segment=(0,) * len(w)) for i, w in enumerate(words)]
@@ -36,8 +36,7 @@ def run_dir(tmp_path, tiny_loaded):
     write_records(records, tmp_path / "corpus.jsonl.gz")
     spec, model, tokenizer, config = tiny_loaded("bert")
     store = results / "attention" / "m" / "ewt_dev" / "shard0of1"
-    extract(records, spec, model, tokenizer, config, store, "float32", "truncate", 0, {"corpus": "ewt_dev", "shard": 0, "n_shards": 1},
-            maps=False, reps=False, reducers=[SurfaceReducer()], sample=[0, 1, 2], corpus_records=records)  # fmt: skip
+    extract(records, spec, model, tokenizer, config, store, ExtractSettings(overflow="truncate", maps=False, reps=False), meta={"corpus": "ewt_dev", "shard": 0, "n_shards": 1}, reducers=[SurfaceReducer()], sample=[0, 1, 2], corpus_records=records)  # fmt: skip
     with AttentionStore(store) as st:
         shape = (st.n_layers, st.n_heads)
     atlas = _grid_atlas(*shape).assign(model="m", clark_self=0.25)

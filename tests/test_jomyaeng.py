@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from headatlas.core.extract import extract
+from headatlas.core.extract import ExtractSettings, extract
 from headatlas.core.store import AttentionStore
 from headatlas.jomyaeng.analysis import (
     RESULT_COLUMNS,
@@ -76,7 +76,15 @@ def _manual_context(model, name, input_ids, position):
 def test_head_vectors_equal_manual_context_vectors(tmp_path, tiny_loaded, ewt_records, name):
     spec, model, tokenizer, config = tiny_loaded(name)
     records = ewt_records[:6]
-    extract(records, spec, model, tokenizer, config, tmp_path / "store", maps=False, reps=True, rep_position="last")
+    extract(
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        tmp_path / "store",
+        ExtractSettings(maps=False, reps=True, rep_position="last"),
+    )
     with AttentionStore(tmp_path / "store") as store:
         assert store.meta["rep_position"] == ("cls" if name == "bert" else "last")
         heads = np.stack([store.head_vectors(layer) for layer in range(store.n_layers)], 1)  # [N, L, H, d]

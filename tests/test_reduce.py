@@ -19,7 +19,7 @@ from headatlas.clark.reducers import JSReducer, SurfaceReducer, batch_surface_st
 from headatlas.clark.surface import STATS
 from headatlas.core.align import bos_id
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
-from headatlas.core.extract import extract, tokenize_records
+from headatlas.core.extract import ExtractSettings, extract, tokenize_records
 from headatlas.core.models import ModelError, model_kind
 from headatlas.core.reduce import ReduceBatch, ReduceError, Reducer, attention_modules, fused_reduce, padded, replay
 from headatlas.core.store import AttentionStore
@@ -150,7 +150,16 @@ def reduced(tmp_path_factory, tiny_loaded, records):
         spec = dataclasses.replace(spec, batch_size=4)
         kind = model_kind(config, spec)
         d = root / name
-        extract(records, spec, model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"}, reps=False)
+        extract(
+            records,
+            spec,
+            model,
+            tokenizer,
+            config,
+            d,
+            ExtractSettings(overflow="truncate", reps=False),
+            meta={"corpus": "t"},
+        )
         with AttentionStore(d) as store:
             today = (surface_table(store), score_store(store, records, st), js_distance_matrix(store, n_sequences=5))
             replayed = replay(
@@ -312,11 +321,8 @@ def test_replay_on_cuda_equals_cpu(reduced, tmp_path, tiny_loaded, records):
             tokenizer,
             config,
             d,
-            "float32",
-            "truncate",
-            0,
-            {"corpus": "t"},
-            reps=False,
+            ExtractSettings(overflow="truncate", reps=False),
+            meta={"corpus": "t"},
         )
         with AttentionStore(d) as store:
             cpu = replay(store, [SurfaceReducer(), SieveReducer(st)], 4, records, "cpu", corpus="t")
@@ -344,7 +350,7 @@ def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
     t = garbage_padded([random_maps(rng, 3, len(s[0])) for s in seqs], 7.0)
     whole = batch_surface_stats(t, batch, False, 1e-4)
     monkeypatch.setattr(reduce_module, "CHUNK_BYTES", 1)  # one sequence per chunk (core.reduce.map_chunks)
-    batch._cache.clear()
+    batch.forget()  # nothing computed at the whole size is reused
     np.testing.assert_array_equal(batch_surface_stats(t, batch, False, 1e-4).numpy(), whole.numpy())
 
 
@@ -369,7 +375,14 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
     model, tokenizer, config = load(spec, device="cpu")
     records = sentence_records(read_conllu(EWT_DEV))[:64]
     extract(
-        records, spec, model, tokenizer, config, tmp_path / "s", "float32", "truncate", 0, {"corpus": "ewt"}, reps=False
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        tmp_path / "s",
+        ExtractSettings(overflow="truncate", reps=False),
+        meta={"corpus": "ewt"},
     )
     st = SieveSettings()
     reducers = lambda: [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=8)]  # noqa: E731
@@ -465,3 +478,44 @@ def test_key_masses_shared_by_the_reducers_of_a_layer():
     )
     other = key_masses(a.clone(), batch)  # not the cleaned copy: computed afresh
     assert other is not both and torch.equal(other, both)
+
+
+def test_batch_memo_makes_a_value_once_and_forgets_it():
+    batch, _, _ = hand_batch()
+    made = []
+    make = lambda: made.append(1) or len(made)  # noqa: E731
+    assert batch.memo(("t", 1), make) == 1 and batch.memo(("t", 1), make) == 1 and made == [1]
+    assert batch.recall(("t", 1)) == 1 and batch.recall(("t", 2)) is None
+    assert batch.keep(("t", 2), "x") == "x" and batch.memo(("t", 2), make) == "x" and made == [1]
+    batch.forget(("t", 1))
+    assert batch.recall(("t", 1)) is None and batch.recall(("t", 2)) == "x"
+    batch.forget()
+    assert batch.recall(("t", 2)) is None
+    masks = batch.masks("cpu", False)
+    assert batch.masks("cpu", False) is masks and batch.masks("cpu", True) is not masks  # built once per (device, mask)
+
+
+def test_the_extraction_spine_imports_no_torch_and_no_module_of_its_own_inside_a_function():
+    """Planning (``headatlas.fused`` at job-graph time) loads no torch; the spine's modules import the project's
+    modules at their top only, and the map-free feed does not import the eager one (no import cycle)."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import headatlas.core as core
+
+    code = "import sys, headatlas.fused; print('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
+    for name in ("reducer", "mapfree", "reduce", "extract", "batching"):
+        tree = ast.parse((Path(core.__file__).parent / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.col_offset == 0, f"core/{name}.py line {node.lineno}: a local import of .{node.module}"
+                assert not (name in ("reducer", "mapfree") and node.module in ("reduce", "extract")), (
+                    name,
+                    node.module,
+                )

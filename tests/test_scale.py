@@ -32,13 +32,13 @@ def test_wiki_long_segments_are_windows_of_running_text():
 
 
 def test_long_corpus_cuts_every_input_to_its_tokens(tiny_loaded, tmp_path):
-    from headatlas.core.extract import extract
+    from headatlas.core.extract import ExtractSettings, extract
     from headatlas.core.store import AttentionStore
 
     spec, model, tok, config = tiny_loaded("llama")
     recs = wiki_long_segments(WIKI_TEST, 3, 200, seed=0)
     spec = dataclasses.replace(spec, max_length=200, extra={"length_corpus": "wl"})
-    extract(recs, spec, model, tok, config, tmp_path / "s", "float32", "truncate", reps=False)
+    extract(recs, spec, model, tok, config, tmp_path / "s", ExtractSettings(overflow="truncate", reps=False))
     with AttentionStore(tmp_path / "s") as st:
         # whole words: at most 200 tokens, short by less than the next word's pieces
         assert all(190 <= n <= 200 for n in st.lengths.tolist()) and st.map_layout == "lower"
@@ -138,7 +138,7 @@ def test_bucket_of():
 @pytest.mark.parametrize("name", ["llama", "bert"])
 def test_position_fused_equals_replayed(name, tiny_loaded, tmp_path):
     from headatlas.core.align import bos_id
-    from headatlas.core.extract import extract, tokenize_records
+    from headatlas.core.extract import ExtractSettings, extract, tokenize_records
     from headatlas.core.models import model_kind
     from headatlas.core.store import AttentionStore
 
@@ -152,7 +152,7 @@ def test_position_fused_equals_replayed(name, tiny_loaded, tmp_path):
         )
         for i, r in enumerate(recs[3:])
     ]
-    extract(recs, spec, model, tok, config, tmp_path / "s", "float32", "truncate", reps=False)
+    extract(recs, spec, model, tok, config, tmp_path / "s", ExtractSettings(overflow="truncate", reps=False))
     with AttentionStore(tmp_path / "s") as st:
         (replayed,) = replay(st, [PositionReducer(2, (0, 1, 8, 32))], batch_size=2)
     bos = bos_id(tok, spec.bos_token) if kind == "decoder" else None

@@ -31,7 +31,7 @@ from headatlas.clark.syntax_reducers import (
 from headatlas.core.align import bos_id
 from headatlas.core.corpora import document_records, read_conllu
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
-from headatlas.core.extract import extract, tokenize_records
+from headatlas.core.extract import ExtractSettings, extract, tokenize_records
 from headatlas.core.models import model_kind
 from headatlas.core.reduce import ReduceBatch, fused_reduce, replay
 from headatlas.core.store import AttentionStore
@@ -170,7 +170,16 @@ def _run(tiny_loaded, records, root, name, reducers):
     spec = dataclasses.replace(spec, batch_size=4)
     kind = model_kind(config, spec)
     d = root / name
-    extract(records, spec, model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": "t"}, reps=False)
+    extract(
+        records,
+        spec,
+        model,
+        tokenizer,
+        config,
+        d,
+        ExtractSettings(overflow="truncate", reps=False),
+        meta={"corpus": "t"},
+    )
     tokenized, _ = tokenize_records(
         records, tokenizer, kind, spec.max_length, "truncate",
         bos_id(tokenizer, spec.bos_token) if kind == "decoder" else None,
@@ -364,7 +373,16 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys, gum_docs):
         ("gum", gum_docs, lambda: [CorefReducer()]),
     ):
         d = tmp_path / corpus
-        extract(records, spec, model, tokenizer, config, d, "float32", "truncate", 0, {"corpus": corpus}, reps=False)
+        extract(
+            records,
+            spec,
+            model,
+            tokenizer,
+            config,
+            d,
+            ExtractSettings(overflow="truncate", reps=False),
+            meta={"corpus": corpus},
+        )
         tokenized, _ = tokenize_records(records, tokenizer, "encoder", spec.max_length, "truncate")
         fused = fused_reduce(
             model, tokenized, reducers(), 16, "encoder", records, tokenizer.pad_token_id, "minilm", path="eager"

@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .core.data import Counts, Record, load_records
-from .core.extract import config_hash, extract, shard_slice
+from .core.extract import ExtractSettings, config_hash, extract, shard_slice
+from .core.inputs import check_max_length
 from .core.models import ModelSpec, check_max_length
 from .core.parse import trees_of
 from .core.reduce import Reducer, reducer_from_spec
@@ -69,7 +70,10 @@ def corpus_reducers(sections: dict[str, dict], corpus: str) -> list[Reducer]:
                 raise ValueError(
                     f"reducer class {type(r).__qualname__}: register its name {type(r).name!r} in fused.REDUCERS"
                 )
-            r.analysis = key
+            if r.analysis != key:
+                raise ValueError(
+                    f"reducer class {type(r).__qualname__} serves analysis {r.analysis!r}, not {key!r}: set its class attribute analysis"
+                )
             out.append(r)
     names = [r.name for r in out]
     dups = sorted({n for n in names if names.count(n) > 1})
@@ -142,6 +146,14 @@ def extract_shard(
             [f"{r.analysis}/{r.name}" for r in reducers],
             f"{len(sample)} sampled records of the corpus" if sample is not None else "no sequence",
         )
+    settings = ExtractSettings(
+        storage_dtype=params["storage_dtype"],
+        overflow=params["overflow"],
+        maps=params["maps"],
+        reps=params["reps"],
+        rep_position=params["rep_position"],
+        attention=fused.get("attention", "auto") if fused else "auto",
+    )
     counts = extract(
         records[part],
         spec,
@@ -149,17 +161,12 @@ def extract_shard(
         tokenizer,
         config,
         out_dir,
-        params["storage_dtype"],
-        params["overflow"],
+        settings,
         part.start,
         meta,
-        maps=params["maps"],
-        reps=params["reps"],
-        rep_position=params["rep_position"],
-        reducers=reducers,
-        sample=sample,
-        corpus_records=corpus_records,
-        attention=fused.get("attention", "auto") if fused else "auto",
+        reducers,
+        sample,
+        corpus_records,
     )
     log.info("corpus %s shard %d/%d: counts %s", corpus, shard, n_shards, counts.values)
     return counts

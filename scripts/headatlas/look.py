@@ -28,11 +28,10 @@ from .clark.surface import SurfaceSettings, behaviour_table
 from .core.align import encode_record
 from .core.config_checks import rule_model_dir
 from .core.data import Record
-from .core.extract import forward_batches, model_shape
 from .core.figures import head_label, save_figure
 from .core.inputs import check_yaml, config_bases, merge_config
 from .core.models import ModelError, ModelSpec, decoder_bos, model_kind
-from .core.reduce import fused_reduce
+from .core.reduce import LayerMaps, fused_reduce
 
 # Clark et al.'s surface statistics that look prints (clark/surface.py STATS), with what each measures
 PATTERNS = {
@@ -128,10 +127,11 @@ def tokenize_input(record: Record, tokenizer, config, spec: ModelSpec):
 
 def sentence_maps(model, tokenizer, config, spec: ModelSpec, tok, kind: str) -> np.ndarray:
     """The [L, H, n, n] float32 maps of one tokenised input (extraction's forward pass)."""
-    n_layers, n_heads = model_shape(config)
+    maps: dict = {}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ((_, maps, _),) = forward_batches(model, [tok], 1, n_layers, n_heads, spec.name, pad, kind=kind)
-    return np.stack([m[0] for m in maps]).astype(np.float32)
+    keep = LayerMaps(lambda layer, attn, batch: maps.__setitem__(layer, attn[0].float().cpu().numpy()))
+    fused_reduce(model, [tok], [keep], 1, kind, pad_id=pad, name=spec.name, corpus="look", path="eager")
+    return np.stack([maps[layer] for layer in sorted(maps)]).astype(np.float32)
 
 
 def surface_settings(config: dict | None):
@@ -145,7 +145,6 @@ def surface_patterns(model, tokenizer, spec: ModelSpec, tok, kind: str, settings
     extraction runs it), then its labels: the columns of ``behaviour.tsv``. Undefined statistics are NaN."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     reducer = SurfaceReducer(settings.smoothing)
-    reducer.analysis = "clark_surface"
     (table,) = fused_reduce(
         model, [tok], [reducer], 1, kind, pad_id=pad, name=spec.name, corpus="look", record_id=["look"]
     )

@@ -106,12 +106,12 @@ def key_types(batch: ReduceBatch, causal: bool) -> np.ndarray:
     """[B, n, 3] bool: the first-token type ([CLS] for encoders, BOS for decoders), [SEP] and punctuation
     (:func:`~headatlas.clark.surface.punct_mask`): the key types of ``cls``, ``sep`` and ``punct``."""
     key = ("surface_key_types", causal)
-    if key not in batch._cache:
+    if batch.recall(key) is None:
         bsz, n = batch.special.shape
         first = batch.special == (SPECIAL_BOS if causal else SPECIAL_CLS)
         punct = punct_mask(batch.piece, batch.special).reshape(bsz, n)  # one call per batch
-        batch._cache[key] = np.stack([first, batch.special == SPECIAL_SEP, punct], -1)
-    return batch._cache[key]
+        batch.keep(key, np.stack([first, batch.special == SPECIAL_SEP, punct], -1))
+    return batch.recall(key)
 
 
 def _keys_per_row(batch: ReduceBatch, dev, causal: bool):
@@ -127,11 +127,11 @@ def _keys_per_row(batch: ReduceBatch, dev, causal: bool):
 def _smooth_offset(batch: ReduceBatch, dev, causal: bool, smoothing: float):
     """[B, 1, n, n] float32 eps / k_i on each row's allowed keys and 1 elsewhere (:func:`row_entropy`; cached)."""
     key = ("surface_offset", str(dev), causal, smoothing)
-    if key not in batch._cache:
+    if batch.recall(key) is None:
         allowed = batch.masks(dev, causal)["allowed"].float()
         k = _keys_per_row(batch, dev, causal)
-        batch._cache[key] = (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None]
-    return batch._cache[key]
+        batch.keep(key, (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None])
+    return batch.recall(key)
 
 
 def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dict:
@@ -140,8 +140,8 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     import torch
 
     key = ("surface", str(dev), causal, smoothing)
-    if key in batch._cache:
-        return batch._cache[key]
+    if batch.recall(key) is not None:
+        return batch.recall(key)
     m = batch.masks(dev, causal)
     valid = m["valid"]
     bsz, n = valid.shape
@@ -194,7 +194,7 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
         "constant": const,
         "defined": defined,
     }
-    batch._cache[key] = out
+    batch.keep(key, out)
     return out
 
 
@@ -216,7 +216,7 @@ def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
     import torch
 
     key = ("surface_typed_keys", causal, str(device))
-    if key not in batch._cache:
+    if batch.recall(key) is None:
         types = key_types(batch, causal)
         hit = types.any(-1)
         m = max(1, int(hit.sum(1).max()) if hit.size else 1)
@@ -226,8 +226,8 @@ def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
         w = np.zeros((len(batch), m, types.shape[-1]), dtype=np.float32)
         pos[b, rank] = j
         w[b, rank] = types[b, j]
-        batch._cache[key] = (torch.as_tensor(pos, device=device), torch.as_tensor(w, device=device))
-    return batch._cache[key]
+        batch.keep(key, (torch.as_tensor(pos, device=device), torch.as_tensor(w, device=device)))
+    return batch.recall(key)
 
 
 def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
@@ -272,6 +272,7 @@ class SurfaceReducer(Reducer):
     table (means over the sequences where a statistic is defined)."""
 
     name = "clark_surface"
+    analysis = "clark_surface"
 
     def __init__(self, smoothing: float = 1e-4):
         self.smoothing = smoothing
@@ -304,14 +305,14 @@ class SurfaceReducer(Reducer):
         import torch
 
         key = ("clark_surface", id(self))
-        done = batch._cache.get(key)
+        done = batch.recall(key)
         if done is None:  # layer -> sums (kept with the batch: replay interleaves batches)
-            done = batch._cache[key] = {}
+            done = batch.keep(key, {})
             self.open += 1
         done[layer] = sums
         if len(done) < self.info.n_layers:
             return
-        del batch._cache[key]
+        batch.forget(key)
         self.open -= 1
         layers, sums = stack_layers(done)
         s = finish(sums, _float_masks(batch, dev, self.info.causal, self.smoothing))
@@ -413,6 +414,7 @@ class JSReducer(Reducer):
     ``n_sequences`` sequences' maps leave the device."""
 
     name = "clark_js"
+    analysis = "clark_surface"
     needs_all_layers = True
 
     def __init__(self, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000):
@@ -450,10 +452,10 @@ class JSReducer(Reducer):
         if not len(wanted):
             return
         key = ("clark_js_rows", id(self))
-        kept = batch._cache.setdefault(key, {})
+        kept = batch.memo(key, dict)
         kept[layer] = view.rows(seqs=wanted)
         if len(kept) == self.info.n_layers:
-            del batch._cache[key]
+            batch.forget(key)
             self._add(torch.cat([kept[i] for i in range(self.info.n_layers)], dim=1), wanted, batch)
 
     def _add(self, stacked, wanted: np.ndarray, batch: ReduceBatch) -> None:
@@ -519,7 +521,4 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
         return []
     s = SurfaceSettings.pick(section)
     c = s.clustering
-    out = [SurfaceReducer(s.smoothing), JSReducer(c.n_segments, c.smoothing, c.max_elements)]
-    for r in out:
-        r.analysis = "clark_surface"
-    return out
+    return [SurfaceReducer(s.smoothing), JSReducer(c.n_segments, c.smoothing, c.max_elements)]

@@ -79,8 +79,8 @@ def batch_units(batch: ReduceBatch, mode: str) -> BatchUnits:
     if mode not in WORD_MODES:
         raise ValueError(f"word_mode must be one of {WORD_MODES}, not {mode!r}")
     key = ("clark_units", mode)
-    if key in batch._cache:
-        return batch._cache[key]
+    if batch.recall(key) is not None:
+        return batch.recall(key)
     per = []
     for b in range(len(batch)):  # per sequence: its own units (token tables, not attention cells)
         m = int(batch.lengths[b])
@@ -114,7 +114,7 @@ def batch_units(batch: ReduceBatch, mode: str) -> BatchUnits:
         word_unit,
         np.array([len(r) for r in rows], dtype=np.int64),
     )
-    batch._cache[key] = out
+    batch.keep(key, out)
     return out
 
 
@@ -132,7 +132,7 @@ def batch_word_maps(attn, batch: ReduceBatch, causal: bool, mode: str):
     """[B, H, U, U] float32 word-level maps of one layer's padded attention (units of :func:`batch_units`;
     padded units are 0). Cached on the batch for the tensor it was made from (one copy per layer, shared by
     the reducers); treat it as read-only."""
-    hit = batch._cache.get(("clark_word_maps", mode))
+    hit = batch.recall(("clark_word_maps", mode))
     if hit is not None and hit[0]() is attn and hit[1] == causal:
         return hit[2]
     units = batch_units(batch, mode)
@@ -140,7 +140,7 @@ def batch_word_maps(attn, batch: ReduceBatch, causal: bool, mode: str):
     frm = _on(units, "frm", units.frm, a.device)[:, None]
     to = _on(units, "to", units.to, a.device)[:, None]
     w = (frm @ a) @ to  # as word_level: (frm @ maps) @ to
-    batch._cache[("clark_word_maps", mode)] = (weakref.ref(attn), causal, w)
+    batch.keep(("clark_word_maps", mode), (weakref.ref(attn), causal, w))
     return w
 
 
@@ -151,13 +151,13 @@ def free_word_maps(view, batch: ReduceBatch, mode: str):
     """:func:`batch_word_maps` without the maps (:class:`~headatlas.core.mapfree.FreeLayer`): the key side
     A.M (M = ``units.to``, the piece -> unit indicator) is the :data:`UNITS` value columns of the layer's
     value pass, the query side the same ``frm`` product. Cached on the batch for the view it was made from."""
-    hit = batch._cache.get(("clark_free_word_maps", mode))
+    hit = batch.recall(("clark_free_word_maps", mode))
     if hit is not None and hit[0]() is view:
         return hit[1]
     units = batch_units(batch, mode)
     am = view.value(UNITS)  # [B, H, n, U]
     w = _on(units, "frm", units.frm, am.device)[:, None] @ am
-    batch._cache[("clark_free_word_maps", mode)] = (weakref.ref(view), w)
+    batch.keep(("clark_free_word_maps", mode), (weakref.ref(view), w))
     return w
 
 
@@ -475,6 +475,7 @@ class HeadPredictionReducer(_WordReducer):
     """Clark's Table 1 input: every head's word-level argmax in both directions (:class:`HeadPredictions`)."""
 
     name = "clark_syntax_heads"
+    analysis = "clark_syntax"
     result_type = HeadPredictions
 
     def start(self, info) -> None:
@@ -521,8 +522,8 @@ class _BatchAnaphors:
 
 def batch_anaphors(batch: ReduceBatch, units: BatchUnits) -> _BatchAnaphors:
     key = ("clark_anaphors", id(units))
-    if key in batch._cache:
-        return batch._cache[key]
+    if batch.recall(key) is not None:
+        return batch.recall(key)
     if batch.records is None:
         raise ValueError("clark_syntax_coref needs the corpus records (mentions and trees) in the feed")
     an = Anaphors([], [], [], [], [], [], [])
@@ -541,7 +542,7 @@ def batch_anaphors(batch: ReduceBatch, units: BatchUnits) -> _BatchAnaphors:
         head_unit[i] = unit_of.get(an.head[i], -1)
         cand[i, [unit_of[w] for w in an.candidates[i].tolist() if w in unit_of]] = True
     out = _BatchAnaphors(np.asarray(seq, dtype=np.int64), np.asarray(an.head, dtype=np.int64), head_unit, cand, per_row)
-    batch._cache[key] = out
+    batch.keep(key, out)
     return out
 
 
@@ -564,8 +565,8 @@ class _AnaphorPieces:
 
 def anaphor_pieces(batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors) -> _AnaphorPieces:
     key = ("clark_anaphor_pieces", id(units))
-    if key in batch._cache:
-        return batch._cache[key]
+    if batch.recall(key) is not None:
+        return batch.recall(key)
     bsz, n = len(batch), batch.n
     per = [[] for _ in range(bsz)]  # per sequence: (token, weight, anaphor) of each head word's pieces
     for a, (b, hu) in enumerate(zip(an.seq.tolist(), an.head_unit.tolist())):  # per anaphor: its few pieces
@@ -581,7 +582,7 @@ def anaphor_pieces(batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors) ->
             query[b, : len(x)], weight[b, : len(x)], anaphor[b, : len(x)] = zip(*x)
     key_unit = np.where(units.to.any(-1), units.to.argmax(-1), 0) if n else np.zeros((bsz, 0), dtype=np.int64)
     out = _AnaphorPieces(query, weight, anaphor, key_unit.astype(np.int64))
-    batch._cache[key] = out
+    batch.keep(key, out)
     return out
 
 
@@ -608,6 +609,7 @@ class CorefReducer(_WordReducer):
     The feed must be given the corpus records (gold mentions and trees)."""
 
     name = "clark_syntax_coref"
+    analysis = "clark_syntax"
     result_type = CorefPredictions
     needs_records = True
 
@@ -678,6 +680,7 @@ class WordMapsReducer(_WordReducer):
     """Every head's word-level maps (:class:`WordMapSet`): what Clark's attention-based probes (Table 3) read."""
 
     name = "clark_syntax_word_maps"
+    analysis = "clark_syntax"
     result_type = WordMapSet
 
     def start(self, info) -> None:

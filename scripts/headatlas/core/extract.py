@@ -1,4 +1,9 @@
-"""Batched attention extraction: tokenise, bucket by length, run the model, store maps."""
+"""Batched attention extraction: tokenise, bucket by length, run the model once, and let reducers write.
+
+One forward loop (:func:`headatlas.core.reduce.forward_loop`) drives every extraction: the stored maps
+(``maps: full``, :class:`~headatlas.core.reduce.LayerMaps` filling the window's buffers), the per-head
+representations (:class:`HeadReps`), the fused statistics of a ``sample`` / ``none`` corpus and its sample's
+maps (:class:`~headatlas.core.reduce.SampleMaps`) are all reducers of one feed."""
 
 from __future__ import annotations
 
@@ -9,19 +14,32 @@ import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .align import encode_record
-from .batching import length_batches, model_inputs, storage_windows
+from .batching import length_batches, model_inputs, storage_windows  # noqa: F401  (model_inputs: importable here)
 from .data import Counts, Record, TokenizedRecord
 from .figures import head_label
-from .mapfree import longest_of, open_feed
+from .mapfree import PATHS, longest_of
 from .models import ModelError, ModelSpec, architecture, decoder_bos, model_kind, package_versions
 from .progress import Progress
-from .reduce import FeedInfo, ReduceBatch, SampleMaps, save_reduced
+from .reduce import (  # noqa: F401  (check_attentions: importable here)
+    FeedInfo,
+    FusedFeed,
+    LayerMaps,
+    Needs,
+    ReduceBatch,
+    Reducer,
+    SampleMaps,
+    check_attentions,
+    forward_loop,
+    open_feed,
+    save_reduced,
+)
 from .store import AttentionWriter, map_faults, row_sum_tolerance
 
 log = logging.getLogger("headatlas.core.extract")
@@ -62,22 +80,6 @@ def tokenize_records(
     return out, counts
 
 
-def check_attentions(attentions, n_layers: int, n_heads: int, model_name: str) -> None:
-    if not attentions:
-        raise ModelError(
-            f"model {model_name!r} returned no attention probabilities; it must be loaded with "
-            "attn_implementation='eager' and support output_attentions"
-        )
-    if len(attentions) != n_layers:
-        raise ModelError(f"model {model_name!r} returned attention for {len(attentions)} layers, expected {n_layers}")
-    for layer, a in enumerate(attentions):
-        if a is None or a.dim() != 4 or a.shape[1] != n_heads:
-            shape = None if a is None else tuple(a.shape)
-            raise ModelError(
-                f"model {model_name!r}: layer {layer + 1} attention has shape {shape}, expected [batch, {n_heads}, n, n]"
-            )
-
-
 def _head_output(model_type: str, name: str = "") -> re.Pattern:
     """The model type's head-output path (ARCHITECTURES) as a regex; group 1 = layer (or group) index."""
     path = architecture(model_type, name).head_output
@@ -104,74 +106,71 @@ def head_output_modules(model, n_layers: int, name: str = "") -> list:
     return [found[i * n_mod // n_layers] for i in range(n_layers)]
 
 
-def rep_positions(batch: Sequence[TokenizedRecord], kind: str, position: str) -> np.ndarray:
-    """Where a sequence's per-head representation is read: [CLS] (0) for encoders; for
+def rep_positions(lengths: np.ndarray, kind: str, position: str) -> np.ndarray:
+    """Where a sequence of ``lengths`` tokens has its per-head representation read: [CLS] (0) for encoders; for
     decoders the last real token, or one past it ('past_last', the reference code's choice)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     if kind == "encoder":
-        return np.zeros(len(batch), dtype=np.int64)
-    lengths = np.array([len(t) for t in batch])
+        return np.zeros(len(lengths), dtype=np.int64)
     return lengths if position == "past_last" else lengths - 1
 
 
-def forward_batches(
-    model,
-    tokenized: Sequence[TokenizedRecord],
-    batch_size: int,
-    n_layers: int,
-    n_heads: int,
-    name: str,
-    pad_id: int,
-    attentions: bool = True,
-    reps: bool = False,
-    kind: str = "encoder",
-    rep_position: str = "last",
-    before=None,
-) -> Iterator[tuple[np.ndarray, list[np.ndarray] | None, tuple[list[np.ndarray], list[np.ndarray]] | None]]:
-    """Yield (positions, per-layer [B, H, N, N] maps or None, (per-layer [B, H, d] head vectors,
-    per-layer [B, D] hidden states) or None) for length-bucketed batches. ``before(positions)`` is called
-    before each forward pass (a fused feed sets its batch there)."""
-    import torch
+class HeadReps(Reducer):
+    """Not a statistic: each sequence's per-head context vectors (the input of every layer's attention output
+    projection, :func:`head_output_modules`, read by forward pre-hooks) and hidden states (the model's output)
+    at its representation position (:func:`rep_positions`), handed per batch to ``sink(batch, heads, hidden)``:
+    per layer [B, H, d] and [B, D] float32 numpy. Served by either feed (the hooks read whatever attention ran)."""
 
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
-    device = next(model.parameters()).device
-    captured: list = []
-    hooks = []
-    if reps:
+    name = "head_reps"
+    needs_outputs = True
+    needs_maps = False
 
-        def hook(module, args):
-            captured.append(args[0])
+    def __init__(self, model, kind: str, rep_position: str, sink):
+        self.model, self.kind, self.rep_position, self.sink = model, kind, rep_position, sink
+        self.hooks: list = []
+        self.captured: list = []
 
+    def start(self, info: FeedInfo) -> None:
+        super().start(info)
+        modules = head_output_modules(self.model, info.n_layers, info.model)
         # called in layer order; a module shared by several layers (ALBERT) once per layer
-        hooks = [m.register_forward_pre_hook(hook) for m in dict.fromkeys(head_output_modules(model, n_layers, name))]
-    extra = pad_id if (reps and kind == "decoder" and rep_position == "past_last") else None
-    try:
-        with torch.inference_mode():
-            for pos in length_batches([len(t) for t in tokenized], batch_size):
-                batch = [tokenized[p] for p in pos]
-                inputs = model_inputs(batch, use_types, pad_id, device, extra_token=extra)
-                if before is not None:
-                    before(pos)
-                captured.clear()
-                out = model(**inputs, output_attentions=attentions, output_hidden_states=reps)
-                maps = None
-                if attentions:
-                    check_attentions(out.attentions, n_layers, n_heads, name)
-                    maps = [a.float().cpu().numpy() for a in out.attentions]
-                vectors = None
-                if reps:
-                    if len(captured) != n_layers:
-                        raise ModelError(
-                            f"model {name!r}: the attention output projection ran {len(captured)} times, expected {n_layers}"
-                        )
-                    at = torch.as_tensor(rep_positions(batch, kind, rep_position), device=device)
-                    rows = torch.arange(len(batch), device=device)
-                    heads = [c[rows, at].reshape(len(batch), n_heads, -1).float().cpu().numpy() for c in captured]
-                    hidden = [h[rows, at].float().cpu().numpy() for h in out.hidden_states[1:]]
-                    vectors = (heads, hidden)
-                yield pos, maps, vectors
-    finally:
-        for h in hooks:
+        self.hooks = [m.register_forward_pre_hook(self._capture) for m in dict.fromkeys(modules)]
+
+    def _capture(self, module, args) -> None:
+        self.captured.append(args[0])
+
+    def stop(self) -> None:
+        for h in self.hooks:
             h.remove()
+        self.hooks, self.captured = [], []
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        pass
+
+    def mapfree_needs(self, batch: ReduceBatch, causal: bool) -> Needs:
+        return Needs()
+
+    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+        pass
+
+    def update_outputs(self, outputs, batch: ReduceBatch) -> None:
+        import torch
+
+        captured, self.captured = self.captured, []
+        info = self.info
+        if len(captured) != info.n_layers:
+            raise ModelError(
+                f"model {info.model!r}: the attention output projection ran {len(captured)} times, expected {info.n_layers}"
+            )
+        device = captured[0].device
+        at = torch.as_tensor(rep_positions(batch.lengths, self.kind, self.rep_position), device=device)
+        rows = torch.arange(len(batch), device=device)
+        heads = [c[rows, at].reshape(len(batch), info.n_heads, -1).float().cpu().numpy() for c in captured]
+        hidden = [h[rows, at].float().cpu().numpy() for h in outputs.hidden_states[1:]]
+        self.sink(batch, heads, hidden)
+
+    def result(self):
+        return None
 
 
 def model_shape(config) -> tuple[int, int]:
@@ -186,6 +185,118 @@ def rep_shapes(model, n_layers: int, n_heads: int) -> tuple[int, int]:
     return width // n_heads, int(model.config.hidden_size)
 
 
+class StoreWindow:
+    """The stored maps and representations of one window of consecutive sequences (:meth:`open`), filled by
+    writer reducers of the extraction's feed (:meth:`reducers`: :class:`~headatlas.core.reduce.LayerMaps` and
+    :class:`HeadReps`) and written as one block per layer (:meth:`write` of what :meth:`take` hands over,
+    in a background thread while the next window is computed). Each map is checked at the source: a model
+    whose maps are not distributions (within ``tol``) fails naming the head, record and row."""
+
+    def __init__(self, writer: AttentionWriter, model_name: str, ids: Sequence[str], tol: float):
+        self.writer, self.model_name, self.ids, self.tol = writer, model_name, ids, tol
+        self.n_layers, self.n_heads, self.dtype, self.lengths = (
+            writer.n_layers,
+            writer.n_heads,
+            writer.dtype,
+            writer.lengths,
+        )
+        self.maps, self.reps = writer.store_maps, writer.rep_shapes
+        self.buf: dict = {}
+
+    def reducers(self, model, kind: str, rep_position: str) -> list:
+        return ([LayerMaps(self.put_maps)] if self.maps else []) + (
+            [HeadReps(model, kind, rep_position, self.put_reps)] if self.reps else []
+        )
+
+    def open(self, start: int, stop: int) -> None:
+        cells = self.writer.cell_offsets[start : stop + 1] - self.writer.cell_offsets[start]
+        L, H = self.n_layers, self.n_heads
+        self.buf = {"start": start, "stop": stop, "cells": cells}
+        if self.maps:
+            self.buf["maps"] = [np.empty((H, int(cells[-1])), dtype=self.dtype) for _ in range(L)]
+        if self.reps:
+            d, dim = self.reps
+            self.buf["heads"] = [np.empty((stop - start, H, d), dtype=np.float32) for _ in range(L)]
+            self.buf["hidden"] = [np.empty((stop - start, dim), dtype=np.float32) for _ in range(L)]
+
+    def put_maps(self, layer: int, attn, batch: ReduceBatch) -> None:
+        a = attn.float().cpu().numpy()
+        off, buf = self.buf["cells"], self.buf["maps"][layer]
+        for b, p in enumerate((batch.seq - self.buf["start"]).tolist()):
+            n = int(batch.lengths[b])
+            buf[:, off[p] : off[p + 1]] = a[b, :, :n, :n].reshape(self.n_heads, n * n)
+
+    def put_reps(self, batch: ReduceBatch, heads: list, hidden: list) -> None:
+        pos = batch.seq - self.buf["start"]
+        for layer in range(self.n_layers):
+            self.buf["heads"][layer][pos] = heads[layer]
+            self.buf["hidden"][layer][pos] = hidden[layer]
+
+    def take(self) -> dict:
+        buf, self.buf = self.buf, {}
+        return buf
+
+    def write(self, buf: dict) -> None:
+        start, stop = buf["start"], buf["stop"]
+        for layer in range(self.n_layers):
+            if self.maps:
+                # the readers' value check, at the source: a model whose maps are not distributions fails here
+                for head, k, q, what in map_faults(buf["maps"][layer], self.lengths[start:stop], self.tol):
+                    raise ModelError(
+                        f"model {self.model_name!r}: head {head_label(layer, head)}, record {self.ids[start + k]}, query row {q}: attention {what}"
+                    )
+                self.writer.write_cells(start, stop, layer, buf["maps"][layer])
+            if self.reps:
+                self.writer.write_reps(np.arange(start, stop), layer, buf["heads"][layer], buf["hidden"][layer])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtractSettings:
+    """How an extraction runs and what it stores (the workflow's ``extraction_params``): the stored maps' dtype,
+    what happens to a record longer than the model's max_length (``overflow``: skip | truncate), whether every
+    map (``maps``) and the per-head representations (``reps``, read at ``rep_position``: last | past_last for
+    decoders) are stored, the bytes of maps buffered per write window, and the attention path of a fused
+    extraction (auto | eager | mapfree, :func:`headatlas.core.mapfree.plan_feed`)."""
+
+    storage_dtype: str = "float32"
+    overflow: str = "skip"
+    maps: bool = True
+    reps: bool = True
+    rep_position: str = "last"
+    buffer_bytes: int = 64 * 2**20
+    attention: str = "auto"
+
+    def __post_init__(self):
+        if self.rep_position not in ("last", "past_last"):
+            raise ValueError(f"rep_position must be 'last' or 'past_last', not {self.rep_position!r}")
+        if self.attention not in PATHS:
+            raise ValueError(f"attention path must be one of {PATHS}, not {self.attention!r}")
+
+
+def store_meta(
+    meta: dict, spec: ModelSpec, config, tokenizer, kind: str, bos, counts: Counts, s: ExtractSettings, sampled: bool
+) -> dict:
+    """The store's metadata (meta.json): ``meta`` and what the extraction was run with."""
+    return dict(
+        meta,
+        model=spec.name,
+        source=spec.source,
+        model_kind=kind,
+        model_type=config.model_type,
+        compute_dtype=spec.dtype,
+        max_length=spec.max_length,
+        overflow=s.overflow,
+        tokenizer=type(tokenizer).__name__,
+        bos_id=bos,
+        counts=counts.values,
+        versions=package_versions(),
+        maps=s.maps,
+        maps_mode="full" if s.maps else ("sample" if sampled else "none"),
+        reps=s.reps,
+        rep_position=("cls" if kind == "encoder" else s.rep_position) if s.reps else None,
+    )
+
+
 def extract(
     records: Sequence[Record],
     spec: ModelSpec,
@@ -193,44 +304,35 @@ def extract(
     tokenizer,
     config,
     out_dir: str | Path,
-    storage_dtype: str = "float32",
-    overflow: str = "skip",
+    settings: ExtractSettings = ExtractSettings(),
     first_index: int = 0,
     meta: dict | None = None,
-    maps: bool = True,
-    reps: bool = True,
-    rep_position: str = "last",
-    buffer_bytes: int = 64 * 2**20,
-    reducers: Sequence | None = None,
+    reducers: Sequence[Reducer] | None = None,
     sample: Sequence[int] | None = None,
     corpus_records: Sequence[Record] | None = None,
-    attention: str = "auto",
 ) -> Counts:
-    """Extract and store the attention maps (``maps``) and per-head representations
-    (``reps``) of ``records`` (one shard) for one model.
+    """Extract ``records`` (one shard, the first of them record ``first_index`` of the corpus) for one model
+    into the store ``out_dir``, which appears only when complete: the attention maps and per-head
+    representations as ``settings`` say (:class:`ExtractSettings`), ``meta`` in the store's metadata.
 
-    Sequences are processed in windows of consecutive records whose maps fit in
-    ``buffer_bytes``; within a window, batches are bucketed by length.
-
-    Fused (``reducers`` given, ``maps`` off): the same forward pass also feeds every layer's attention to
-    ``reducers`` (:class:`headatlas.core.reduce.FusedFeed`, or without maps when every reducer has a map-free
-    form and no sample is kept: :func:`headatlas.core.mapfree.plan_feed`) and writes their results to ``reduced/<name>.h5``,
-    and the maps of the sequences of the records ``sample`` (corpus record indices; None: no sample) to
-    the nested store ``sample/``; all inside the output directory, which appears only when complete.
-    ``corpus_records`` (the whole corpus, indexed by record index, with the trees the reducers use)
-    reach the reducers; default ``records``. ``attention``: the feed's path (auto | eager | mapfree,
-    :func:`headatlas.core.mapfree.plan_feed`)."""
-    if rep_position not in ("last", "past_last"):
-        raise ValueError(f"rep_position must be 'last' or 'past_last', not {rep_position!r}")
+    One forward pass per batch feeds every reducer (:func:`headatlas.core.reduce.forward_loop`): the stored maps
+    and representations (written per window of consecutive records whose maps fit ``settings.buffer_bytes``;
+    within a window, batches are bucketed by length) and, fused (``reducers`` given, ``maps`` off), the
+    statistics of ``reducers`` (:class:`~headatlas.core.reduce.FusedFeed`, or without maps when every reducer
+    has a map-free form and ``settings.attention`` allows it, :func:`headatlas.core.mapfree.plan_feed`), saved
+    as ``reduced/<name>.h5``, and the maps of the sequences of the records ``sample`` (corpus record indices;
+    None: no sample) in the nested store ``sample/``. ``corpus_records`` (the whole corpus, indexed by record
+    index, with the trees the reducers use) reach the reducers; default ``records``."""
+    s = settings
     fused = reducers is not None
-    if fused and maps:
+    if fused and s.maps:
         raise ValueError("a fused extraction stores no full maps: maps must be off (maps: sample or none)")
-    if not (maps or reps or fused):
+    if not (s.maps or s.reps or fused):
         raise ValueError("nothing to extract: maps and reps are both off")
     t0 = time.perf_counter()
     kind = model_kind(config, spec)
     bos = decoder_bos(tokenizer, config, spec)
-    tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, overflow, bos, first_index)
+    tokenized, counts = tokenize_records(records, tokenizer, kind, spec.max_length, s.overflow, bos, first_index)
     log.info(
         "model %s: %d records, %d sequences, %d skipped (longer than %d tokens), %d truncated",
         spec.name,
@@ -248,59 +350,21 @@ def extract(
         log.warning("model %s: no record in this shard; writing an empty store", spec.name)
     n_layers, n_heads = model_shape(config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    full_meta = dict(
-        meta or {},
-        model=spec.name,
-        source=spec.source,
-        model_kind=kind,
-        model_type=config.model_type,
-        compute_dtype=spec.dtype,
-        max_length=spec.max_length,
-        overflow=overflow,
-        tokenizer=type(tokenizer).__name__,
-        bos_id=bos,
-        counts=counts.values,
-        versions=package_versions(),
-        maps=maps,
-        maps_mode="full" if maps else ("sample" if sample is not None else "none"),
-        reps=reps,
-        rep_position=("cls" if kind == "encoder" else rep_position) if reps else None,
-    )
+    m = meta or {}
+    full_meta = store_meta(m, spec, config, tokenizer, kind, bos, counts, s, sample is not None)
     ids = [records[t.record_index - first_index].id for t in tokenized]
-    shapes = rep_shapes(model, n_layers, n_heads) if reps else None
+    shapes = rep_shapes(model, n_layers, n_heads) if s.reps else None
     lengths = np.array([len(t) for t in tokenized])
-    store_dtype = np.dtype(storage_dtype)
+    store_dtype = np.dtype(s.storage_dtype)
     tol = row_sum_tolerance({"storage_dtype": str(store_dtype), "compute_dtype": spec.dtype})
-
-    def write_window(writer, start, stop, buf, head_buf, hidden_buf):
-        for layer in range(n_layers):
-            if maps:
-                # the readers' value check, at the source: a model whose maps are not distributions fails here
-                for head, k, q, what in map_faults(buf[layer], lengths[start:stop], tol):
-                    raise ModelError(
-                        f"model {spec.name!r}: head {head_label(layer, head)}, record {ids[start + k]}, query row {q}: attention {what}"
-                    )
-                writer.write_cells(start, stop, layer, buf[layer])
-            if reps:
-                writer.write_reps(np.arange(start, stop), layer, head_buf[layer], hidden_buf[layer])
-
-    head_buf = hidden_buf = None
-    feed = None
-    if fused:
-        if corpus_records is None:
-            corpus_records = [None] * first_index + list(records)
-        info = FeedInfo(
-            len(tokenized),
-            n_layers,
-            n_heads,
-            spec.name,
-            kind,
-            (meta or {}).get("corpus", ""),
-            np.asarray(ids),
-            first_index,
-        )
+    if corpus_records is None:
+        corpus_records = [None] * first_index + list(records)
+    info = FeedInfo(
+        len(tokenized), n_layers, n_heads, spec.name, kind, m.get("corpus", ""), np.asarray(ids), first_index
+    )
     # A window is written by a background thread while the next one is computed (at most one
     # write in flight, so two windows in memory); the writer's exit still sees every write.
+    cell_bytes = n_layers * n_heads * store_dtype.itemsize
     map_layout = "lower" if kind == "decoder" else "full"  # causal maps: their lower triangle (also the sample's)
     with (
         AttentionWriter(
@@ -309,102 +373,62 @@ def extract(
             ids,
             n_layers,
             n_heads,
-            storage_dtype,
+            s.storage_dtype,
             full_meta,
-            maps=maps,
+            maps=s.maps,
             rep_shapes=shapes,
             map_layout=map_layout,
         ) as writer,
         ThreadPoolExecutor(1) as io,
         contextlib.ExitStack() as stack,
     ):
-        if fused:
-            keep = []
-            if sample is not None:
-                keep_pos = np.flatnonzero(
-                    np.isin([t.record_index for t in tokenized], np.asarray(sample, dtype=np.int64))
+        keep = []
+        if fused and sample is not None:
+            keep_pos = np.flatnonzero(np.isin([t.record_index for t in tokenized], np.asarray(sample, dtype=np.int64)))
+            sample_writer = stack.enter_context(
+                AttentionWriter(
+                    writer.tmp / "sample",
+                    [tokenized[k] for k in keep_pos],
+                    [ids[k] for k in keep_pos],
+                    n_layers,
+                    n_heads,
+                    s.storage_dtype,
+                    dict(
+                        full_meta, maps=True, maps_mode="full", sample_of=len(tokenized), reps=False, rep_position=None
+                    ),
+                    maps=True,
+                    map_layout=map_layout,
                 )
-                sample_writer = stack.enter_context(
-                    AttentionWriter(
-                        writer.tmp / "sample",
-                        [tokenized[k] for k in keep_pos],
-                        [ids[k] for k in keep_pos],
-                        n_layers,
-                        n_heads,
-                        storage_dtype,
-                        dict(
-                            full_meta,
-                            maps=True,
-                            maps_mode="full",
-                            sample_of=len(tokenized),
-                            reps=False,
-                            rep_position=None,
-                        ),
-                        maps=True,
-                        map_layout=map_layout,
-                    )
-                )
-                keep = [SampleMaps(keep_pos, sample_writer, tol)]
-            feed = stack.enter_context(open_feed(model, list(reducers) + keep, info, longest_of(tokenized), attention))
-        m = meta or {}  # progress names the model, the corpus and (when split) the shard
-        shard = f"shard{m['shard']}of{m['n_shards']}" if m.get("n_shards", 1) > 1 else ""
-        what = " ".join(filter(None, ["extract", spec.name, m.get("corpus"), shard]))
-        pending, done = None, Progress(int(lengths.sum()), what, "tokens")
-        for start, stop in storage_windows(lengths, n_layers * n_heads * store_dtype.itemsize, buffer_bytes):
-            # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
-            window = tokenized[start:stop]
-            cell_off = writer.cell_offsets[start : stop + 1] - writer.cell_offsets[start]
-            buf = [np.empty((n_heads, int(cell_off[-1])), dtype=store_dtype) for _ in range(n_layers)] if maps else None
-            if reps:
-                head_buf = [np.empty((stop - start, n_heads, shapes[0]), dtype=np.float32) for _ in range(n_layers)]
-                hidden_buf = [np.empty((stop - start, shapes[1]), dtype=np.float32) for _ in range(n_layers)]
-            before = None
-            if feed is not None:
-
-                def before(pos, start=start):
-                    feed.begin(ReduceBatch.from_tokenized(tokenized, start + pos, corpus_records))
-
-            batches = forward_batches(
-                model,
-                window,
-                spec.batch_size,
-                n_layers,
-                n_heads,
-                spec.name,
-                pad_id,
-                maps,
-                reps,
-                kind,
-                rep_position,
-                before,
             )
-            for pos, layers, vectors in done.iter(batches, lambda b, s=start: lengths[s + b[0]].sum()):
-                if feed is not None:
-                    feed.end()
-                for layer in range(n_layers):
-                    if maps:
-                        for b, p in enumerate(pos):
-                            n = int(lengths[start + p])
-                            buf[layer][:, cell_off[p] : cell_off[p + 1]] = layers[layer][b, :, :n, :n].reshape(
-                                n_heads, n * n
-                            )
-                    if reps:
-                        head_buf[layer][pos] = vectors[0][layer]
-                        hidden_buf[layer][pos] = vectors[1][layer]
+            keep = [SampleMaps(keep_pos, sample_writer, tol)]
+        window = StoreWindow(writer, spec.name, ids, tol)
+        writers = window.reducers(model, kind, s.rep_position)  # the stored maps and representations
+        if fused:  # the statistics on the cheapest path that serves them (plan_feed)
+            feed = open_feed(model, writers + list(reducers) + keep, info, longest_of(tokenized), s.attention)
+        else:  # the model as loaded; the stored maps from its output, as transformers returns them for every type
+            feed = FusedFeed(model, writers, info, source="outputs")
+        stack.enter_context(feed)
+        extra = pad_id if (s.reps and kind == "decoder" and s.rep_position == "past_last") else None
+        shard = f"shard{m['shard']}of{m['n_shards']}" if m.get("n_shards", 1) > 1 else ""
+        what = " ".join(filter(None, ["extract", spec.name, m.get("corpus"), shard]))  # the model, corpus, shard
+        pending, done = None, Progress(int(lengths.sum()), what, "tokens")
+        for start, stop in storage_windows(lengths, cell_bytes, s.buffer_bytes):
+            # one window of consecutive sequences is bucketed by length, run, and written as one block per layer
+            window.open(start, stop)
+            batches = [start + pos for pos in length_batches(lengths[start:stop], spec.batch_size)]
+            for _ in done.iter(forward_loop(model, tokenized, batches, feed, corpus_records, pad_id, extra),
+                               lambda pos: lengths[pos].sum()):  # fmt: skip
+                pass
             if pending is not None:
                 pending.result()
-            pending = io.submit(write_window, writer, start, stop, buf, head_buf, hidden_buf)
+            pending = io.submit(window.write, window.take())
         if pending is not None:
             pending.result()
-        if feed is not None:
-            for r, result in zip(reducers, feed.results()):
-                save_reduced(
-                    writer.tmp,
-                    r,
-                    result,
-                    {"model": spec.name, "corpus": info.corpus, "shard": (meta or {}).get("shard")},
-                )
-    n_tok = sum(len(t) for t in tokenized)
+        for r in reducers or []:
+            save_reduced(
+                writer.tmp, r, r.result(), {"model": spec.name, "corpus": info.corpus, "shard": m.get("shard")}
+            )
+    n_tok = int(lengths.sum())
     dt = time.perf_counter() - t0
     log.info(
         "model %s: stored %d layers x %d heads for %d tokens in %.1f s (%.0f tokens/s)",

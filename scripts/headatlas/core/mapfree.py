@@ -19,23 +19,29 @@ with ``set_attn_implementation`` while a :class:`MapFreeFeed` is open and back t
 A reducer has a map-free form when it defines ``mapfree_needs(batch, causal) -> Needs`` and
 ``update_free(layer, view: FreeLayer, batch)``; one that needs whole rows says why in ``full_rows``.
 :func:`plan_feed` picks the map-free feed when every reducer has a map-free form and the model type's score is
-bilinear (:func:`mapfree_support`), else the eager :class:`~headatlas.core.reduce.FusedFeed` (the reference),
-and says which and why once in the log.
+bilinear (:func:`mapfree_support`), else the eager :class:`~headatlas.core.reduce.FusedFeed` (the reference);
+:func:`headatlas.core.reduce.open_feed` opens the one it picks and says which and why once in the log.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from .models import ModelError
-from .reduce import FeedInfo, FusedFeed, ReduceBatch, ReduceError, Reducer, _fail, release_scratch
-
-log = logging.getLogger("headatlas.core.mapfree")
+from .models import ARCHITECTURES, ModelError
+from .reducer import (  # noqa: F401  (Needs: importable from here as before)
+    FeedInfo,
+    Needs,
+    ReduceBatch,
+    ReduceError,
+    Reducer,
+    feed_outputs,
+    reducer_failure,
+    release_scratch,
+    stop_all,
+)
 
 MAPFREE = "headatlas_mapfree"  # the attention implementation's name in transformers' registries
 
@@ -65,8 +71,6 @@ def mapfree_support(config, longest: int = 0) -> str | None:
 
 def mapfree_markdown() -> str:
     """The map-free column of the architecture table (docs/mapfree.md; tests/test_mapfree.py checks both)."""
-    from .models import ARCHITECTURES
-
     lines = ["| model type | map-free |", "|---|---|"]
     for mt in ARCHITECTURES:
         why = NOT_MAPFREE.get(mt)
@@ -175,18 +179,6 @@ def register() -> None:
 
 
 # --- what reducers declare and receive --------------------------------------------------------------------------
-
-
-@dataclass
-class Needs:
-    """What a map-free reducer needs beyond q, k and LSE on one batch: ``entropy`` (a pass with K as values),
-    ``values`` (name -> [B, n, c] key columns: (A.m)_i) and ``lower`` (the same over keys j <= i only). Names
-    are shared between reducers (the same name must mean the same columns): a column is computed once."""
-
-    entropy: bool = False
-    values: dict = field(default_factory=dict)
-    lower: dict = field(default_factory=dict)
-    targets: dict = field(default_factory=dict)  # name -> [B, n] key of each query (-1: none): FreeLayer.target
 
 
 def offset_target(batch: ReduceBatch, offset: int) -> np.ndarray:
@@ -393,6 +385,7 @@ class MapFreeFeed:
         self.model, self.reducers, self.info = model, list(reducers), info
         self.batch, self.calls, self.plan = None, 0, None
         self.previous = None
+        self.forward_kwargs = {"output_hidden_states": True} if any(r.needs_outputs for r in self.reducers) else {}
 
     def __enter__(self):
         register()
@@ -483,13 +476,16 @@ class MapFreeFeed:
             except ReduceError:
                 raise
             except Exception as e:
-                raise _fail(r, info, batch, layer, e) from e
+                raise reducer_failure(r, info, batch, layer, e) from e
 
-    def end(self) -> None:
+    def end(self, outputs=None) -> None:
+        """After the batch's forward pass; ``outputs``: the model's output (for reducers that read it)."""
         if self.batch is not None and self.calls != self.info.n_layers:
             raise ModelError(
                 f"model {self.info.model!r}: the map-free attention ran {self.calls} times for {self.info.n_layers} layers"
             )
+        if self.batch is not None:
+            feed_outputs(self.reducers, self.info, outputs, self.batch)
         self.batch, self.plan = None, None
 
     def results(self) -> list:
@@ -501,6 +497,7 @@ class MapFreeFeed:
         if self.previous is not None:
             self.model.set_attn_implementation(self.previous)
         self.batch = None
+        stop_all(self.reducers)
         release_scratch()
         return False
 
@@ -533,13 +530,6 @@ def plan_feed(model, reducers: Sequence[Reducer], longest: int = 0, path: str = 
     if path == "mapfree":
         raise ModelError(f"model type {model.config.model_type}: cannot run map-free: {why}")
     return "eager", why
-
-
-def open_feed(model, reducers: Sequence[Reducer], info: FeedInfo, longest: int = 0, path: str = "auto"):
-    """The feed :func:`plan_feed` picks, as a context manager; the choice and its reason go to the log once."""
-    kind, why = plan_feed(model, reducers, longest, path)
-    log.info("model %s, corpus %s: %s attention (%s)", info.model or "?", info.corpus or "?", kind, why)
-    return (MapFreeFeed if kind == "mapfree" else FusedFeed)(model, reducers, info)
 
 
 def longest_of(tokenized) -> int:

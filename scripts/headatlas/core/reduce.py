@@ -12,17 +12,24 @@ layer's maps with every cell outside a real query's visible keys set to 0 (one c
 and :meth:`ReduceBatch.masks` the boolean masks; the tests fill padding with garbage to make sure it never
 leaks.
 
+The base types (:class:`Reducer`, :class:`ReduceBatch` with its memo, :class:`FeedInfo`, :func:`scratch`,
+:func:`clean_maps`) live in :mod:`headatlas.core.reducer` and are importable from here.
+
 Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`feed_layer`):
 
 - :func:`replay` reads a stored store in windows of consecutive sequences that fit a byte budget, buckets
   each window by length, and builds the padded tensor per layer;
-- :func:`fused_reduce` runs the model with forward hooks on its attention modules (the modules transformers
-  itself records ``attentions`` from, ``_can_record_outputs``; for a model without them, e.g. MPNet, the
-  architecture table's ``attention`` module, asked alone for its probabilities, which the hook strips from
-  its output again), without ``output_attentions``: each
-  layer's probabilities go to the reducers as soon as they exist and are dropped after, so at most one
-  layer's maps are alive (reducers with ``needs_all_layers = True`` get all layers of the batch at the end
-  of its forward pass, which keeps them alive for that batch: say so where it matters).
+- :func:`forward_loop`, the one forward loop of every extraction (:func:`fused_reduce`,
+  :func:`headatlas.core.extract.extract`, :func:`bare_forward`), runs the model batch by batch inside a feed:
+  :class:`FusedFeed` with forward hooks on its attention modules (the modules transformers itself records
+  ``attentions`` from, ``_can_record_outputs``; for a model without them, e.g. MPNet, the architecture
+  table's ``attention`` module, asked alone for its probabilities, which the hook strips from its output
+  again), without ``output_attentions``: each layer's probabilities go to the reducers as soon as they exist
+  and are dropped after, so at most one layer's maps are alive (reducers with ``needs_all_layers = True`` get
+  all layers of the batch at the end of its forward pass, which keeps them alive for that batch: say so where
+  it matters); or the map-free feed (:mod:`headatlas.core.mapfree`, chosen by :func:`open_feed`). What an
+  extraction stores is written by reducers of the same feed (:class:`LayerMaps`, :class:`SampleMaps`,
+  :class:`headatlas.core.extract.HeadReps`).
 
 A reducer that fails raises :class:`ReduceError` naming the analysis, reducer, model, corpus and sequences.
 
@@ -37,218 +44,44 @@ stored maps.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
-import math
+import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from .batching import length_batches, model_inputs, storage_windows
-from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, Record, TokenizedRecord
+from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP, Record, TokenizedRecord
 from .figures import head_label
+from .integrity import IntegrityError, check_values
+from .io import atomic_path, compressed
+from .mapfree import MapFreeFeed, longest_of, plan_feed
+from .models import ARCHITECTURES, ModelError, architecture_module
 from .progress import progress
+from .reducer import (  # noqa: F401  (the base types, importable from here as before)
+    PAD_SPECIAL,
+    FeedInfo,
+    Needs,
+    ReduceBatch,
+    ReduceError,
+    Reducer,
+    clean_maps,
+    feed_all,
+    feed_layer,
+    feed_outputs,
+    layer_cache,
+    release_scratch,
+    scratch,
+    stop_all,
+)
+from .store import NESTED, AttentionStore, map_faults, reduced_problem
 
-PAD_SPECIAL = -1  # special kind of padded positions in a ReduceBatch (matches no SPECIAL_* kind)
+log = logging.getLogger("headatlas.core.reduce")
+
 REDUCED_DIR = "reduced"  # <store>/reduced/<reducer name>.h5: the results of a fused corpus
-
-
-class ReduceError(RuntimeError):
-    """A reducer failed; the message names the reducer, model, corpus and sequences."""
-
-
-@dataclass(frozen=True)
-class FeedInfo:
-    """What a reducer learns before the first batch."""
-
-    n_sequences: int
-    n_layers: int
-    n_heads: int
-    model: str = ""
-    model_kind: str = "encoder"  # encoder | decoder (causal mask)
-    corpus: str = ""
-    record_id: np.ndarray | None = None  # [N] ids of the sequences, in feed order
-    first_index: int = 0  # records of the corpus before this feed (a shard's start), for reducers over a prefix
-
-    @property
-    def causal(self) -> bool:
-        return self.model_kind == "decoder"
-
-
-@dataclass(frozen=True)
-class ReduceBatch:
-    """The token table of one batch of sequences, right-padded to ``n`` = the longest.
-
-    ``seq`` are the sequences' indices in the feed (store order / position in the tokenized list);
-    token arrays are [B, n] numpy, padded with word -1, special :data:`PAD_SPECIAL`, segment 0, piece ''.
-    ``records`` holds each sequence's corpus record (gold trees, coreference chains) when the feed was given
-    the corpus, else None.
-    """
-
-    seq: np.ndarray
-    lengths: np.ndarray
-    word: np.ndarray
-    special: np.ndarray
-    segment: np.ndarray
-    piece: np.ndarray
-    record_index: np.ndarray
-    n_words: np.ndarray
-    records: tuple[Record, ...] | None = None
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self):
-        b = len(self.seq)
-        for name in ("word", "special", "segment", "piece"):
-            if getattr(self, name).shape != (b, self.n):
-                raise ValueError(f"ReduceBatch: {name} has shape {getattr(self, name).shape}, expected {(b, self.n)}")
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    @functools.cached_property
-    def n(self) -> int:
-        return int(self.lengths.max()) if len(self.lengths) else 0
-
-    @classmethod
-    def from_rows(
-        cls, seq, rows: Sequence[dict], record_index, n_words, records: Sequence[Record] | None = None
-    ) -> "ReduceBatch":
-        """Pad per-sequence token rows (dicts of word, special, segment, piece arrays)."""
-        lengths = np.array([len(r["word"]) for r in rows], dtype=np.int64)
-        n = int(lengths.max()) if len(rows) else 0
-        arrays = {
-            "word": (-1, np.int64),
-            "special": (PAD_SPECIAL, np.int64),
-            "segment": (0, np.int64),
-            "piece": ("", object),
-        }
-        out = {}
-        for name, (fill, dtype) in arrays.items():
-            a = np.full((len(rows), n), fill, dtype=dtype)
-            for b, r in enumerate(rows):
-                a[b, : lengths[b]] = r[name]
-            out[name] = a
-        record_index = np.asarray(record_index, dtype=np.int64)
-        recs = None if records is None else tuple(records[int(i)] for i in record_index)
-        return cls(
-            np.asarray(seq, dtype=np.int64),
-            lengths,
-            record_index=record_index,
-            n_words=np.asarray(n_words, dtype=np.int64),
-            records=recs,
-            **out,
-        )
-
-    @classmethod
-    def from_store(cls, store, seq, records: Sequence[Record] | None = None) -> "ReduceBatch":
-        """Sequences ``seq`` (global indices) of an :class:`~headatlas.core.store.AttentionStore`;
-        ``records`` (the corpus) is indexed by the store's record_index."""
-        seq = np.asarray(seq, dtype=np.int64)
-        return cls.from_rows(
-            seq, [store.tokens(int(k)) for k in seq], store.record_index[seq], store.n_words[seq], records
-        )
-
-    @classmethod
-    def from_tokenized(
-        cls, tokenized: Sequence[TokenizedRecord], seq, records: Sequence[Record] | None = None
-    ) -> "ReduceBatch":
-        """Sequences ``seq`` (positions in ``tokenized``); ``records`` is indexed by record_index."""
-        seq = np.asarray(seq, dtype=np.int64)
-        rows = [
-            {"word": t.word, "special": t.special, "segment": t.segment, "piece": t.pieces}
-            for t in (tokenized[int(k)] for k in seq)
-        ]
-        ts = [tokenized[int(k)] for k in seq]
-        return cls.from_rows(seq, rows, [t.record_index for t in ts], [t.n_words for t in ts], records)
-
-    def tensor(self, name: str, device) -> "torch.Tensor":  # noqa: F821
-        """A token array (lengths, word, special, segment) as a torch tensor on ``device`` (cached)."""
-        import torch
-
-        key = (name, str(device))
-        if key not in self._cache:
-            self._cache[key] = torch.as_tensor(getattr(self, name), device=device)
-        return self._cache[key]
-
-    def masks(self, device, causal: bool) -> dict:
-        """Cached boolean masks on ``device``: ``valid`` [B, n] real tokens, ``cell`` [B, n, n] real query
-        and real key, ``allowed`` [B, n, n] cells a query may attend to (``cell``, and key <= query under
-        a causal mask)."""
-        import torch
-
-        key = ("masks", str(device), causal)
-        if key not in self._cache:
-            n = self.n
-            idx = torch.arange(n, device=device)
-            valid = idx[None, :] < self.tensor("lengths", device)[:, None]
-            cell = valid[:, :, None] & valid[:, None, :]
-            allowed = cell & (idx[None, :] <= idx[:, None])[None] if causal else cell
-            self._cache[key] = {
-                "valid": valid,
-                "cell": cell,
-                "allowed": allowed,
-                "content": self.tensor("special", device) == SPECIAL_NONE,
-            }
-        return self._cache[key]
-
-
-_SCRATCH: dict = {}  # (slot, device) -> a reusable float32 buffer (:func:`scratch`)
-_CLEAN: list = []  # the last clean_maps copy: [weakref(attn), weakref(batch), causal, tensor]
-
-
-def scratch(slot: str, shape, device) -> "torch.Tensor":  # noqa: F821
-    """A float32 buffer of ``shape`` on ``device`` whose contents are garbage, the same memory every time the
-    same ``slot`` is asked for: the reducers' large temporaries reuse one allocation instead of taking a fresh
-    one per layer, whose page faults cost a CPU more than the arithmetic on it (a fresh 300 MB tensor: 2 ns
-    per cell, the log of it: 0.9 ns). The caller must be done with a slot's buffer before it asks for that
-    slot again. :func:`release_scratch` frees them (a fused feed does at its end)."""
-    import torch
-
-    n = math.prod(shape)
-    key = (slot, str(device))
-    buf = _SCRATCH.get(key)
-    if buf is None or buf.numel() < n:
-        _SCRATCH.pop(key, None)
-        buf = _SCRATCH[key] = torch.empty(n, dtype=torch.float32, device=device)
-    return buf[:n].view(shape)
-
-
-def release_scratch() -> None:
-    _SCRATCH.clear()
-    _CLEAN.clear()
-
-
-def clean_maps(attn, batch: ReduceBatch, causal: bool):
-    """``attn`` as float32 with every cell outside a real query's visible keys set to 0 (padded rows and
-    columns; above the diagonal under a causal mask, where softmax already gives 0). Shared by the reducers
-    of one layer: the copy is kept for the tensor it was made from (in a :func:`scratch` buffer that the
-    next layer's copy reuses); treat it as read-only and do not keep it past the layer.
-
-    Padded cells must be finite (they are: padded keys are 0 and a padded query's row is a distribution
-    over the real keys; replay pads with 0): they are multiplied by 0, which is 20 times faster on a CPU
-    than a masked fill with a broadcast boolean mask."""
-    import weakref
-
-    import torch
-
-    if _CLEAN and _CLEAN[0]() is attn and _CLEAN[1]() is batch and _CLEAN[2] == causal:
-        return _CLEAN[3]
-    key = ("allowed_f", str(attn.device), causal)
-    if key not in batch._cache:
-        batch._cache[key] = batch.masks(attn.device, causal)["allowed"].float()[:, None]
-    a = torch.mul(attn.float(), batch._cache[key], out=scratch("clean", attn.shape, attn.device))
-    _CLEAN[:] = [weakref.ref(attn), weakref.ref(batch), causal, a, {}]
-    return a
-
-
-def layer_cache(a) -> dict:
-    """A dict for what several reducers derive from the same :func:`clean_maps` copy ``a`` (one layer of one
-    batch), emptied when the next copy is made; for any other tensor a fresh dict that nothing keeps."""
-    return _CLEAN[4] if _CLEAN and _CLEAN[3] is a else {}
 
 
 def key_columns(batch: ReduceBatch, groups, device) -> tuple:
@@ -257,8 +90,7 @@ def key_columns(batch: ReduceBatch, groups, device) -> tuple:
     to them is a gather of m columns, not a pass over the maps (:func:`key_masses`)."""
     import torch
 
-    key = ("key_columns", tuple(tuple(g) for g in groups), str(device))
-    if key not in batch._cache:
+    def make():
         kinds = sorted({k for g in groups for k in g})
         hit = np.isin(batch.special, kinds)
         m = max(1, int(hit.sum(1).max()) if hit.size else 1)
@@ -269,11 +101,9 @@ def key_columns(batch: ReduceBatch, groups, device) -> tuple:
         pos[b, rank[b, j]] = j
         for g, group in enumerate(groups):
             w[b, rank[b, j], g] = np.isin(batch.special[b, j], list(group))
-        batch._cache[key] = (
-            torch.as_tensor(pos, device=device)[:, None, None, :],
-            torch.as_tensor(w, device=device)[:, None],
-        )
-    return batch._cache[key]
+        return torch.as_tensor(pos, device=device)[:, None, None, :], torch.as_tensor(w, device=device)[:, None]
+
+    return batch.memo(("key_columns", tuple(tuple(g) for g in groups), str(device)), make)
 
 
 CHUNK_BYTES = 32 << 20  # float32 maps per chunk of a reducer's per-cell temporaries (long inputs)
@@ -319,63 +149,6 @@ def key_masses(a, batch: ReduceBatch, groups=SUMMARY_GROUPS):
     return cache[key]
 
 
-class Reducer:
-    """Base class of a reducer; subclasses set ``name`` and implement ``update`` (or ``update_all``),
-    ``result`` and, to be saved and combined over shards, ``params``, ``to_arrays``, ``from_arrays``
-    and ``combine``."""
-
-    name = "reducer"
-    analysis = ""  # the config analysis key it serves (errors name it); set by its plan
-    needs_all_layers = False  # True: update_all(list of every layer's [B, H, n, n], batch) once per batch
-    needs_records = False  # True: the feed must be given the corpus records (trees)
-
-    def start(self, info: FeedInfo) -> None:
-        self.info = info
-
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        raise NotImplementedError
-
-    def update_all(self, attn: list, batch: ReduceBatch) -> None:
-        raise NotImplementedError
-
-    def wants(self, batch: ReduceBatch) -> bool:
-        """False when the reducer has nothing to do with this batch (a fused feed then keeps no layer for it)."""
-        return True
-
-    def result(self):
-        raise NotImplementedError
-
-    def params(self) -> dict:
-        """JSON-able settings that change the result: the constructor's keyword arguments
-        (:meth:`from_params` rebuilds the reducer from them)."""
-        return {}
-
-    @classmethod
-    def from_params(cls, params: dict) -> "Reducer":
-        return cls(**params)
-
-    def to_arrays(self, result) -> dict[str, np.ndarray]:
-        """The result as named numeric, bool or str arrays (:meth:`from_arrays` is the inverse)."""
-        raise NotImplementedError
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]):
-        raise NotImplementedError
-
-    @classmethod
-    def combine(cls, parts: list):
-        """The results of consecutive shards, in shard order, as one result."""
-        if len(parts) == 1:
-            return parts[0]
-        raise NotImplementedError(f"{cls.__name__} cannot combine shards")
-
-    def spec(self) -> dict:
-        """What rebuilds this reducer in another process (:func:`reducer_from_spec`): JSON-able. The reducer is
-        named by its class's registered name (the class attribute ``name``, a key of ``headatlas.fused.REDUCERS``),
-        so moving or renaming the class changes no extraction's cache key."""
-        return {"analysis": self.analysis, "name": self.name, "reducer": type(self).name, "params": self.params()}
-
-
 def reducer_from_spec(spec: dict, registry: dict[str, str] | None = None) -> Reducer:
     """The reducer a :meth:`Reducer.spec` describes; ``registry`` maps registered names to ``module:Class``
     (``headatlas.fused.REDUCERS``). A spec of an older run names its class by ``class`` (module:qualname)."""
@@ -391,7 +164,7 @@ def reducer_from_spec(spec: dict, registry: dict[str, str] | None = None) -> Red
     for part in qualname.split("."):
         cls = getattr(cls, part)
     r = cls.from_params(spec["params"])
-    r.analysis, r.name = spec.get("analysis", ""), spec.get("name", r.name)
+    r.name = spec.get("name", r.name)  # its analysis: the class attribute
     return r
 
 
@@ -414,40 +187,6 @@ def check_layers_done(reducer: Reducer, open_batches: int) -> None:
             f"reducer {reducer.name}: {open_batches} batches were not given all {reducer.info.n_layers} layers; "
             "feed every layer of every batch (feed_layer) before result()"
         )
-
-
-def _fail(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exception) -> ReduceError:
-    ids = batch.seq[:5].tolist() if info.record_id is None else [str(info.record_id[k]) for k in batch.seq[:5]]
-    more = "" if len(batch) <= 5 else f" and {len(batch) - 5} more"
-    where = "all layers" if layer is None else f"layer {layer + 1}"
-    analysis = f"analysis {reducer.analysis}, " if reducer.analysis else ""
-    return ReduceError(
-        f"{analysis}reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}"
-    )
-
-
-def feed_layer(reducers: Sequence[Reducer], info: FeedInfo, layer: int, attn, batch: ReduceBatch) -> None:
-    """Hand one layer's [B, H, n, n] attention to every per-layer reducer."""
-    for r in reducers:
-        if not r.needs_all_layers:
-            try:
-                r.update(layer, attn, batch)
-            except ReduceError:
-                raise
-            except Exception as e:
-                raise _fail(r, info, batch, layer, e) from e
-
-
-def feed_all(reducers: Sequence[Reducer], info: FeedInfo, layers: list, batch: ReduceBatch) -> None:
-    """Hand every layer of a batch to the reducers that need all layers."""
-    for r in reducers:
-        if r.needs_all_layers and r.wants(batch):
-            try:
-                r.update_all(layers, batch)
-            except ReduceError:
-                raise
-            except Exception as e:
-                raise _fail(r, info, batch, None, e) from e
 
 
 def padded(blocks: Sequence[np.ndarray], n: int | None = None):
@@ -527,8 +266,6 @@ def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object
     :class:`FusedFeed` asks each of them alone and strips the probabilities from its output."""
     from transformers.utils.output_capturing import OutputRecorder
 
-    from .models import ARCHITECTURES, ModelError, architecture_module
-
     specs = getattr(model, "_can_record_outputs", None) or {}
     spec = specs.get("attentions")
     if spec is None:
@@ -569,24 +306,52 @@ def attention_modules(model, n_layers: int, name: str = "") -> list[tuple[object
     return found
 
 
+def check_attentions(attentions, n_layers: int, n_heads: int, model_name: str) -> None:
+    if not attentions:
+        raise ModelError(
+            f"model {model_name!r} returned no attention probabilities; it must be loaded with "
+            "attn_implementation='eager' and support output_attentions"
+        )
+    if len(attentions) != n_layers:
+        raise ModelError(f"model {model_name!r} returned attention for {len(attentions)} layers, expected {n_layers}")
+    for layer, a in enumerate(attentions):
+        if a is None or a.dim() != 4 or a.shape[1] != n_heads:
+            shape = None if a is None else tuple(a.shape)
+            raise ModelError(
+                f"model {model_name!r}: layer {layer + 1} attention has shape {shape}, expected [batch, {n_heads}, n, n]"
+            )
+
+
 class FusedFeed:
-    """Forward hooks on a model's attention modules that hand each layer's probabilities to ``reducers``
-    as soon as they exist (a context manager; :func:`fused_reduce` and extraction use it).
+    """Each layer's attention probabilities handed to ``reducers`` (a context manager; :func:`fused_reduce` and
+    extraction use it). ``source`` ``hooks``: forward hooks on the model's attention modules hand each layer's maps
+    over as soon as they exist and keep no reference to them, so a layer's maps are freed before the next layer runs
+    (except for reducers with ``needs_all_layers``, which get every layer of a batch they want at :meth:`end`).
+    ``outputs``: the maps come from the model's output (``output_attentions``: every layer of the batch alive at
+    once) after the forward pass, for every type that returns them (also those whose attention modules cannot be
+    hooked: ALBERT's shared layers, DeBERTa); the stored maps of ``maps: full`` come this way, as they always did.
+    No reducer that needs maps (``needs_maps``): no hook and no ``output_attentions``.
 
-    Around every forward pass call :meth:`begin` with its :class:`ReduceBatch` and :meth:`end` after it.
-    A hook keeps no reference to the maps, so a layer's maps are freed before the next layer runs (except
-    for reducers with ``needs_all_layers``, which get every layer of a batch they want at :meth:`end`)."""
+    Around every forward pass call :meth:`begin` with its :class:`ReduceBatch`, run the model with
+    :attr:`forward_kwargs`, and call :meth:`end` with its output (:func:`forward_loop` does)."""
 
-    def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo):
-        self.model, self.reducers, self.info = model, list(reducers), info
+    def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo, source: str = "hooks"):
+        if source not in ("hooks", "outputs"):
+            raise ValueError(f"FusedFeed source must be hooks or outputs, not {source!r}")
+        self.model, self.reducers, self.info, self.source = model, list(reducers), info, source
         self.batch, self.layers, self.keep = None, [], False
         self.hooks: list = []
         self.stripped: dict[int, bool] = {}  # layer -> its probabilities were asked for by the feed alone
+        maps = any(r.needs_maps for r in self.reducers)
+        self.from_outputs = maps and source == "outputs"
+        self.forward_kwargs = {"output_attentions": True} if self.from_outputs else {}
+        if any(r.needs_outputs for r in self.reducers):
+            self.forward_kwargs["output_hidden_states"] = True
 
     def __enter__(self):
-        from .models import ModelError
-
         info, n_heads = self.info, self.info.n_heads
+        maps = any(r.needs_maps for r in self.reducers)
+        found = attention_modules(self.model, info.n_layers, info.model) if maps and self.source == "hooks" else []
         for r in self.reducers:
             r.start(info)
 
@@ -601,13 +366,7 @@ class FusedFeed:
                     raise ModelError(
                         f"model {info.model!r}: layer {layer + 1} attention has shape {shape}, expected [batch, {n_heads}, n, n]; load it with attn_implementation='eager'"
                     )
-                n = self.batch.n
-                a = (
-                    attn if attn.shape[-1] == n else attn[:, :, :n, :n]
-                )  # an extra position is not part of the sequences
-                feed_layer(self.reducers, info, layer, a, self.batch)
-                if self.keep:
-                    self.layers.append(a)
+                self._layer(layer, attn)
                 if strip:  # the caller did not ask for them: its output as without output_attentions
                     return output[:index] + output[index + 1 :]
 
@@ -623,19 +382,32 @@ class FusedFeed:
             return ask
 
         self.hooks = []
-        for i, (m, idx, asked) in enumerate(attention_modules(self.model, info.n_layers, info.model)):
+        for i, (m, idx, asked) in enumerate(found):
             if asked:
                 self.hooks.append(m.register_forward_pre_hook(make_ask(i), with_kwargs=True))
             self.hooks.append(m.register_forward_hook(make_hook(i, idx, asked)))
         return self
 
+    def _layer(self, layer: int, attn) -> None:
+        n = self.batch.n
+        a = attn if attn.shape[-1] == n else attn[:, :, :n, :n]  # an extra position is not part of the sequences
+        feed_layer(self.reducers, self.info, layer, a, self.batch)
+        if self.keep:
+            self.layers.append(a)
+
     def begin(self, batch: ReduceBatch) -> None:
         self.batch, self.layers = batch, []
         self.keep = any(r.needs_all_layers and r.wants(batch) for r in self.reducers)
 
-    def end(self) -> None:
+    def end(self, outputs=None) -> None:
+        """After the batch's forward pass; ``outputs``: the model's output (run with :attr:`forward_kwargs`)."""
+        if self.from_outputs:
+            check_attentions(outputs.attentions, self.info.n_layers, self.info.n_heads, self.info.model)
+            for layer, attn in enumerate(outputs.attentions):
+                self._layer(layer, attn)
         if self.keep:
             feed_all(self.reducers, self.info, self.layers, self.batch)
+        feed_outputs(self.reducers, self.info, outputs, self.batch)
         self.batch, self.layers, self.keep = None, [], False
 
     def results(self) -> list:
@@ -645,6 +417,7 @@ class FusedFeed:
         for h in self.hooks:
             h.remove()
         self.hooks, self.batch, self.layers = [], None, []
+        stop_all(self.reducers)
         release_scratch()
         return False
 
@@ -666,8 +439,6 @@ class SampleMaps(Reducer):
             self._write(layer, b, i, attn[b, :, :n, :n].float().cpu().numpy(), batch)
 
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        from .mapfree import Needs
-
         return Needs()
 
     def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
@@ -681,9 +452,6 @@ class SampleMaps(Reducer):
         return [(b, self.local[k]) for b, k in enumerate(batch.seq.tolist()) if k in self.local]
 
     def _write(self, layer: int, b: int, i: int, block: np.ndarray, batch: ReduceBatch) -> None:
-        from .models import ModelError
-        from .store import map_faults
-
         k, n = int(batch.seq[b]), block.shape[-1]
         for head, _, q, what in map_faults(block.reshape(block.shape[0], n * n), np.array([n]), self.tol):
             rid = k if self.info.record_id is None else self.info.record_id[k]
@@ -694,6 +462,60 @@ class SampleMaps(Reducer):
 
     def result(self):
         return None
+
+
+class LayerMaps(Reducer):
+    """Not a statistic: hands every layer's [B, H, n, n] maps of every batch to ``sink(layer, attn, batch)``
+    (the stored maps of an extraction, the maps of a figure). ``attn`` is the feed's tensor: copy what is kept."""
+
+    name = "layer_maps"
+    full_rows = "keeps every map"
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
+        self.sink(layer, attn, batch)
+
+    def result(self):
+        return None
+
+
+def open_feed(model, reducers: Sequence[Reducer], info: FeedInfo, longest: int = 0, path: str = "auto"):
+    """The feed :func:`~headatlas.core.mapfree.plan_feed` picks (:class:`FusedFeed` or
+    :class:`~headatlas.core.mapfree.MapFreeFeed`), as a context manager; the choice and its reason go to the log once."""
+    kind, why = plan_feed(model, reducers, longest, path)
+    log.info("model %s, corpus %s: %s attention (%s)", info.model or "?", info.corpus or "?", kind, why)
+    return (MapFreeFeed if kind == "mapfree" else FusedFeed)(model, reducers, info)
+
+
+def forward_loop(
+    model,
+    tokenized: Sequence[TokenizedRecord],
+    batches,
+    feed=None,
+    records: Sequence[Record] | None = None,
+    pad_id: int = 0,
+    extra_token: int | None = None,
+):
+    """The one forward loop of every extraction: for each batch of positions in ``tokenized`` (an iterable of
+    index arrays), the open ``feed`` gets its :class:`ReduceBatch` (``records``: the corpus, indexed by record
+    index), the model runs on the right-padded inputs (``extra_token``: one more real token after each
+    sequence, :func:`~headatlas.core.batching.model_inputs`) and the feed ends the batch with the model's
+    output. Yields each batch's positions once its reducers have seen it; ``feed`` None: the bare forward pass."""
+    import torch
+
+    use_types = getattr(model.config, "type_vocab_size", 0) > 1
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        for pos in batches:
+            inputs = model_inputs([tokenized[p] for p in pos], use_types, pad_id, device, extra_token=extra_token)
+            if feed is None:
+                model(**inputs)
+            else:
+                feed.begin(ReduceBatch.from_tokenized(tokenized, pos, records))
+                feed.end(model(**inputs, **feed.forward_kwargs))
+            yield pos
 
 
 def fused_reduce(
@@ -711,25 +533,18 @@ def fused_reduce(
     path: str = "auto",
 ) -> list:
     """Run ``model`` (loaded by :func:`headatlas.core.models.load`: eager attention, eval mode) over
-    ``tokenized`` in length-bucketed batches and reduce each layer's attention as soon as it is computed
-    (:class:`FusedFeed`, or without maps by :class:`~headatlas.core.mapfree.MapFreeFeed` when ``path`` is
-    ``auto`` and every reducer has a map-free form, :func:`~headatlas.core.mapfree.plan_feed`).
+    ``tokenized`` in length-bucketed batches (:func:`forward_loop`) and reduce each layer's attention as soon as
+    it is computed (:class:`FusedFeed`, or without maps by :class:`~headatlas.core.mapfree.MapFreeFeed` when
+    ``path`` is ``auto`` and every reducer has a map-free form, :func:`~headatlas.core.mapfree.plan_feed`).
     Returns ``[r.result() for r in reducers]``.
     """
-    import torch
-
-    from .mapfree import longest_of, open_feed
-
     n_layers, n_heads = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
     rid = None if record_id is None else np.asarray(record_id)
     info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid, first_index)
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
-    device = next(model.parameters()).device
-    with open_feed(model, reducers, info, longest_of(tokenized), path) as feed, torch.inference_mode():
-        for pos in length_batches([len(t) for t in tokenized], batch_size):
-            feed.begin(ReduceBatch.from_tokenized(tokenized, pos, records))
-            model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))
-            feed.end()
+    batches = length_batches([len(t) for t in tokenized], batch_size)
+    with open_feed(model, reducers, info, longest_of(tokenized), path) as feed:
+        for _ in forward_loop(model, tokenized, batches, feed, records, pad_id):
+            pass
         return feed.results()
 
 
@@ -737,13 +552,12 @@ def bare_forward(model, tokenized: Sequence[TokenizedRecord], batch_size: int, p
     """Seconds of the bare forward pass over the same length-bucketed batches (the benchmarks' baseline)."""
     import torch
 
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
-    device = next(model.parameters()).device
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        for pos in length_batches([len(t) for t in tokenized], batch_size):
-            model(**model_inputs([tokenized[p] for p in pos], use_types, pad_id, device))
-    if device.type == "cuda":
+    for _ in forward_loop(
+        model, tokenized, length_batches([len(t) for t in tokenized], batch_size), None, None, pad_id
+    ):
+        pass
+    if next(model.parameters()).device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0
 
@@ -760,8 +574,6 @@ def save_reduced(store_dir: str | Path, reducer: Reducer, result, meta: dict | N
     ``reducer.to_arrays(result)`` (large float arrays :func:`~headatlas.core.io.compressed`), the reducer's params, analysis and
     class in the attributes."""
     import h5py
-
-    from .io import atomic_path, compressed
 
     path = reduced_file(store_dir, reducer)
     arrays = reducer.to_arrays(result)
@@ -790,9 +602,6 @@ def _read_reduced(path: Path, reducer: Reducer) -> dict:
         raise ReduceError(
             f"{path}: missing: the corpus was not reduced fused with reducer {reducer.name} ({where.rstrip(', ') or 'no analysis'}); {rerun}"
         )
-    from .integrity import IntegrityError, check_values
-    from .store import reduced_problem
-
     problem = reduced_problem(path)  # its sha256 in the store's manifest
     if problem:
         raise ReduceError(f"{where}{problem}")
@@ -841,8 +650,6 @@ def map_mode(meta: dict) -> str:
 def map_dirs(store_dirs: str | Path | Sequence[str | Path], what: str = "this figure") -> list[Path]:
     """The store directories whose maps a figure or example reads: the shards themselves when the corpus
     kept every map, their ``sample/`` stores when it kept a sample; a corpus with ``maps: none`` is an error."""
-    from .store import NESTED, AttentionStore
-
     dirs = [Path(store_dirs)] if isinstance(store_dirs, (str, Path)) else [Path(d) for d in store_dirs]
     with AttentionStore(dirs) as store:
         mode = map_mode(store.meta)
@@ -866,8 +673,6 @@ def reduce_corpus(
 ):
     """What an analysis rule calls for one (model, corpus): the saved result when the corpus was reduced fused
     (its maps are ``sample`` or ``none``: :func:`load_reduced`), else a :func:`replay` of its stored maps."""
-    from .store import AttentionStore
-
     with AttentionStore(store_dirs) as store:
         if map_mode(store.meta) != "full":
             return load_reduced(store.dirs, reducer)

@@ -144,9 +144,7 @@ class DetectorReducer(Reducer):
 
     def _targets(self, batch: ReduceBatch) -> dict:
         key = ("detectors", self.info.causal, self.seed)
-        if key not in batch._cache:
-            batch._cache[key] = targets(batch, self.info.causal, self.seed)
-        return batch._cache[key]
+        return batch.memo(key, lambda: targets(batch, self.info.causal, self.seed))
 
     def result(self) -> dict:
         return {"scores": self.scores, "null": self.null}

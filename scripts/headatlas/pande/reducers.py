@@ -420,6 +420,7 @@ class SieveReducer(Reducer):
     roles by name (:data:`headatlas.pande.roles.ROLES`; a copy with other roles in tests)."""
 
     name = "pande_sieves"
+    analysis = "pande"
     needs_records = True
 
     def __init__(
@@ -460,9 +461,7 @@ class SieveReducer(Reducer):
         """The batch's layer-independent work, once per batch and device (kept with the batch: replay
         interleaves batches)."""
         key = ("pande_sieves", id(self), str(device))
-        if key not in batch._cache:
-            batch._cache[key] = _BatchSieves(batch, self.settings, self.info.causal, device, self.registry)
-        return batch._cache[key]
+        return batch.memo(key, lambda: _BatchSieves(batch, self.settings, self.info.causal, device, self.registry))
 
     def _add(self, layer: int, plan: _BatchSieves, sums: dict, batch: ReduceBatch) -> None:
         """One layer's sums; the scores of all the batch's layers at once after its last."""
@@ -603,6 +602,4 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     """The reducers analysis pande needs on ``corpus`` (its validated config section): the sieve scores."""
     if corpus not in (section.get("corpora") or []):
         return []
-    r = SieveReducer(SieveSettings.pick(section))
-    r.analysis = "pande"
-    return [r]
+    return [SieveReducer(SieveSettings.pick(section))]

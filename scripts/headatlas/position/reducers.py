@@ -48,7 +48,7 @@ def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
     bsz, h, n, _ = a.shape
     dev = a.device
     key = ("position", str(dev), causal, window)
-    if key not in batch._cache:
+    if batch.recall(key) is None:
         idx = torch.arange(n, device=dev)
         diag_idx, diag_w = [], []
         for off in local_band(window, causal):  # one diagonal at a time
@@ -56,8 +56,8 @@ def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
             diag_idx.append(torch.where(ok, idx * (n + 1) + off, 0))
             diag_w.append(ok.float())
         dist = (idx[:, None] - idx[None, :]).abs().float()
-        batch._cache[key] = (torch.cat(diag_idx), torch.stack(diag_w), dist)
-    diag_idx, diag_w, dist = batch._cache[key]
+        batch.keep(key, (torch.cat(diag_idx), torch.stack(diag_w), dist))
+    diag_idx, diag_w, dist = batch.recall(key)
     sink = a[..., 0]
     local = (a.reshape(bsz, h, n * n).index_select(2, diag_idx).view(bsz, h, -1, n) * diag_w).sum(2)
     ent, dis = [], []
@@ -137,14 +137,14 @@ class PositionReducer(Reducer):
         s = s.double()
         dev = s.device
         key = ("position_buckets", str(dev), self.edges)
-        if key not in batch._cache:
+        if batch.recall(key) is None:
             n = batch.n
             valid = np.arange(n)[None, :] < batch.lengths[:, None]
             onehot = np.zeros((len(batch), n, len(self.edges)), dtype=np.float64)
             b, i = np.nonzero(valid)
             onehot[b, i, bucket_of(i, self.edges)] = 1.0
-            batch._cache[key] = (torch.as_tensor(onehot, device=dev), onehot.sum((0, 1)).astype(np.int64))
-        onehot, counts = batch._cache[key]
+            batch.keep(key, (torch.as_tensor(onehot, device=dev), onehot.sum((0, 1)).astype(np.int64)))
+        onehot, counts = batch.recall(key)
         if self.total is None:
             shape = (self.info.n_layers, self.info.n_heads, len(self.edges), len(STATS))
             self.total = torch.zeros(shape, dtype=torch.float64, device=dev)
