@@ -24,7 +24,6 @@ import numpy as np
 
 from .core.data import Counts, Record, load_records
 from .core.extract import ExtractSettings, config_hash, extract, shard_slice
-from .core.inputs import check_max_length
 from .core.models import ModelSpec, check_max_length
 from .core.parse import trees_of
 from .core.reduce import Reducer, reducer_from_spec
