@@ -17,16 +17,7 @@ PACKAGE = "headatlas"
 
 # Function-local imports of project modules still allowed, as (importing module, imported module): each needs a
 # reason. These edges are also left out of the cycle check.
-ALLOWED_LOCAL = {
-    # extraction helper: core.reduce and core.mapfree import each other (reduce's local imports of mapfree), and
-    # their other local imports; the extraction helper's branch removes them (the lead drops these lines at merge)
-    ("headatlas.core.reduce", "headatlas.core.mapfree"),
-    ("headatlas.core.reduce", "headatlas.core.models"),
-    ("headatlas.core.reduce", "headatlas.core.io"),
-    ("headatlas.core.reduce", "headatlas.core.integrity"),
-    ("headatlas.core.reduce", "headatlas.core.store"),
-    ("headatlas.core.mapfree", "headatlas.core.models"),
-}
+ALLOWED_LOCAL: set[tuple[str, str]] = set()  # (module, imported module) pairs a function may import; none
 
 
 def module_name(path: Path, root: Path) -> str:

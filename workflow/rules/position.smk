@@ -1,3 +1,6 @@
+from headatlas.core.settings import settings_params
+from headatlas.position.reducers import PositionSettings
+
 POSITION = analysis_section("position", "../schemas/position.schema.yaml")
 
 register_targets(
@@ -27,7 +30,7 @@ rule position_stats:
         mem_mb=4000,
         runtime=30,
     params:
-        position={"local_window": POSITION["local_window"], "edges": POSITION["edges"]},
+        position=settings_params(PositionSettings, POSITION),
     script:
         "../../scripts/position_stats.py"
 

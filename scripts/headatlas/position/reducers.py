@@ -16,16 +16,32 @@ the forward pass) and replayed (from a store) it gives the same numbers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from ..core.mapfree import Needs, key_positions, key_target, offset_target
 from ..core.patterns import local_band
 from ..core.reduce import TINY, ReduceBatch, Reducer, cat_chunks, clean_maps, map_chunks, scratch
+from ..core.settings import Settings
 
 STATS = ("sink", "local", "entropy", "distance")
 UNITS = {"sink": "fraction", "local": "fraction", "entropy": "nats", "distance": "tokens"}
 DEFAULT_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionSettings(Settings):
+    """The keys of analysis.position (workflow/schemas/position.schema.yaml) the reducer reads."""
+
+    SECTION = "analysis.position"
+
+    local_window: int = 2
+    edges: tuple[int, ...] = DEFAULT_EDGES
+
+    def reducer(self) -> "PositionReducer":
+        return PositionReducer(self.local_window, self.edges)
 
 
 def bucket_of(positions: np.ndarray, edges) -> np.ndarray:
@@ -211,4 +227,4 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     """The reducers the ``position`` analysis needs on ``corpus`` (the fused-reducer contract)."""
     if corpus not in section.get("corpora", []):
         return []
-    return [PositionReducer(section["local_window"], section["edges"])]  # the validated section: defaults filled
+    return [PositionSettings.pick(section).reducer()]
