@@ -121,41 +121,39 @@ def time_extract(
     return time.perf_counter() - t0, counts["tokens"]
 
 
-def bare_forward(model, batches, use_types: bool, pad_id: int) -> float:
+def bare_forward(model, batches, pad_id: int) -> float:
     device = next(model.parameters()).device
     gc.collect()
     t0 = time.perf_counter()
     with torch.inference_mode():
         for batch in batches:
-            model(**model_inputs(batch, use_types, pad_id, device))
+            model(**model_inputs(batch, model, pad_id))
     if device.type == "cuda":
         torch.cuda.synchronize()  # the forward passes run asynchronously on a GPU
     return time.perf_counter() - t0
 
 
-def single_loop(model, tokenized, use_types: bool, pad_id: int) -> float:
-    device = next(model.parameters()).device
+def single_loop(model, tokenized, pad_id: int) -> float:
     gc.collect()
     t0 = time.perf_counter()
     with torch.inference_mode():
         for t in tokenized:
-            out = model(**model_inputs([t], use_types, pad_id, device), output_attentions=True)
+            out = model(**model_inputs([t], model, pad_id), output_attentions=True)
             maps = [np.array(a[0].float().cpu().numpy()) for a in out.attentions]  # copy, not stored
             del maps
     return time.perf_counter() - t0
 
 
-def naive_loop(model, tokenized, use_types: bool, pad_id: int, path: Path) -> float:
+def naive_loop(model, tokenized, pad_id: int, path: Path) -> float:
     """A naive extractor: one sentence per forward pass, each layer's padded-free map written
     as its own HDF5 dataset (one dataset per sentence and layer, exBERT style)."""
     import h5py
 
-    device = next(model.parameters()).device
     gc.collect()
     t0 = time.perf_counter()
     with torch.inference_mode(), h5py.File(path, "w") as f:
         for k, t in enumerate(tokenized):
-            out = model(**model_inputs([t], use_types, pad_id, device), output_attentions=True)
+            out = model(**model_inputs([t], model, pad_id), output_attentions=True)
             for layer, a in enumerate(out.attentions):
                 f.create_dataset(f"{k}/{layer}", data=a[0].float().cpu().numpy())
     dt = time.perf_counter() - t0
@@ -419,7 +417,6 @@ def main(argv=None) -> int:
     records = build_corpus({"kind": "conllu", "path": args.corpus, "limit": args.n}, name="ewt-dev")
     n_layers, n_heads = model_shape(config)
     kind = model_kind(config, spec)
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # tokenisation, timed on its own (extract() does it again inside its own timing)
@@ -445,8 +442,8 @@ def main(argv=None) -> int:
         for kw in variants.values():
             time_extract(records[:64], spec, model, tokenizer, config, work / "warmup", "float32", kw)
         shutil.rmtree(work / "warmup", ignore_errors=True)
-        bare_forward(model, batches[:2] + batches[-1:], use_types, pad_id)
-        single_loop(model, tokenized[:20] + tokenized[-2:], use_types, pad_id)
+        bare_forward(model, batches[:2] + batches[-1:], pad_id)
+        single_loop(model, tokenized[:20] + tokenized[-2:], pad_id)
 
         # 1 + 2: interleaved throughput passes
         times = {**{v: [] for v in variants}, "bare": [], "single": [], "naive": []}
@@ -455,9 +452,9 @@ def main(argv=None) -> int:
                 dt, stored = time_extract(records, spec, model, tokenizer, config, dirs[v], "float32", kw)
                 assert stored == n_tok, f"extract stored {stored} tokens, expected {n_tok}"
                 times[v].append(dt)
-            times["bare"].append(bare_forward(model, batches, use_types, pad_id))
-            times["single"].append(single_loop(model, tokenized, use_types, pad_id))
-            times["naive"].append(naive_loop(model, tokenized, use_types, pad_id, work / "naive.h5"))
+            times["bare"].append(bare_forward(model, batches, pad_id))
+            times["single"].append(single_loop(model, tokenized, pad_id))
+            times["naive"].append(naive_loop(model, tokenized, pad_id, work / "naive.h5"))
             log(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {t[-1]:.2f} s" for k, t in times.items()))
         med = {k: statistics.median(v) for k, v in times.items()}
         t16, _ = time_extract(records, spec, model, tokenizer, config, d16, "float16", rule_kwargs)

@@ -417,7 +417,7 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
                 np.testing.assert_allclose(a[col], b[col], rtol=0, atol=1e-6, equal_nan=True, err_msg=col)
     np.testing.assert_allclose(fused[1]["scores"], replayed[1]["scores"], rtol=1e-6, atol=1e-6, equal_nan=True)
     # the hooks are gone and the model returns what it returned before
-    inputs = model_inputs(tokenized[:2], getattr(config, "type_vocab_size", 0) > 1, pad, "cpu")
+    inputs = model_inputs(tokenized[:2], model, pad)
     with torch.inference_mode():
         out = model(**inputs)
     assert out.attentions is None and not model._forward_hooks

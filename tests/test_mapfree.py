@@ -117,7 +117,7 @@ def test_tiny_mapfree_equals_eager(name, tiny_loaded, ewt_records):
     _, _, diffs = compare(model, tokenized, kind, recs, pad, name)
     assert max(diffs.values()) < TOL, diffs
     assert model.config._attn_implementation == "eager"  # switched back
-    inputs = model_inputs(tokenized[:4], getattr(config, "type_vocab_size", 0) > 1, pad, "cpu")
+    inputs = model_inputs(tokenized[:4], model, pad)
     info = FeedInfo(4, config.num_hidden_layers, config.num_attention_heads, name, kind)
     with torch.inference_mode():
         model.set_attn_implementation("sdpa")

@@ -26,6 +26,7 @@ from .atlas import columns as registry
 from .clark.reducers import SurfaceReducer
 from .clark.surface import SurfaceSettings, behaviour_table
 from .core.align import encode_record
+from .core.batching import pad_token
 from .core.config_checks import rule_model_dir
 from .core.data import Record
 from .core.figures import head_label, save_figure
@@ -128,7 +129,7 @@ def tokenize_input(record: Record, tokenizer, config, spec: ModelSpec):
 def sentence_maps(model, tokenizer, config, spec: ModelSpec, tok, kind: str) -> np.ndarray:
     """The [L, H, n, n] float32 maps of one tokenised input (extraction's forward pass)."""
     maps: dict = {}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_token(tokenizer)
     keep = LayerMaps(lambda layer, attn, batch: maps.__setitem__(layer, attn[0].float().cpu().numpy()))
     fused_reduce(model, [tok], [keep], 1, kind, pad_id=pad, name=spec.name, corpus="look", path="eager")
     return np.stack([maps[layer] for layer in sorted(maps)]).astype(np.float32)
@@ -143,7 +144,7 @@ def surface_patterns(model, tokenizer, spec: ModelSpec, tok, kind: str, settings
     """Clark's per-head surface statistics and behaviour label of one tokenised input: the analysis's
     reducer fed by the model's forward pass (:func:`headatlas.core.reduce.fused_reduce`, as a fused
     extraction runs it), then its labels: the columns of ``behaviour.tsv``. Undefined statistics are NaN."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_token(tokenizer)
     reducer = SurfaceReducer(settings.smoothing)
     (table,) = fused_reduce(
         model, [tok], [reducer], 1, kind, pad_id=pad, name=spec.name, corpus="look", record_id=["look"]

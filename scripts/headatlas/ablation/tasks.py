@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.batching import pad_token
 from ..core.corpora import tsv_records
 from ..core.device import job_device
 from ..core.extract import head_output_modules, length_batches, model_inputs, tokenize_records
@@ -395,13 +396,12 @@ def lm_evaluation(
     tokenized = [t for t in tokenized if len(t) >= 2]
     if not tokenized:
         raise ValueError(f"model {spec.name!r}: no record of the corpus gives a sequence of 2 tokens or more")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
+    pad = pad_token(tokenizer)
     device = next(model.parameters()).device
     batches = []
     for pos in _bucketed([len(t) for t in tokenized], batch_size):
         batch = [tokenized[p] for p in pos]
-        inputs = model_inputs(batch, use_types, pad, device)
+        inputs = model_inputs(batch, model, pad)
         targets = inputs["input_ids"].clone()
         targets[inputs["attention_mask"] == 0] = -100
         batches.append((inputs, targets, np.asarray(pos)))

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.agreement import spearman_ci, topk_overlap
+from ..core.batching import pad_token
 from ..core.bootstrap import bootstrap_ci
 from ..core.figures import head_label
 from ..core.models import decoder_bos, model_kind, resolve
@@ -430,7 +431,7 @@ def induction_check(spec, model, tokenizer, config, detectors: pd.DataFrame, pai
     bos = decoder_bos(tokenizer, config, spec)
     seqs, kinds = random_inputs(tokenizer, "decoder", bos, det_settings, spec.max_length, 0, spec.name)
     repeated = [t for t, k in zip(seqs, kinds) if k == "repeated"][: settings.n_sequences]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_token(tokenizer)
     result = ablation_check(model, repeated, "decoder", pad, spec.name, detectors, settings, det_settings.batch_size)
     n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
     comp = composition_from_pairs(pairs, n_layers, n_heads)
@@ -451,7 +452,7 @@ def long_inputs(spec, lm_model, model, tokenizer, config, haystack: str, long, d
     runs = retrieval_runs(lm_model, tokenizer, items, long, log)
     window = window_check(pd.DataFrame(runs["runs"]), runs["scores"], layer_windows(config), spec.name)
     assert_windows(window)  # before the repeated blocks: a failed check fails the rule early
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_token(tokenizer)
     lr = long_range_scores(model, tokenizer, "decoder", bos, long, pad, spec.name)
     short = None if detectors is None else _main_means(detectors, "induction", n_layers, n_heads).ravel()
     out = long_tables(runs["runs"], runs["scores"], lr, short, spec.name, n_layers, n_heads, settings)

@@ -70,15 +70,13 @@ def head_means(model, tokenized, batch_size: int, pad_id: int, patch) -> np.ndar
     """Every head's mean output vector [L, H, d] over the real tokens of ``tokenized`` (the ablation values)."""
     import torch
 
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
-    device = next(model.parameters()).device
     sums, count = 0.0, 0
     with patch, torch.inference_mode():
         patch.capture = True
         try:
             for pos in length_batches([len(t) for t in tokenized], batch_size):
                 patch.reset()
-                inputs = model_inputs([tokenized[p] for p in pos], use_types, pad_id, device)
+                inputs = model_inputs([tokenized[p] for p in pos], model, pad_id)
                 model(**inputs)
                 real = inputs["attention_mask"].bool()
                 z = torch.stack([t.reshape(*real.shape, patch.n_heads, -1) for t in patch.captured], 1)

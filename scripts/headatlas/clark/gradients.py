@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..core.batching import pad_token
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
 from ..core.device import job_device
 from ..core.extract import length_batches, model_inputs, tokenize_records
@@ -140,8 +141,7 @@ def gradient_importance(
     device = next(model.parameters()).device
     for p in model.parameters():
         p.requires_grad_(False)
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_token(tokenizer)
     if not causal and tokenizer.mask_token_id is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no mask token; masked-LM loss impossible")
     embed = word_embeddings(model)
@@ -153,7 +153,7 @@ def gradient_importance(
     batches = length_batches(lengths, batch_size)
     for pos in progress(batches, "gradients", int(lengths.sum()), "tokens", weight=lambda p: lengths[p].sum()):
         batch = [tokenized[p] for p in pos]
-        inputs = model_inputs(batch, use_types, pad_id, device)
+        inputs = model_inputs(batch, model, pad_id)
         n_max = inputs["input_ids"].shape[1]
         labels = np.full((len(batch), n_max), -100, dtype=np.int64)
         ids = inputs["input_ids"].cpu().numpy().copy()

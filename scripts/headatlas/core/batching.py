@@ -23,12 +23,23 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def model_inputs(
-    batch: Sequence[TokenizedRecord], use_token_types: bool, pad_id: int, device, extra_token: int | None = None
-) -> dict:
-    """Right-padded tensors. ``extra_token`` appends one real token after each sequence
-    (decoders only: it changes no earlier position under the causal mask)."""
+def uses_token_types(model) -> bool:
+    """Whether the model takes token type ids (BERT-style segment embeddings: ``type_vocab_size`` > 1)."""
+    return getattr(model.config, "type_vocab_size", 0) > 1
+
+
+def pad_token(tokenizer) -> int:
+    """The id that pads a batch (0 for a tokenizer without a pad token: padded positions are masked)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def model_inputs(batch: Sequence[TokenizedRecord], model, pad_id: int, extra_token: int | None = None) -> dict:
+    """Right-padded tensors on the model's device, with token type ids where the model takes them
+    (:func:`uses_token_types`). ``extra_token`` appends one real token after each sequence (decoders only: it
+    changes no earlier position under the causal mask)."""
     import torch
+
+    device = next(model.parameters()).device
 
     add = 0 if extra_token is None else 1
     n = max(len(t) for t in batch) + add
@@ -42,6 +53,6 @@ def model_inputs(
         mask[b, : len(t) + add] = 1
         types[b, : len(t)] = t.segment
     inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
-    if use_token_types:
+    if uses_token_types(model):
         inputs["token_type_ids"] = torch.from_numpy(types).to(device)
     return inputs

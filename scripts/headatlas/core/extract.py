@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from .align import encode_record
-from .batching import length_batches, model_inputs, storage_windows  # noqa: F401  (model_inputs: importable here)
+from .batching import length_batches, model_inputs, pad_token, storage_windows  # noqa: F401  (model_inputs: importable here)
 from .data import Counts, Record, TokenizedRecord
 from .figures import head_label
 from .mapfree import PATHS, longest_of
@@ -349,7 +349,7 @@ def extract(
     if not records:  # a shard of a corpus split in more shards than it has records: a valid empty store
         log.warning("model %s: no record in this shard; writing an empty store", spec.name)
     n_layers, n_heads = model_shape(config)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_token(tokenizer)
     m = meta or {}
     full_meta = store_meta(m, spec, config, tokenizer, kind, bos, counts, s, sample is not None)
     ids = [records[t.record_index - first_index].id for t in tokenized]

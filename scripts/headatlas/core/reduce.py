@@ -505,11 +505,9 @@ def forward_loop(
     output. Yields each batch's positions once its reducers have seen it; ``feed`` None: the bare forward pass."""
     import torch
 
-    use_types = getattr(model.config, "type_vocab_size", 0) > 1
-    device = next(model.parameters()).device
     with torch.inference_mode():
         for pos in batches:
-            inputs = model_inputs([tokenized[p] for p in pos], use_types, pad_id, device, extra_token=extra_token)
+            inputs = model_inputs([tokenized[p] for p in pos], model, pad_id, extra_token=extra_token)
             if feed is None:
                 model(**inputs)
             else:

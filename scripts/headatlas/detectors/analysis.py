@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..core.batching import pad_token
 from ..core.bootstrap import bootstrap_ci
 from ..core.models import architecture, decoder_bos, model_kind
 from ..core.multitest import adjust
@@ -212,7 +213,7 @@ def run_detectors(spec, model, tokenizer, config, corpora: dict, settings: Detec
     tokenized += t
     kinds += k
     n_kv = architecture(config.model_type, spec.name).kv_heads(config)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_token(tokenizer)
     record_id = [f"{k}:{i}" for i, k in enumerate(kinds)]
     result = fused_reduce(
         model, tokenized, [DetectorReducer(s.seed)], s.batch_size, kind, None, pad_id, spec.name, "detectors", record_id
