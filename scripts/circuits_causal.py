@@ -9,7 +9,7 @@ from headatlas.circuits.longrange import LongSettings
 from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec, lm_head_model, load, resolve
 from headatlas.core.runner import setup
-from headatlas.detectors.inputs import DetectorSettings
+from headatlas.detectors.sequences import DetectorSettings
 from headatlas.report.html import write_tables_html
 
 sm = snakemake

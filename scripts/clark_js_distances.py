@@ -13,9 +13,8 @@ from headatlas.core.store import AttentionStore
 
 sm = snakemake
 log = setup(sm)
-c = SurfaceSettings.from_config(sm.params.surface).clustering
 t0 = time.time()
-reducer = JSReducer(c.n_segments, c.smoothing, c.max_elements)
+reducer = JSReducer.from_settings(SurfaceSettings.from_config(sm.params.surface))
 d, n_seq, n_tok = reduce_corpus(list(sm.input), reducer)
 with AttentionStore(list(sm.input)) as store:
     table = distance_long(d, store.n_layers, store.n_heads, store.meta["model"], n_tok)

@@ -247,7 +247,7 @@ def test_pick_heads_takes_significant_heads_below_the_induction_heads():
 def test_ablating_the_last_layer_leaves_every_induction_score(tiny_loaded, bpe_tokenizer):
     from headatlas.ablation.patch import HeadPatch
     from headatlas.core.extract import head_output_modules
-    from headatlas.detectors.inputs import DetectorSettings, random_inputs
+    from headatlas.detectors.sequences import DetectorSettings, random_inputs
 
     spec, model, tok, config = tiny_loaded("llama")
     seqs, kinds = random_inputs(tok, "decoder", 0, DetectorSettings(n_sequences=3, length=16, repeat_length=6), 256)

@@ -63,3 +63,23 @@ def test_every_figure_is_a_png_with_an_svg_beside_it(tmp_path, tiny_models):
     missing = sorted(p for p in pngs if p[: -len(".png")] + ".svg" not in outputs)
     assert not missing, missing
     assert len([o for o in outputs if o.endswith(".svg")]) == len(pngs)
+
+
+def test_rule_scripts_are_named_after_their_rules():
+    """Every rule's script is scripts/<rule>.py (docs/architecture.md), and every script of scripts/ has a rule."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    pairs = []
+    for smk in sorted((repo / "workflow" / "rules").glob("*.smk")):
+        rule = None
+        for line in smk.read_text().splitlines():
+            m = re.match(r"\s*rule (\w+):", line)
+            if m:
+                rule = m.group(1)
+            m = re.search(r'"\.\./\.\./scripts/(\w+)\.py"', line)
+            if m:
+                pairs.append((smk.name, rule, m.group(1)))
+    assert len(pairs) > 40
+    assert [p for p in pairs if p[1] != p[2]] == []
+    assert {p.stem for p in (repo / "scripts").glob("*.py")} == {p[2] for p in pairs}

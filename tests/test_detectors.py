@@ -25,14 +25,14 @@ from headatlas.detectors.analysis import (
     sink_table,
     sinks_by_model,
 )
-from headatlas.detectors.inputs import (
+from headatlas.detectors.reducers import DETECTORS, DetectorReducer, targets
+from headatlas.detectors.sequences import (
     DetectorInputError,
     DetectorSettings,
     check_lengths,
     ordinary_ids,
     random_inputs,
 )
-from headatlas.detectors.reducers import DETECTORS, DetectorReducer, targets
 
 D = {d: i for i, d in enumerate(DETECTORS)}
 

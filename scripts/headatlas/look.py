@@ -145,7 +145,7 @@ def surface_patterns(model, tokenizer, spec: ModelSpec, tok, kind: str, settings
     reducer fed by the model's forward pass (:func:`headatlas.core.reduce.fused_reduce`, as a fused
     extraction runs it), then its labels: the columns of ``behaviour.tsv``. Undefined statistics are NaN."""
     pad = pad_token(tokenizer)
-    reducer = SurfaceReducer(settings.smoothing)
+    reducer = SurfaceReducer.from_settings(settings)
     (table,) = fused_reduce(
         model, [tok], [reducer], 1, kind, pad_id=pad, name=spec.name, corpus="look", record_id=["look"]
     )

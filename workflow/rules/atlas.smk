@@ -59,7 +59,7 @@ rule atlas:
     params:
         atlas=settings_params(AtlasSettings, ATLAS),
     script:
-        "../../scripts/atlas_model.py"
+        "../../scripts/atlas.py"
 
 
 rule atlas_cross_model:

@@ -2,7 +2,7 @@ from headatlas.circuits.analysis import CircuitSettings
 from headatlas.circuits.induction import InductionSettings
 from headatlas.circuits.longrange import LongSettings
 from headatlas.core.settings import settings_params
-from headatlas.detectors.inputs import DetectorSettings
+from headatlas.detectors.sequences import DetectorSettings
 
 CIRCUITS = analysis_section("circuits", "../schemas/circuits.schema.yaml")
 # the detectors' keys that build their repeated random sequences (the induction check's inputs)

@@ -62,7 +62,7 @@ rule clark_surface_stats:
     params:
         surface=settings_params(SurfaceSettings, CLARK, "smoothing"),
     script:
-        "../../scripts/surface_stats.py"
+        "../../scripts/clark_surface_stats.py"
 
 
 rule clark_behaviour:

@@ -1,5 +1,5 @@
 from headatlas.core.settings import settings_params
-from headatlas.detectors.inputs import DetectorSettings
+from headatlas.detectors.sequences import DetectorSettings
 
 DETECTORS = analysis_section("detectors", "../schemas/detectors.schema.yaml")
 DETECTOR_FILES = [
@@ -72,7 +72,7 @@ rule detectors:
         model=lambda wc: MODELS[wc.model],
         corpora=lambda wc: analysis_corpora("detectors", wc.model),
     script:
-        "../../scripts/detectors_model.py"
+        "../../scripts/detectors.py"
 
 
 rule detectors_figure:

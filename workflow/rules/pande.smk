@@ -289,4 +289,4 @@ rule pande_finetune_compare:
         mem_mb=2000,
         runtime=10,
     script:
-        "../../scripts/pande_finetune.py"
+        "../../scripts/pande_finetune_compare.py"

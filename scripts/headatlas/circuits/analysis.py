@@ -21,7 +21,7 @@ from ..core.figures import head_label
 from ..core.models import decoder_bos, model_kind, resolve
 from ..core.multitest import adjust
 from ..core.settings import Settings
-from ..detectors.inputs import random_inputs
+from ..detectors.sequences import random_inputs
 from . import weights as W
 from .induction import ablation_check, ablation_tables
 from .longrange import (

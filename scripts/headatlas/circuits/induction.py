@@ -4,7 +4,7 @@ The top previous-token heads of the detectors' table (on natural text, significa
 the deepest of the top induction heads (on the repeated random sequences, significant) are mean-ablated together
 at the output projection (:class:`headatlas.ablation.patch.HeadPatch`, their mean vectors over every real token of
 the same inputs), and the induction heads' induction scores are measured again on the detectors' repeated random
-sequences (:func:`headatlas.detectors.inputs.random_inputs`, :class:`headatlas.detectors.reducers.DetectorReducer`:
+sequences (:func:`headatlas.detectors.sequences.random_inputs`, :class:`headatlas.detectors.reducers.DetectorReducer`:
 one implementation of each). The drop (intact - ablated, mean over the induction heads, per sequence; bootstrap CI
 over sequences) is compared with seeded random head sets with as many heads in every layer
 (:func:`headatlas.ablation.analysis.matched_random_sets`, the role ablation's matched null): ``rank_p`` = (1 + sets

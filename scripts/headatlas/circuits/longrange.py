@@ -30,8 +30,8 @@ import numpy as np
 
 from ..core.reduce import fused_reduce
 from ..core.settings import Settings
-from ..detectors.inputs import frame, ordinary_ids
 from ..detectors.reducers import DETECTORS, DetectorReducer
+from ..detectors.sequences import frame, ordinary_ids
 
 NEEDLE_KEYS = ("the cup", "the lighthouse", "the red door", "the old bridge", "the north tower", "the garden")
 BIN_NAMES = ("0", "(0,0.1]", "(0.1,0.5]", "(0.5,1]")  # Wu et al.'s retrieval-score bins

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.models import architecture_module, word_embeddings
-from ..detectors.inputs import ordinary_ids
+from ..detectors.sequences import ordinary_ids
 
 MODES = ("q", "k", "v")
 # model type -> how its attention weights are laid out (types outside: skipped with the reason)

@@ -274,6 +274,11 @@ class SurfaceReducer(Reducer):
     name = "clark_surface"
     analysis = "clark_surface"
 
+    @classmethod
+    def from_settings(cls, settings: SurfaceSettings) -> "SurfaceReducer":
+        """The reducer of analysis.clark_surface's settings (the plan and the rule script build it here)."""
+        return cls(settings.smoothing)
+
     def __init__(self, smoothing: float = 1e-4):
         self.smoothing = smoothing
 
@@ -417,6 +422,12 @@ class JSReducer(Reducer):
     analysis = "clark_surface"
     needs_all_layers = True
 
+    @classmethod
+    def from_settings(cls, settings: SurfaceSettings) -> "JSReducer":
+        """The reducer of analysis.clark_surface's clustering settings (the plan and the rule script build it here)."""
+        c = settings.clustering
+        return cls(c.n_segments, c.smoothing, c.max_elements)
+
     def __init__(self, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000):
         self.n_sequences, self.smoothing, self.max_elements = n_sequences, smoothing, max_elements
 
@@ -520,5 +531,4 @@ def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     if corpus not in (section.get("corpora") or []):
         return []
     s = SurfaceSettings.pick(section)
-    c = s.clustering
-    return [SurfaceReducer(s.smoothing), JSReducer(c.n_segments, c.smoothing, c.max_elements)]
+    return [SurfaceReducer.from_settings(s), JSReducer.from_settings(s)]

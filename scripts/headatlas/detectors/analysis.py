@@ -21,8 +21,8 @@ from ..core.bootstrap import bootstrap_ci
 from ..core.models import architecture, decoder_bos, model_kind
 from ..core.multitest import adjust
 from ..core.reduce import fused_reduce
-from .inputs import INPUT_KINDS, DetectorSettings, inputs_table, natural_inputs, random_inputs
 from .reducers import DETECTORS, DetectorReducer
+from .sequences import INPUT_KINDS, DetectorSettings, inputs_table, natural_inputs, random_inputs
 
 # the input kind each detector is read on in the atlas, the group summary and the figure
 MAIN_INPUT = {"prev": "natural", "duplicate": "repeated", "induction": "repeated", "sink": "natural"}

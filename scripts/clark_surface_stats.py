@@ -11,7 +11,7 @@ from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)
-reducer = SurfaceReducer(SurfaceSettings.from_config(sm.params.surface).smoothing)
+reducer = SurfaceReducer.from_settings(SurfaceSettings.from_config(sm.params.surface))
 table = reduce_corpus(list(sm.input), reducer)
 check_table(sm.output[0], table, ranges=dict.fromkeys(SHARE_STATS, SHARE_RANGE))  # never written out of range
 write_tsv(table, sm.output[0])

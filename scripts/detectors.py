@@ -6,7 +6,7 @@ from headatlas.core.io import write_tsv
 from headatlas.core.models import ModelSpec, load
 from headatlas.core.runner import setup
 from headatlas.detectors.analysis import run_detectors
-from headatlas.detectors.inputs import DetectorSettings
+from headatlas.detectors.sequences import DetectorSettings
 from headatlas.report.html import write_tables_html
 
 sm = snakemake
