@@ -6,22 +6,20 @@ import time
 from headatlas.ablation.analysis import AblationSettings, exact_part, write_exact_part
 from headatlas.ablation.tasks import evaluations
 from headatlas.core.data import load_records
-from headatlas.core.device import job_device
-from headatlas.core.models import ModelSpec
-from headatlas.core.runner import setup
+from headatlas.core.runner import model_job, setup
 
 sm = snakemake
 log = setup(sm)
 t0 = time.time()
 settings = AblationSettings.from_config(sm.params.ablation)
-spec = ModelSpec.from_config(sm.params.model)
+spec, cache, device = model_job(sm)
 evals, _ = evaluations(
     spec,
-    sm.input.model[0] if sm.input.model else None,
+    cache,
     load_records(sm.input.corpus),
     sm.params.task,
     settings,
-    device=job_device(spec.device, sm.resources.get("gpu")),
+    device=device,
 )
 jobs, part = sm.params.jobs, sm.params.part
 parts = {task: exact_part(ev, settings, jobs, part) if ev is not None else None for task, (ev, _) in evals.items()}

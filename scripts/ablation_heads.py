@@ -5,24 +5,22 @@ import time
 from headatlas.ablation.analysis import AblationSettings, ablate_heads, read_exact_parts
 from headatlas.ablation.tasks import evaluations
 from headatlas.core.data import load_records
-from headatlas.core.device import job_device
 from headatlas.core.io import write_tsv
-from headatlas.core.models import ModelSpec
-from headatlas.core.runner import setup
+from headatlas.core.runner import model_job, setup
 from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)
 t0 = time.time()
 settings = AblationSettings.from_config(sm.params.ablation)
-spec = ModelSpec.from_config(sm.params.model)
+spec, cache, device = model_job(sm)
 evals, shape = evaluations(
     spec,
-    sm.input.model[0] if sm.input.model else None,
+    cache,
     load_records(sm.input.corpus),
     sm.params.task,
     settings,
-    device=job_device(spec.device, sm.resources.get("gpu")),
+    device=device,
 )
 heads, check = ablate_heads(spec.name, evals, settings, shape, read_exact_parts(sm.input.exact))
 for table, path in ((heads, sm.output.heads), (check, sm.output.check)):

@@ -9,17 +9,15 @@ from headatlas.ablation.analysis import AblationSettings, ablate_roles
 from headatlas.ablation.figures import pruning_figure
 from headatlas.ablation.tasks import evaluations
 from headatlas.core.data import load_records
-from headatlas.core.device import job_device
 from headatlas.core.io import write_tsv
-from headatlas.core.models import ModelSpec
-from headatlas.core.runner import setup
+from headatlas.core.runner import model_job, setup
 from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)
 t0 = time.time()
 settings = AblationSettings.from_config(sm.params.ablation)
-spec = ModelSpec.from_config(sm.params.model)
+spec, cache, device = model_job(sm)
 tables = {
     k: pd.read_csv(sm.input[k], sep="\t")
     for k in ("pande", "behaviour", "syntax", "syntax_baselines")
@@ -29,11 +27,11 @@ log.info("role tables: %s", sorted(tables) or "none")
 heads = pd.read_csv(sm.input.heads, sep="\t")
 evals, shape = evaluations(
     spec,
-    sm.input.model[0] if sm.input.model else None,
+    cache,
     load_records(sm.input.corpus),
     sm.params.task,
     settings,
-    device=job_device(spec.device, sm.resources.get("gpu")),
+    device=device,
 )
 roles, pruning, removable = ablate_roles(spec.name, evals, heads, tables, settings)
 for table, path in ((roles, sm.output.roles), (pruning, sm.output.pruning), (removable, sm.output.removable)):

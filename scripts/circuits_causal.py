@@ -7,19 +7,18 @@ from headatlas.circuits import analysis as A
 from headatlas.circuits.induction import InductionSettings
 from headatlas.circuits.longrange import LongSettings
 from headatlas.core.io import write_tsv
-from headatlas.core.models import ModelSpec, lm_head_model, load, resolve
-from headatlas.core.runner import setup
+from headatlas.core.models import lm_head_model, load, resolve
+from headatlas.core.runner import model_job, setup
 from headatlas.detectors.sequences import DetectorSettings
 from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)
-spec = ModelSpec.from_config(sm.params.model)
+spec, cache, device = model_job(sm)
 settings = A.CircuitSettings.from_config(sm.params.circuits)
 common = {k: sm.params.circuits[k] for k in ("bootstrap", "ci", "seed")}
 ind_settings = InductionSettings.from_config({**sm.params.induction, **common})
 long = LongSettings.from_config({**sm.params.long, "seed": settings.seed})
-cache = sm.input.model[0] if sm.input.model else None
 kind, config = A.model_kind_only(spec, cache)
 n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
 detectors = A.read_table(sm.input.detectors) if "detectors" in sm.input.keys() else None
@@ -31,7 +30,7 @@ if lm_model is None:
     summary, per_head = A.skipped(spec.name, reason), pd.DataFrame()
     tables = A.long_skipped(spec.name, n_layers, n_heads, reason)
 else:
-    model, tokenizer, config = load(spec, cache_dir=cache)
+    model, tokenizer, config = load(spec, cache_dir=cache, device=device)
     if not sm.params.induction_active or detectors is None:
         why = (
             "off"

@@ -2,15 +2,14 @@
 
 from headatlas.circuits.analysis import CircuitSettings, weights_tables
 from headatlas.core.io import write_tsv
-from headatlas.core.models import ModelSpec, lm_head_model, load, model_kind, resolve
-from headatlas.core.runner import setup
+from headatlas.core.models import lm_head_model, load, model_kind, resolve
+from headatlas.core.runner import model_job, setup
 from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)
-spec = ModelSpec.from_config(sm.params.model)
+spec, cache, _ = model_job(sm)  # the weight scores run on the CPU
 settings = CircuitSettings.from_config(sm.params.circuits)
-cache = sm.input.model[0] if sm.input.model else None
 model, tokenizer, config = load(spec, cache_dir=cache, device="cpu")
 loc, kwargs = resolve(spec, cache)
 lm_model, reason = lm_head_model(loc, model_kind(config, spec), kwargs)

@@ -7,27 +7,25 @@ import time
 from headatlas.clark.gradients import gradient_table
 from headatlas.clark.surface import SurfaceSettings
 from headatlas.core.data import load_records
-from headatlas.core.device import job_device
 from headatlas.core.io import write_tsv
-from headatlas.core.models import ModelSpec
-from headatlas.core.runner import setup
+from headatlas.core.runner import model_job, setup
 from headatlas.report.html import write_tables_html
 
 sm = snakemake
 log = setup(sm)
 g = SurfaceSettings.from_config(sm.params.surface).gradients
 t0 = time.time()
-spec = ModelSpec.from_config(sm.params.model)
+spec, cache, device = model_job(sm)
 table = gradient_table(
     spec,
     load_records(sm.input.corpus),
-    cache_dir=sm.input.model[0] if sm.input.model else None,
+    cache_dir=cache,
     overflow=sm.params.overflow,
     n_segments=g.n_segments,
     mask_prob=g.mask_prob,
     seed=g.seed,
     batch_size=g.batch_size,
-    device=job_device(spec.device, sm.resources.get("gpu")),
+    device=device,
 )
 write_tsv(table, sm.output[0])
 log.info("status %s, %.1f s", table["status"].iloc[0], time.time() - t0)

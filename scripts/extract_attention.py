@@ -2,10 +2,9 @@
 every corpus and shard of one model in turn, the model loaded once (the same stores either way)."""
 
 from headatlas.core.data import load_records
-from headatlas.core.device import job_device
 from headatlas.core.integrity import check_unk_share
-from headatlas.core.models import ModelSpec, load, resolve
-from headatlas.core.runner import as_dirs, setup
+from headatlas.core.models import load, resolve
+from headatlas.core.runner import as_dirs, model_job, setup
 from headatlas.fused import extract_shard, extraction_spec
 
 sm = snakemake
@@ -28,9 +27,7 @@ def jobs():
 todo = list(jobs())
 # the first corpus's spec loads the model (a corpus that sets max_length is checked before the weights load);
 # every corpus's max_length against the loaded config before any store is written
-spec = ModelSpec.from_config(todo[0][3]["model"])
-device = job_device(spec.device, sm.resources.get("gpu"))
-cache_dir = sm.input.model[0] if sm.input.model else None
+spec, cache_dir, device = model_job(sm, todo[0][3]["model"])
 model, tokenizer, config = load(spec, cache_dir=cache_dir, device=device)
 for job in todo:
     extraction_spec(job[3], config)

@@ -8,7 +8,9 @@ import logging
 import os
 import sys
 
+from .device import job_device
 from .integrity import check_inputs
+from .models import ModelSpec
 
 
 def export_library_path(scripts_dir: str) -> None:
@@ -17,6 +19,16 @@ def export_library_path(scripts_dir: str) -> None:
     path = os.environ.get("PYTHONPATH", "")
     if scripts_dir not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (scripts_dir, path) if p)
+
+
+def model_job(snakemake, entry: dict | None = None) -> tuple[ModelSpec, str | None, str]:
+    """What a model-running rule script loads its model with: the model's spec (``entry``, default
+    ``params.model``), its cache directory (``input.model``, a ``model_cache`` input; None for a model read from
+    its source) and the job's device (:func:`headatlas.core.device.job_device`, from the model's ``device``
+    setting and the GPU the scheduler granted, ``resources.gpu``)."""
+    spec = ModelSpec.from_config(snakemake.params.model if entry is None else entry)
+    cache = snakemake.input.model[0] if snakemake.input.model else None
+    return spec, cache, job_device(spec.device, snakemake.resources.get("gpu"))
 
 
 def setup(snakemake, threads: int | None = None) -> logging.Logger:
