@@ -72,9 +72,10 @@ except ImportError:  # not installed: use the source tree
 
 import torch  # noqa: E402
 
+from headatlas.core.batching import length_batches, model_inputs  # noqa: E402
 from headatlas.core.corpora import build_corpus  # noqa: E402
 from headatlas.core.data import SPECIAL_NONE  # noqa: E402
-from headatlas.core.extract import ExtractSettings, extract, length_batches, model_inputs, model_shape, tokenize_records  # noqa: E402
+from headatlas.core.extract import ExtractSettings, extract, model_shape, tokenize_records  # noqa: E402
 from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind, package_versions, resolve  # noqa: E402
 from headatlas.core.store import AttentionStore  # noqa: E402
 

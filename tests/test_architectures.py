@@ -392,7 +392,8 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
     """Every type reduces fused (its attention modules from transformers' _can_record_outputs or the table's
     ``attention``, MPNet) to what a replay of its stored maps gives, and leaves the model's outputs as they were."""
     from headatlas.clark.reducers import SurfaceReducer
-    from headatlas.core.extract import model_inputs, tokenize_records
+    from headatlas.core.batching import model_inputs
+    from headatlas.core.extract import tokenize_records
     from headatlas.core.reduce import fused_reduce, replay
     from headatlas.pande.reducers import SieveReducer
     from headatlas.position.reducers import PositionReducer

@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import REPO
 
-from headatlas.core.extract import model_inputs, tokenize_records
+from headatlas.core.batching import model_inputs
+from headatlas.core.extract import tokenize_records
 from headatlas.core.mapfree import (
     MAPFREE,
     FreeLayer,

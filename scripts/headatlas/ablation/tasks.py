@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.batching import pad_token
+from ..core.batching import length_batches, model_inputs, pad_token
 from ..core.corpora import tsv_records
 from ..core.device import job_device
-from ..core.extract import head_output_modules, length_batches, model_inputs, tokenize_records
+from ..core.extract import head_output_modules, tokenize_records
 from ..core.finetune import _encode
 from ..core.models import decoder_bos, lm_head_model, model_kind, resolve
 from .patch import MODES, HeadPatch, Replacement, layer_modules, replacement, resample_replacement

@@ -24,8 +24,9 @@ import pandas as pd
 
 from ..ablation.analysis import matched_random_sets
 from ..ablation.patch import HeadPatch
+from ..core.batching import length_batches, model_inputs
 from ..core.bootstrap import bootstrap_ci
-from ..core.extract import head_output_modules, length_batches, model_inputs
+from ..core.extract import head_output_modules
 from ..core.figures import head_label
 from ..core.reduce import fused_reduce
 from ..core.settings import Settings

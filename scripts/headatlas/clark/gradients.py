@@ -27,10 +27,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..core.batching import pad_token
+from ..core.batching import length_batches, model_inputs, pad_token
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
 from ..core.device import job_device
-from ..core.extract import length_batches, model_inputs, tokenize_records
+from ..core.extract import tokenize_records
 from ..core.models import (
     decoder_bos,
     lm_head_model,  # noqa: F401  (moved to core: the ablation analysis loads it too)

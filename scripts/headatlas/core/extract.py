@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from .align import encode_record
-from .batching import length_batches, model_inputs, pad_token, storage_windows  # noqa: F401  (model_inputs: importable here)
+from .batching import length_batches, pad_token, storage_windows
 from .data import Counts, Record, TokenizedRecord
 from .figures import head_label
 from .mapfree import PATHS, longest_of
