@@ -562,35 +562,16 @@ def test_atlas_columns_never_show_an_unreliable_estimate():
 
 
 @pytest.mark.slow
-def test_tiny_workflow_ablation(tmp_path):
-    """The real rules on the tiny workflow's models: heads, check, roles, pruning and the atlas columns."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tiny_workflow import write_tiny
-
-    cfg = write_tiny(tmp_path, analyses=["clark_surface", "ablation"], corpora=["wiki"], limit=8)
-    os.symlink(Path(__file__).resolve().parents[1] / "resources", tmp_path / "resources")
-    repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    targets = [f"results/ablation/{m}/pruning.png" for m in ("tinybert", "tinygpt2")] + [
-        f"results/atlas/{m}/atlas.tsv" for m in ("tinybert", "tinygpt2")
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), "--directory", str(tmp_path),
-         "--configfile", str(cfg), "--cores", "2", *targets],
-        capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    res = tmp_path / "results"
+def test_tiny_workflow_ablation(golden_results):
+    """The real rules on the tiny workflow's models (the golden run, test_golden.run_tiny): heads, check,
+    roles, pruning and the atlas columns."""
+    res = golden_results
     heads = pd.read_csv(res / "ablation/tinygpt2/heads.tsv", sep="\t")
     lm = heads[heads["task"] == "lm"]
     assert len(lm) == 8 and (lm["status"] == "ok").all()
     bert = pd.read_csv(res / "ablation/tinybert/heads.tsv", sep="\t")
     assert (bert["status"] == "skipped").all()
-    assert "no masked-LM head" in (tmp_path / "logs/ablation_heads/tinybert.log").read_text()
+    assert "no masked-LM head" in (res.parent / "logs/ablation_heads/tinybert.log").read_text()
     roles = pd.read_csv(res / "ablation/tinygpt2/roles.tsv", sep="\t")
     assert "status" in roles
     atlas = pd.read_csv(res / "atlas/tinybert/atlas.tsv", sep="\t")

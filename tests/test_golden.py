@@ -1,10 +1,12 @@
 """Golden check: the tiny workflow's TSVs are byte-identical to the recorded ones.
 
-tests/golden/tiny_outputs.json holds the sha256 of every TSV a small tiny configuration
-writes (two random models; Clark surface and syntax, Pande, the atlas; Jo & Myaeng is left
-out: its probes need more records than the tiny corpora keep). A refactoring must leave it
-unchanged. When a change of outputs is intended (a tokenizer fix, a new column), refresh it
-on purpose and commit the new file with the change:
+tests/golden/tiny_outputs.json holds the sha256 of every TSV the tiny configuration writes: two random
+models through every analysis of the default config's ``analysis:`` block and the atlas (``run_tiny``).
+The same run is shared by the slow tests that read a whole run (conftest's ``golden_results``: these
+digests, the stability and ablation end-to-end checks, the fused-vs-full comparison, the atlas page in a
+browser), so the suite pays for one tiny run of every analysis. A refactoring must leave the digests
+unchanged. When a change of outputs is intended (a tokenizer fix, a new column), refresh it on purpose and
+commit the new file with the change:
 
     PYTHONPATH=scripts python tests/test_golden.py --refresh
 
@@ -28,19 +30,45 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 GOLDEN = HERE / "golden" / "tiny_outputs.json"
-ANALYSES = ["clark_surface", "pande", "clark_syntax"]
+ANALYSES = ["clark_surface", "pande", "jomyaeng", "detectors", "clark_syntax", "ablation", "circuits"]
 LIMIT = 12  # the tiny default: the same records as `tiny_workflow.py build`
+# files in the checkout's results/ that the run must neither read nor depend on (its own results/ is elsewhere)
+FOREIGN = ("results/probing/sentences.jsonl.gz", "results/probing/downstream_sentences.jsonl.gz")
 
 
 def run_tiny(out: Path, cores: int = 2) -> Path:
-    """Build the golden tiny configuration under ``out``, run the workflow, return results/."""
-    sys.path.insert(0, str(HERE))
-    from tiny_workflow import write_tiny
+    """Build the golden tiny configuration under ``out`` and run the workflow; return results/.
 
-    config = write_tiny(out, limit=LIMIT, analyses=ANALYSES)
-    if not (out / "resources").exists():
-        (out / "resources").symlink_to(REPO / "resources")
+    Every analysis of the default config (``ANALYSES``, checked against it), configured from a copy of the
+    default config in a checkout (``out``/checkout) that holds a finished run's files (``FOREIGN``).
+    """
+    sys.path.insert(0, str(HERE))
+    import tiny_workflow
+
+    checkout = out / "checkout"
+    (checkout / "config").mkdir(parents=True, exist_ok=True)
+    (checkout / "config" / "config.yaml").write_bytes((REPO / "config" / "config.yaml").read_bytes())
+    if not (checkout / "resources").exists():
+        (checkout / "resources").symlink_to(REPO / "resources")
+    for rel in FOREIGN:
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / rel).write_bytes(b"a finished run's file, not the tiny run's")
+    import yaml
+
+    default = list(yaml.safe_load((REPO / "config" / "config.yaml").read_text())["analysis"])
+    if default != ANALYSES:
+        raise RuntimeError(f"the default config's analyses are {default}; update test_golden.ANALYSES and refresh")
+    run = out / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    repo, tiny_workflow.REPO = tiny_workflow.REPO, checkout  # the config's relative paths resolve in the checkout
+    try:
+        config = tiny_workflow.write_tiny(run, limit=LIMIT, analyses=ANALYSES)
+    finally:
+        tiny_workflow.REPO = repo
+    if not (run / "resources").exists():  # the analysis block's relative resources/ paths
+        (run / "resources").symlink_to(REPO / "resources")
     env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"), HF_HUB_OFFLINE="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     cmd = [
         sys.executable,
         "-m",
@@ -48,17 +76,17 @@ def run_tiny(out: Path, cores: int = 2) -> Path:
         "--snakefile",
         str(REPO / "Snakefile"),
         "--directory",
-        str(out),
+        str(run),
         "--configfile",
         str(config),
         "--cores",
         str(cores),
         "--quiet",
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=run, timeout=3600)
     if proc.returncode:
-        raise RuntimeError(f"tiny workflow failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
-    return out / "results"
+        raise RuntimeError(f"tiny workflow failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return run / "results"
 
 
 def digests(results: Path) -> dict[str, str]:

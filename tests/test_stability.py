@@ -3,8 +3,6 @@ score-against-length figure, and every Pande and atlas table/figure on degenerat
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -383,45 +381,12 @@ def test_atlas_script_writes_well_formed_tables_with_nan(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_models_through_every_analysis(tmp_path, monkeypatch):
+def test_tiny_models_through_every_analysis(golden_results):
     """clark_surface, pande, clark_syntax, jomyaeng and the atlas on the tiny BERT and GPT-2
     (the default config's analysis block, corpora cut by tests/tiny_workflow.py), built from a checkout that
-    holds a finished run's results/ (files there that the tiny run must neither read nor depend on)."""
-    import os
-    import subprocess
-    import sys
-
-    import tiny_workflow
-    from tiny_workflow import REPO, write_tiny
-
-    checkout = tmp_path / "checkout"
-    (checkout / "config").mkdir(parents=True)
-    (checkout / "config" / "config.yaml").write_bytes((REPO / "config" / "config.yaml").read_bytes())
-    (checkout / "resources").symlink_to(REPO / "resources")
-    for rel in ("results/probing/sentences.jsonl.gz", "results/probing/downstream_sentences.jsonl.gz"):
-        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
-        (checkout / rel).write_bytes(b"a finished run's file, not the tiny run's")
-    monkeypatch.setattr(tiny_workflow, "REPO", checkout)
-    tmp_path = tmp_path / "run"
-    cfg = write_tiny(tmp_path)
-    (tmp_path / "resources").symlink_to(REPO / "resources")  # the analysis block's relative resources/ paths
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(tmp_path),
-        "--configfile",
-        str(cfg),
-        "--cores",
-        "2",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    res = tmp_path / "results"
+    holds a finished run's results/ (files there that the tiny run must neither read nor depend on:
+    test_golden.run_tiny)."""
+    res = golden_results
     for model in ("tinybert", "tinygpt2"):
         atlas = pd.read_csv(res / "atlas" / model / "atlas.tsv", sep="\t")
         assert len(atlas) == 2 * 4 and (atlas["model"] == model).all()
