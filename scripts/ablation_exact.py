@@ -1,5 +1,5 @@
-"""Rule ablation_exact: exact ablation of one job's share of the heads (every head of every
-``exact_jobs``-th layer), gathered by rule ablation_heads."""
+"""Rule ablation_exact: exact ablation of one job's share of the heads known before the check (every head, or
+the check's heads, of every ``exact_jobs``-th layer), gathered by rule ablation_heads."""
 
 import time
 

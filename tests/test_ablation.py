@@ -612,27 +612,43 @@ def test_atlas_figure_marks_estimates_and_never_draws_unreliable_values():
     plt.close(fig)
 
 
-def test_split_exact_jobs_equal_one_job(ablation_models, ewt_records, tmp_path):
-    """Rule ablation_exact's jobs (every k-th layer each), gathered: the same heads.tsv / check.tsv bytes as one job."""
-    from headatlas.ablation.analysis import ablate_heads, exact_part, job_heads, read_exact_parts, write_exact_part
+@pytest.mark.parametrize("path", ["exact everywhere", "checked estimates"])
+def test_split_exact_jobs_equal_one_job(ablation_models, ewt_records, tmp_path, path):
+    """Rule ablation_exact's jobs (every k-th layer each), gathered: the same heads.tsv / check.tsv bytes as one job,
+    with exact ablation of every head and with the check's heads only (a model past exact_max_heads)."""
+    from headatlas.ablation.analysis import (
+        ablate_heads,
+        exact_heads,
+        exact_part,
+        job_heads,
+        read_exact_parts,
+        write_exact_part,
+    )
     from headatlas.ablation.tasks import evaluations
 
+    settings = SMALL if path == "exact everywhere" else dataclass_replace(SMALL, exact_max_heads=4, check_heads=2)
     assert job_heads(3, 2, 2, 0) == [0, 1, 4, 5] and job_heads(3, 2, 2, 1) == [2, 3] and job_heads(3, 2, 4, 3) == []
-    evals, shape = evaluations(_spec(ablation_models / "llama_lm"), None, ewt_records, None, SMALL)
+    evals, shape = evaluations(_spec(ablation_models / "llama_lm"), None, ewt_records, None, settings)
     ev = evals["lm"][0]
+    expected = list(range(8)) if path == "exact everywhere" else exact_heads(ev, settings)
+    assert len(expected) == (8 if path == "exact everywhere" else 4)  # 2 layers x 2 checked heads
     tables = {}
     for jobs in (1, 2, 3):
         paths = []
         for part in range(jobs):
             paths.append(tmp_path / f"{jobs}_{part}.npz")
-            write_exact_part(paths[-1], {"lm": exact_part(ev, SMALL, jobs, part), "classification": None})
+            write_exact_part(paths[-1], {"lm": exact_part(ev, settings, jobs, part), "classification": None})
         parts = read_exact_parts(paths)
-        assert sorted(np.concatenate([p["heads"] for p in parts["lm"]])) == list(range(8))
+        assert sorted(np.concatenate([p["heads"] for p in parts["lm"]])) == expected
         tables[jobs] = [t.to_csv(sep="\t", index=False, float_format="%.6g") for t in
-                        ablate_heads("llama_lm", {"lm": (ev, None)}, SMALL, shape, parts)]  # fmt: skip
+                        ablate_heads("llama_lm", {"lm": (ev, None)}, settings, shape, parts)]  # fmt: skip
     tables[0] = [
         t.to_csv(sep="\t", index=False, float_format="%.6g")
-        for t in ablate_heads("llama_lm", {"lm": (ev, None)}, SMALL, shape)
+        for t in ablate_heads("llama_lm", {"lm": (ev, None)}, settings, shape)
     ]  # fmt: skip: no parts, in the job
     assert tables[1] == tables[0] and tables[2] == tables[0] and tables[3] == tables[0]
     assert "exact" in tables[0][0]
+    heads = pd.read_csv(pd.io.common.StringIO(tables[0][0]), sep="\t")
+    loss = heads[heads["metric"] == "loss"].sort_values(["layer", "head"])
+    exact = loss["kind"].to_numpy() == "exact"
+    assert exact[expected].all() and set(loss["kind"]) <= {"exact", "estimated (checked)"}

@@ -56,12 +56,12 @@ class AblationSettings(Settings):
     lm_max_tokens: int = 36
     classification_examples: int = 200
     batch_size: int = 16
-    exact_max_heads: int = 400
+    exact_max_heads: int = 200
     exact_max_rows: int = 4096
     estimator: str = "atp"
     ig_steps: int = 4
     compare_estimators: tuple[str, ...] = ("atp",)
-    check_heads: int = 2
+    check_heads: int = 4
     check_seed: int = 0
     on_check_fail: str = "exact"
     random_sets: int = 10
@@ -162,13 +162,22 @@ def job_heads(n_layers: int, n_heads: int, jobs: int, part: int) -> list[int]:
     return [lay * n_heads + h for lay in range(part, n_layers, jobs) for h in range(n_heads)]
 
 
-def exact_part(evaluation, settings: AblationSettings, jobs: int, part: int) -> dict[str, np.ndarray] | None:
-    """Rule ablation_exact: the per-sequence metrics [S, heads] of exact job ``part`` of ``jobs``
-    (``heads``: its flat heads), or None where the model does not get exact ablation everywhere."""
+def exact_heads(evaluation, settings: AblationSettings) -> list[int]:
+    """The flat heads ablated exactly before any check: every head (:func:`exact_everywhere`), else the
+    ``check_heads`` seeded heads of every layer (the layer check)."""
     ev, s = evaluation, settings
-    if not exact_everywhere(ev, s):
-        return None
-    flat = job_heads(ev.n_layers, ev.n_heads, jobs, part)
+    if exact_everywhere(ev, s):
+        return list(range(ev.n_layers * ev.n_heads))
+    samples = layer_samples(ev.n_layers, ev.n_heads, s.check_heads, s.check_seed)
+    return sorted(lay * ev.n_heads + h for lay, hs in enumerate(samples) for h in hs)
+
+
+def exact_part(evaluation, settings: AblationSettings, jobs: int, part: int) -> dict[str, np.ndarray]:
+    """Rule ablation_exact: the per-sequence metrics [S, heads] of exact job ``part`` of ``jobs``
+    (``heads``: its flat heads): the heads of :func:`exact_heads` in its layers (:func:`job_heads`)."""
+    ev, s = evaluation, settings
+    mine = set(job_heads(ev.n_layers, ev.n_heads, jobs, part))
+    flat = [f for f in exact_heads(ev, s) if f in mine]
     return dict(
         ev.exact(flat, ev.replacement(s.mode, s.seed), s.exact_max_rows), heads=np.asarray(flat, dtype=np.int64)
     )
@@ -203,7 +212,7 @@ def head_tables(
     samples = layer_samples(L, H, s.check_heads, s.check_seed)
     names = list(dict.fromkeys(s.compare_estimators)) if everywhere else [s.estimator]
     est = {e: ev.estimate(values, e, s.ig_steps, s.exact_max_rows) for e in names}  # [S, N] loss effects
-    measure(range(N) if everywhere else sorted(lay * H + h for lay, hs in enumerate(samples) for h in hs))
+    measure(exact_heads(ev, s))
 
     def summary(m):
         x, lo, hi = (np.full(N, np.nan) for _ in range(3))
@@ -615,7 +624,7 @@ def ablate_roles(
 
 
 def write_exact_part(path, parts: dict[str, dict | None]) -> None:
-    """One exact job's results (task -> :func:`exact_part`, None: not exact everywhere) as an .npz file."""
+    """One exact job's results (task -> :func:`exact_part`, None: a task the model does not have) as an .npz file."""
     arrays = {f"{task}/{k}": v for task, p in parts.items() if p is not None for k, v in p.items()}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)

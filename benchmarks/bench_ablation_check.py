@@ -1,0 +1,85 @@
+"""What the atlas would show with checked estimates, for several check settings, against exact ablation.
+
+Reads a ``heads.tsv`` of rule ``ablation_heads`` made with exact ablation of every head (the default for
+SmolLM2 and minilm-sst2): its ``estimate`` column (the first of ``compare_estimators``) and its exact effects
+with their CIs. For every check setting (heads checked per layer, seeds of the draw, the layer test:
+``headatlas.ablation.analysis.layer_check``, and whether the checked heads' errors correct the layer's other
+estimates: ``calibrate_layers``) it builds what ``head_tables`` would show (exact values for the checked heads and
+for every head of a failing layer, the checked estimates elsewhere) and compares it with exact ablation of every
+head: Spearman, top-10 overlap, largest error, and the exact heads it costs. No model runs::
+
+    PYTHONPATH=scripts python benchmarks/bench_ablation_check.py results/ablation/smollm2/heads.tsv \
+        --json benchmarks/results_ablation_check_smollm2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headatlas.ablation.analysis import agreement, calibrate_layers, layer_check
+from headatlas.ablation.patch import layer_samples
+
+
+def shown_values(t: pd.DataFrame, k: int, seed: int, calibrate: bool) -> tuple[np.ndarray, int, int]:
+    """(the values shown, exact heads, failing layers) of one check setting on a heads table (one task, loss)."""
+    L, H = int(t["layer"].max()) + 1, int(t["head"].max()) + 1
+    t = t.sort_values(["layer", "head"])
+    e, x = t["estimate"].to_numpy(float), t["exact"].to_numpy(float)
+    lo, hi = t["exact_ci_low"].to_numpy(float), t["exact_ci_high"].to_numpy(float)
+    samples = layer_samples(L, H, k, seed)
+    lc = layer_check(e, x, lo, hi, samples, H)
+    exact = np.zeros((L, H), bool)
+    for lay, hs in enumerate(samples):
+        exact[lay, hs] = True
+    failed = lc.loc[~lc["passed"], "layer"].astype(int).to_numpy()
+    exact[failed] = True
+    if calibrate:
+        e = calibrate_layers(e, np.where(exact.ravel(), x, np.nan), samples, H)
+    return np.where(exact.ravel(), x, e), int(exact.sum()), len(failed)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("heads", nargs="+", help="heads.tsv files of rule ablation_heads (exact everywhere)")
+    ap.add_argument("--check-heads", default="2,3,4")
+    ap.add_argument("--seeds", type=int, default=10, help="check draws per setting (seeds 0..N-1)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    out = []
+    for path in args.heads:
+        t = pd.read_csv(path, sep="\t")
+        t = t[(t["metric"] == "loss") & (t["status"] == "ok")]
+        for task, tt in t.groupby("task"):
+            assert (tt["kind"] == "exact").all(), f"{path}: not exact everywhere"
+            x = tt.sort_values(["layer", "head"])["exact"].to_numpy(float)
+            e = tt.sort_values(["layer", "head"])["estimate"].to_numpy(float)
+            base = agreement(e, x)
+            print(f"{path} {task}: {len(x)} heads, unchecked estimate Spearman {base['spearman']:.3f}")
+            for k in (int(v) for v in args.check_heads.split(",")):
+                for calibrate in (False, True):
+                    rows = [shown_values(tt, k, seed, calibrate) for seed in range(args.seeds)]
+                    ag = [agreement(v, x) for v, _, _ in rows]
+                    rho = np.array([a["spearman"] for a in ag])
+                    r = {"heads_file": path, "task": task, "n_heads": len(x), "check_heads": k,
+                         "calibrate_layers": calibrate, "seeds": args.seeds,
+                         "spearman_mean": float(rho.mean()), "spearman_min": float(rho.min()),
+                         "top10_mean": float(np.mean([a["top_k_overlap"] for a in ag])),
+                         "max_abs_error_mean": float(np.mean([a["max_abs_error"] for a in ag])),
+                         "exact_heads_mean": float(np.mean([n for _, n, _ in rows])),
+                         "failing_layers_mean": float(np.mean([f for _, _, f in rows]))}  # fmt: skip
+                    out.append(r)
+                    print(f"  check {k}, calibrate {calibrate!s:5}: Spearman {r['spearman_mean']:.3f} "
+                          f"(min {r['spearman_min']:.3f}), top-10 {r['top10_mean']:.1f}, largest error "
+                          f"{r['max_abs_error_mean']:.3f}, exact heads {r['exact_heads_mean']:.0f}, "
+                          f"failing layers {r['failing_layers_mean']:.1f}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
