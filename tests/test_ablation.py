@@ -494,6 +494,15 @@ def test_saturating_toy_fails_the_layer_check_and_the_layer_is_marked():
     heads, check = head_tables("toy", ev, dataclass_replace(s, on_check_fail="exact"))
     assert (heads.loc[heads["layer"] == 0, "kind"] == "exact").all()  # the failing layer ablated exactly
     assert heads["effect"].notna().all()
+    # split into exact jobs (one per layer): job 0 ablates its checked head, fails the check and ablates the rest
+    # of layer 0; job 1 its checked head only; gathered, the same tables as one job
+    from headatlas.ablation.analysis import exact_part
+
+    parts = [exact_part(ev, dataclass_replace(s, on_check_fail="exact"), 2, k) for k in (0, 1)]
+    assert parts[0]["heads"].tolist() == [0, 1, 2] and len(parts[1]["heads"]) == 1 and parts[1]["heads"][0] >= 3
+    split = head_tables("toy", ev, dataclass_replace(s, on_check_fail="exact"), parts)
+    for a, b in zip(split, (heads, check)):
+        assert a.to_csv(sep="\t", index=False) == b.to_csv(sep="\t", index=False)
 
 
 def test_model_without_lm_head_is_skipped_with_reason(ablation_models, ewt_records):
@@ -632,6 +641,9 @@ def test_split_exact_jobs_equal_one_job(ablation_models, ewt_records, tmp_path, 
     ev = evals["lm"][0]
     expected = list(range(8)) if path == "exact everywhere" else exact_heads(ev, settings)
     assert len(expected) == (8 if path == "exact everywhere" else 4)  # 2 layers x 2 checked heads
+    check = ablate_heads("llama_lm", {"lm": (ev, None)}, settings, shape)[1]
+    check = check[check["scope"] == "layer"]
+    failing = set(check.loc[~check["passed"].astype(bool), "layer"].astype(int))
     tables = {}
     for jobs in (1, 2, 3):
         paths = []
@@ -639,7 +651,12 @@ def test_split_exact_jobs_equal_one_job(ablation_models, ewt_records, tmp_path, 
             paths.append(tmp_path / f"{jobs}_{part}.npz")
             write_exact_part(paths[-1], {"lm": exact_part(ev, settings, jobs, part), "classification": None})
         parts = read_exact_parts(paths)
-        assert sorted(np.concatenate([p["heads"] for p in parts["lm"]])) == expected
+        covered = sorted(np.concatenate([p["heads"] for p in parts["lm"]]))
+        if path == "exact everywhere":
+            assert covered == expected
+        else:  # the checked heads, and every head of a layer failing the check
+            assert set(expected) <= set(covered) and all(f in expected or f // 4 in failing for f in covered)
+            assert all("estimate" in p and p["estimate"].shape == (6, 8) for p in parts["lm"])
         tables[jobs] = [t.to_csv(sep="\t", index=False, float_format="%.6g") for t in
                         ablate_heads("llama_lm", {"lm": (ev, None)}, settings, shape, parts)]  # fmt: skip
     tables[0] = [

@@ -172,15 +172,81 @@ def exact_heads(evaluation, settings: AblationSettings) -> list[int]:
     return sorted(lay * ev.n_heads + h for lay, hs in enumerate(samples) for h in hs)
 
 
+def _key(metric: str) -> str:
+    """The key of a metric in :meth:`Evaluation.run`'s (and :meth:`Evaluation.exact`'s) per-sequence results."""
+    return "correct" if metric == "accuracy" else "loss"
+
+
+def _checked(ev, s: AblationSettings, parts: list[dict] | None, layers=None) -> dict:
+    """The exact ablations of a head table and the layer check: every head where the model gets exact ablation
+    everywhere, else the check's heads, the estimate, the check and (``on_check_fail: exact``) every head of a
+    failing layer. ``parts``: ablations already run (:func:`exact_part`), used where they cover a head (and their
+    estimate); ``layers``: ablate only heads of these layers (an exact job's share; None: every layer)."""
+    L, H, S = ev.n_layers, ev.n_heads, ev.n_sequences
+    N = L * H
+    values = ev.replacement(s.mode, s.seed)
+    intact = ev.run()
+    metrics = metrics_of(ev.task)
+    counts = resample_counts(np.random.default_rng(s.seed), S, s.bootstrap)
+    ablated = {m: np.full((S, N), np.nan) for m in metrics}  # per-sequence metric with the head ablated
+    for p in parts or ():
+        for m in metrics:
+            ablated[m][:, p["heads"]] = p[_key(m)]
+    allowed = np.ones(N, bool) if layers is None else np.isin(np.repeat(np.arange(L), H), list(layers))
+
+    def measure(flat):
+        flat = [f for f in flat if allowed[f] and np.isnan(ablated[metrics[0]][0, f])]
+        if flat:
+            run = ev.exact(flat, values, s.exact_max_rows)
+            for m in metrics:
+                ablated[m][:, flat] = _values(run, m)
+
+    def summary(m):
+        x, lo, hi = (np.full(N, np.nan) for _ in range(3))
+        done = np.flatnonzero(np.isfinite(ablated[m][0]))
+        if len(done):
+            x[done], lo[done], hi[done] = mean_ci(ablated[m][:, done] - _values(intact, m)[:, None], counts, s.ci)
+        return x, lo, hi
+
+    everywhere = exact_everywhere(ev, s)
+    samples = layer_samples(L, H, s.check_heads, s.check_seed)
+    names = list(dict.fromkeys(s.compare_estimators)) if everywhere else [s.estimator]
+    given = [p["estimate"] for p in parts or () if "estimate" in p]
+    est = {e: given[0] if given and not everywhere else ev.estimate(values, e, s.ig_steps, s.exact_max_rows)
+           for e in names}  # fmt: skip  [S, N] loss effects
+    measure(exact_heads(ev, s))
+    checks, failed = [], set()
+    for e in names:
+        x, lo, hi = summary("loss")
+        lc = layer_check(mean_ci(est[e], counts, s.ci)[0], x, lo, hi, samples, H)
+        if layers is not None:
+            lc = lc[lc["layer"].isin(list(layers))]
+        bad = set(lc.loc[~lc["passed"], "layer"].astype(int))
+        if not everywhere:
+            failed = bad
+        lc["action"] = ["none" if p else ("none (exact everywhere)" if everywhere else s.on_check_fail)
+                        for p in lc["passed"]]  # fmt: skip
+        lc["scope"], lc["estimator"] = "layer", e
+        checks.append(lc)
+    if failed and s.on_check_fail == "exact":
+        log.info("%s: layers %s fail the check: exact ablation of all their heads", ev.task, sorted(failed))
+        measure([lay * H + h for lay in sorted(failed) for h in range(H)])
+    return dict(intact=intact, metrics=metrics, counts=counts, ablated=ablated, summary=summary, est=est,
+                names=names, everywhere=everywhere, checks=checks, failed=failed)  # fmt: skip
+
+
 def exact_part(evaluation, settings: AblationSettings, jobs: int, part: int) -> dict[str, np.ndarray]:
-    """Rule ablation_exact: the per-sequence metrics [S, heads] of exact job ``part`` of ``jobs``
-    (``heads``: its flat heads): the heads of :func:`exact_heads` in its layers (:func:`job_heads`)."""
+    """Rule ablation_exact: the per-sequence metrics [S, heads] of exact job ``part`` of ``jobs`` (``heads``: its
+    flat heads, every head of the layers of :func:`job_heads`): every head where the model gets exact ablation
+    everywhere, else its layers' checked heads and every head of its layers that fail the check; with the estimate
+    [S, L * H] (``estimate``) on that path."""
     ev, s = evaluation, settings
-    mine = set(job_heads(ev.n_layers, ev.n_heads, jobs, part))
-    flat = [f for f in exact_heads(ev, s) if f in mine]
-    return dict(
-        ev.exact(flat, ev.replacement(s.mode, s.seed), s.exact_max_rows), heads=np.asarray(flat, dtype=np.int64)
-    )
+    c = _checked(ev, s, None, layers=range(part, ev.n_layers, jobs))
+    done = np.flatnonzero(np.isfinite(c["ablated"][c["metrics"][0]][0]))
+    out = {_key(m): c["ablated"][m][:, done] for m in c["metrics"]}
+    if not c["everywhere"]:
+        out["estimate"] = c["est"][s.estimator]
+    return dict(out, heads=done.astype(np.int64))
 
 
 def head_tables(
@@ -191,50 +257,9 @@ def head_tables(
     ev, s = evaluation, settings
     L, H, S = ev.n_layers, ev.n_heads, ev.n_sequences
     N = L * H
-    values = ev.replacement(s.mode, s.seed)
-    intact = ev.run()
-    metrics = metrics_of(ev.task)
-    counts = resample_counts(np.random.default_rng(s.seed), S, s.bootstrap)
-    exact = {m: np.full((S, N), np.nan) for m in metrics}
-
-    for p in parts or ():
-        for m in metrics:
-            exact[m][:, p["heads"]] = _values(p, m) - _values(intact, m)[:, None]
-
-    def measure(flat):
-        flat = [f for f in flat if np.isnan(exact[metrics[0]][0, f])]
-        if flat:
-            run = ev.exact(flat, values, s.exact_max_rows)
-            for m in metrics:
-                exact[m][:, flat] = _values(run, m) - _values(intact, m)[:, None]
-
-    everywhere = exact_everywhere(ev, s)
-    samples = layer_samples(L, H, s.check_heads, s.check_seed)
-    names = list(dict.fromkeys(s.compare_estimators)) if everywhere else [s.estimator]
-    est = {e: ev.estimate(values, e, s.ig_steps, s.exact_max_rows) for e in names}  # [S, N] loss effects
-    measure(exact_heads(ev, s))
-
-    def summary(m):
-        x, lo, hi = (np.full(N, np.nan) for _ in range(3))
-        done = np.flatnonzero(np.isfinite(exact[m][0]))
-        if len(done):
-            x[done], lo[done], hi[done] = mean_ci(exact[m][:, done], counts, s.ci)
-        return x, lo, hi
-
-    checks, failed = [], set()
-    for e in names:
-        x, lo, hi = summary("loss")
-        lc = layer_check(mean_ci(est[e], counts, s.ci)[0], x, lo, hi, samples, H)
-        bad = set(lc.loc[~lc["passed"], "layer"].astype(int))
-        if not everywhere:
-            failed = bad
-        lc["action"] = ["none" if p else ("none (exact everywhere)" if everywhere else s.on_check_fail)
-                        for p in lc["passed"]]  # fmt: skip
-        lc["scope"], lc["estimator"] = "layer", e
-        checks.append(lc)
-    if failed and s.on_check_fail == "exact":
-        log.info("%s, %s: layers %s fail the check: exact ablation of all their heads", model, ev.task, sorted(failed))
-        measure([lay * H + h for lay in sorted(failed) for h in range(H)])
+    c = _checked(ev, s, parts)
+    intact, metrics, counts, summary, est = c["intact"], c["metrics"], c["counts"], c["summary"], c["est"]
+    names, everywhere, checks, failed = c["names"], c["everywhere"], c["checks"], c["failed"]
     x_loss = summary("loss")[0]
     done = np.flatnonzero(np.isfinite(x_loss))
     for e in names:
