@@ -143,7 +143,7 @@ rule detectors_sinks_by_model:
 # against the model's positions before the weights load)
 rule detectors_long:
     input:
-        corpora="results/corpora/{corpus}.jsonl.gz",
+        corpora=["results/corpora/{corpus}.jsonl.gz"],
         model=model_cache,
     output:
         heads="results/detectors/{model}/long/{corpus}/heads.tsv",
