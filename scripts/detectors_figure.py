@@ -1,4 +1,4 @@
-"""Rules detectors_figure and detectors_long_figure: the detector grids and sink shares of one model (on one long corpus)."""
+"""Rule detectors_figure: the detector grids and sink shares of one model."""
 
 import pandas as pd
 
@@ -9,5 +9,4 @@ sm = snakemake
 log = setup(sm)
 heads = pd.read_csv(sm.input.heads, sep="\t")
 sinks = pd.read_csv(sm.input.sinks, sep="\t")
-title = sm.wildcards.model + (f", {sm.wildcards.corpus}" if "corpus" in sm.wildcards.keys() else "")
-detector_figure(heads, sinks, title, sm.output.png, sm.output.svg)
+detector_figure(heads, sinks, sm.wildcards.model, sm.output.png, sm.output.svg)

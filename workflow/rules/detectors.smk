@@ -143,7 +143,7 @@ rule detectors_sinks_by_model:
 # against the model's positions before the weights load)
 rule detectors_long:
     input:
-        corpora=["results/corpora/{corpus}.jsonl.gz"],
+        corpus="results/corpora/{corpus}.jsonl.gz",
         model=model_cache,
     output:
         heads="results/detectors/{model}/long/{corpus}/heads.tsv",
@@ -188,9 +188,8 @@ rule detectors_long:
         detectors=settings_params(DetectorSettings, DETECTORS),
         long=settings_params(LongDetectorSettings, DETECTORS["long"]),
         model=lambda wc: corpus_model(wc.model, wc.corpus),
-        corpora=lambda wc: [wc.corpus],
     script:
-        "../../scripts/detectors.py"
+        "../../scripts/detectors_long.py"
 
 
 rule detectors_long_figure:
@@ -217,4 +216,4 @@ rule detectors_long_figure:
         mem_mb=1000,
         runtime=5,
     script:
-        "../../scripts/detectors_figure.py"
+        "../../scripts/detectors_long_figure.py"
