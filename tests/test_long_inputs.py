@@ -159,3 +159,18 @@ def test_long_rules_end_to_end(tmp_path, tiny_models):
     surface = pd.read_csv(tmp_path / "results/clark/llama/wiki_long/surface.tsv", sep="\t")
     assert len(surface) == 2 * 4 and (surface["n_sequences"] == 3).all()
     assert not (tmp_path / "results/clark/llama/wiki_long/js_distance.tsv").exists()
+
+
+def test_a_long_corpus_past_the_positions_fails_before_any_model_loads(tmp_path, tiny_models):
+    from test_workflow import model_entry, output_of, run_snakemake
+
+    config = {
+        "models": [model_entry("llama", tiny_models["llama"])],
+        "corpora": {"wiki_long": {"kind": "wikitext_long", "path": str(WIKI_TEST), "n_segments": 2, "tokens": 300,
+                                  "seed": 0, "maps": False, "reps": False}},
+        "analysis": {"detectors": {"long": {"corpora": ["wiki_long"]}}, "atlas": {"activate": False}},
+    }  # fmt: skip
+    proc = run_snakemake(tmp_path, config, "--dry-run")
+    text = output_of(proc)
+    assert proc.returncode != 0 and "corpus 'wiki_long' has 300 tokens per input" in text, text[-3000:]
+    assert "position limit 256" in text
