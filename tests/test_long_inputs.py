@@ -106,6 +106,7 @@ def test_long_detectors_run_map_free(tiny_loaded, monkeypatch):
     assert t["heads"]["n"].max() == 2
 
 
+@pytest.mark.slow
 def test_long_rules_end_to_end(tmp_path, tiny_models):
     """The real rules: a tiny Llama with a 96-token long corpus (and a BERT it does not cover): surface statistics
     only on it, the long detectors' tables under results/detectors/llama/long/wiki_long/, both map-free."""
