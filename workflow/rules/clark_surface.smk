@@ -3,7 +3,7 @@ from headatlas.core.settings import settings_params
 
 CLARK = analysis_section("clark_surface", "../schemas/clark_surface.schema.yaml")
 
-# Fig. 1 draws its example from the stored maps (a maps: sample corpus: from its sample)
+# Fig. 1 draws its example from the stored maps (a maps: sample corpus: from its sample); not on long_corpora
 for _c in CLARK["corpora"] if analysis_active("clark_surface") else []:
     if _c in CORPUS_MAPS and CORPUS_MAPS[_c][0] == "none":
         raise ValueError(
@@ -26,6 +26,15 @@ CLARK_FILES = [
     "fig1_examples.png",
     "headlines.tsv",
 ]
+# long_corpora: the per-head surface statistics only (map-free; JS clustering, gradients and Fig. 1 do not scale)
+CLARK_LONG_FILES = [
+    "surface.tsv",
+    "behaviour.tsv",
+    "fig2_surface.png",
+    "fig4_entropy.png",
+]
+
+
 register_targets(
     "clark_surface",
     lambda: [
@@ -33,6 +42,13 @@ register_targets(
         for m in analysis_models("clark_surface")
         for c in analysis_corpora("clark_surface", m)
         for name in CLARK_FILES
+    ]
+    + [
+        f"results/clark/{m}/{c}/{name}"
+        for m in analysis_models("clark_surface")
+        for c in CLARK["long_corpora"]
+        if c in model_corpora(m)
+        for name in CLARK_LONG_FILES
     ],
 )
 

@@ -1,5 +1,5 @@
 from headatlas.core.settings import settings_params
-from headatlas.detectors.sequences import DetectorSettings
+from headatlas.detectors.sequences import DetectorSettings, LongDetectorSettings
 
 DETECTORS = analysis_section("detectors", "../schemas/detectors.schema.yaml")
 DETECTOR_FILES = [
@@ -10,6 +10,8 @@ DETECTOR_FILES = [
     "inputs.tsv",
     "detectors.png",
 ]
+
+
 register_targets(
     "detectors",
     lambda: [
@@ -17,7 +19,14 @@ register_targets(
         for m in analysis_models("detectors")
         for f in DETECTOR_FILES
     ]
-    + ["results/detectors/sinks_by_model.tsv"],
+    + ["results/detectors/sinks_by_model.tsv"]
+    + [
+        f"results/detectors/{m}/long/{c}/{f}"
+        for m in analysis_models("detectors")
+        for c in DETECTORS["long"]["corpora"]
+        if c in model_corpora(m)  # the long corpus's `models` cover it
+        for f in DETECTOR_FILES
+    ],
 )
 
 
@@ -128,3 +137,83 @@ rule detectors_sinks_by_model:
         runtime=5,
     script:
         "../../scripts/detectors_sinks_by_model.py"
+
+
+# the same job on one long corpus: every input kind as long as its `tokens`, the model spec's max_length (checked
+# against the model's positions before the weights load)
+rule detectors_long:
+    input:
+        corpus="results/corpora/{corpus}.jsonl.gz",
+        model=model_cache,
+    output:
+        heads="results/detectors/{model}/long/{corpus}/heads.tsv",
+        heads_html=report(
+            "results/detectors/{model}/long/{corpus}/heads.html",
+            caption="../report/detectors_heads.rst",
+            category="Detectors",
+            subcategory="{model}",
+            labels={"item": "Detector scores per head ({corpus}; table)"},
+        ),
+        sinks="results/detectors/{model}/long/{corpus}/sinks.tsv",
+        sinks_html=report(
+            "results/detectors/{model}/long/{corpus}/sinks.html",
+            caption="../report/detectors_sinks.rst",
+            category="Detectors",
+            subcategory="{model}",
+            labels={"item": "Sink heads per layer ({corpus}; table)"},
+        ),
+        kv_groups="results/detectors/{model}/long/{corpus}/kv_groups.tsv",
+        kv_groups_html=report(
+            "results/detectors/{model}/long/{corpus}/kv_groups.html",
+            caption="../report/detectors_kv_groups.rst",
+            category="Detectors",
+            subcategory="{model}",
+            labels={"item": "Key/value groups ({corpus}; table)"},
+        ),
+        kv_summary="results/detectors/{model}/long/{corpus}/kv_summary.tsv",
+        inputs="results/detectors/{model}/long/{corpus}/inputs.tsv",
+    log:
+        "logs/detectors_long/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/detectors_long/{model}/{corpus}.tsv"
+    priority: 5
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: DETECTORS["threads"]
+    resources:
+        mem_mb=6000,
+        runtime=120,
+        gpu=lambda wc: uses_gpu(wc.model),
+    params:
+        detectors=settings_params(DetectorSettings, DETECTORS),
+        long=settings_params(LongDetectorSettings, DETECTORS["long"]),
+        model=lambda wc: corpus_model(wc.model, wc.corpus),
+    script:
+        "../../scripts/detectors_long.py"
+
+
+rule detectors_long_figure:
+    input:
+        heads="results/detectors/{model}/long/{corpus}/heads.tsv",
+        sinks="results/detectors/{model}/long/{corpus}/sinks.tsv",
+    output:
+        png=report(
+            "results/detectors/{model}/long/{corpus}/detectors.png",
+            caption="../report/detectors_figure.rst",
+            category="Detectors",
+            subcategory="{model}",
+            labels={"item": "Detector scores ({corpus}; figure)"},
+        ),
+        svg="results/detectors/{model}/long/{corpus}/detectors.svg",
+    log:
+        "logs/detectors_long_figure/{model}/{corpus}.log",
+    benchmark:
+        "results/benchmarks/detectors_long_figure/{model}/{corpus}.tsv"
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../../scripts/detectors_long_figure.py"

@@ -527,8 +527,12 @@ class JSReducer(Reducer):
 
 def fused_plan(section: dict, corpus: str) -> list[Reducer]:
     """The reducers analysis clark_surface needs on ``corpus`` (its validated config section): the surface
-    statistics and the JS distances with the clustering settings; none off its corpora."""
+    statistics and the JS distances with the clustering settings on its ``corpora``; the surface statistics
+    alone on its ``long_corpora`` (no reducer that keeps whole rows, so such a corpus runs map-free where the
+    model allows); none elsewhere."""
+    s = SurfaceSettings.pick(section)
+    if corpus in s.long_corpora:
+        return [SurfaceReducer.from_settings(s)]
     if corpus not in (section.get("corpora") or []):
         return []
-    s = SurfaceSettings.pick(section)
     return [SurfaceReducer.from_settings(s), JSReducer.from_settings(s)]

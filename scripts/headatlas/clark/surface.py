@@ -94,6 +94,7 @@ class SurfaceSettings(Settings):
 
     SECTION = "analysis.clark_surface"
 
+    long_corpora: tuple[str, ...] = ()  # corpora with the per-head surface statistics only (fused_plan, the targets)
     smoothing: float = 1e-4
     broad_entropy: float = 3.8
     offset_threshold: float = 0.5

@@ -29,7 +29,8 @@ RULE_DIRS = {"gguf": "gguf", "zip_parts": "assembled", "finetuned": "finetuned",
 
 def check_config(config: dict) -> None:
     """Model and corpus names are plain file-name parts, model names unique; every corpus a model, a corpus's
-    ``models`` or an analysis names exists."""
+    ``models`` or an analysis names exists (its ``corpora``, ``long_corpora``, ``long.corpora``); no corpus is in
+    both an analysis's ``corpora`` and its ``long_corpora``."""
     names = [check_name(m["name"], "models[].name") for m in config["models"]]
     for corpus in config["corpora"]:
         check_name(corpus, "corpora")
@@ -48,11 +49,21 @@ def check_config(config: dict) -> None:
         if unknown:
             raise ValueError(f"config key corpora.{corpus}.models: unknown models {unknown}; known: {sorted(names)}")
     for key, spec in config["analysis"].items():
-        for corpus in spec.get("corpora", []):
-            if corpus not in config["corpora"]:
-                raise ValueError(
-                    f"config key analysis.{key}.corpora: unknown corpus {corpus!r}; known: {sorted(config['corpora'])}"
-                )
+        lists = {"corpora": spec.get("corpora", []), "long_corpora": spec.get("long_corpora", [])}
+        if isinstance(spec.get("long"), dict):  # analysis.detectors.long
+            lists["long.corpora"] = spec["long"].get("corpora", [])
+        for name, corpora in lists.items():
+            for corpus in corpora:
+                if corpus not in config["corpora"]:
+                    raise ValueError(
+                        f"config key analysis.{key}.{name}: unknown corpus {corpus!r}; known: {sorted(config['corpora'])}"
+                    )
+        both = sorted(set(lists["corpora"]) & set(lists["long_corpora"]))
+        if both:
+            raise ValueError(
+                f"config key analysis.{key}.long_corpora: {both} also in analysis.{key}.corpora; a corpus gets every "
+                "part of the analysis (corpora) or the per-head statistics only (long_corpora), not both"
+            )
 
 
 def derived_kind(entry: dict) -> str | None:

@@ -22,7 +22,16 @@ from ..core.models import architecture, decoder_bos, model_kind
 from ..core.multitest import adjust
 from ..core.reduce import fused_reduce
 from .reducers import DETECTORS, DetectorReducer
-from .sequences import INPUT_KINDS, DetectorSettings, inputs_table, natural_inputs, random_inputs
+from .sequences import (
+    INPUT_KINDS,
+    DetectorSettings,
+    LongDetectorSettings,
+    inputs_table,
+    long_settings,
+    n_framing,
+    natural_inputs,
+    random_inputs,
+)
 
 # the input kind each detector is read on in the atlas, the group summary and the figure
 MAIN_INPUT = {"prev": "natural", "duplicate": "repeated", "induction": "repeated", "sink": "natural"}
@@ -195,13 +204,17 @@ def kv_group_tables(
     return per.drop(columns=["mean_min", "mean_max"]), pd.DataFrame(summary)
 
 
-def run_detectors(spec, model, tokenizer, config, corpora: dict, settings: DetectorSettings) -> dict:
+def run_detectors(
+    spec, model, tokenizer, config, corpora: dict, settings: DetectorSettings, long: LongDetectorSettings | None = None
+) -> dict:
     """Every table of rule detectors for one loaded model (:func:`headatlas.core.models.load`): build the
-    inputs (``corpora``: name -> records of the natural corpora), reduce them fused, test and summarise.
+    inputs (``corpora``: name -> records of the natural corpora), reduce them fused (map-free where the model
+    allows: :func:`~headatlas.core.mapfree.plan_feed`), test and summarise. ``long``: the inputs of rule
+    detectors_long, ``spec.max_length`` tokens each (:func:`~headatlas.detectors.sequences.long_settings`).
     Returns frames ``inputs``, ``heads``, ``sinks``, ``kv_groups``, ``kv_summary``."""
-    s = settings
     kind = model_kind(config, spec)
     bos = decoder_bos(tokenizer, config, spec)
+    s = settings if long is None else long_settings(settings, long, spec.max_length, n_framing(kind, bos))
     tokenized, kinds, sources = [], [], []
     for name, records in corpora.items():
         t, ids = natural_inputs(records, tokenizer, kind, bos, s, len(tokenized))

@@ -32,20 +32,28 @@ DETECTORS = ("prev", "duplicate", "induction", "sink")
 
 
 def other_occurrence(piece: np.ndarray, special: np.ndarray, lengths: np.ndarray, causal: bool) -> np.ndarray:
-    """[B, n] position of the other occurrence of each content token's piece (-1: none), see the module doc."""
+    """[B, n] position of the other occurrence of each content token's piece (-1: none), see the module doc.
+    The content tokens sorted by (sequence, piece, position): the neighbours of a token in that order are its
+    nearest earlier and later occurrences (O(n log n), no n x n table: long inputs)."""
     b, n = piece.shape
-    _, code = np.unique(piece.astype(str), return_inverse=True)
-    code = code.reshape(b, n)
+    out = np.full((b, n), -1, dtype=np.int64)
     idx = np.arange(n)
     content = (special == SPECIAL_NONE) & (idx[None, :] < lengths[:, None])
-    same = (code[:, :, None] == code[:, None, :]) & content[:, :, None] & content[:, None, :]
-    same &= idx[:, None] != idx[None, :]
+    if not content.any():
+        return out
+    rows, pos = np.nonzero(content)
+    _, code = np.unique(piece[rows, pos].astype(str), return_inverse=True)
+    key = rows.astype(np.int64) * (int(code.max()) + 1) + code.reshape(-1)
+    order = np.lexsort((pos, key))
+    k, p = key[order], pos[order].astype(np.int64)
+    before = np.where(np.r_[False, k[1:] == k[:-1]], np.r_[-1, p[:-1]], -1)  # nearest earlier occurrence
+    after = np.where(np.r_[k[:-1] == k[1:], False], np.r_[p[1:], -1], -1)  # nearest later one
     if causal:
-        same &= idx[None, :] < idx[:, None]
-    dist = np.abs(idx[:, None] - idx[None, :]) * 2 + (idx[None, :] > idx[:, None])  # nearest; ties: earlier
-    dist = np.where(same, dist[None], np.iinfo(np.int64).max)
-    found = same.any(-1)
-    return np.where(found, dist.argmin(-1), -1)
+        pick = before
+    else:  # the nearer one; ties: the earlier
+        pick = np.where((before >= 0) & ((after < 0) | (p - before <= after - p)), before, after)
+    out[rows[order], p] = pick
+    return out
 
 
 def targets(batch: ReduceBatch, causal: bool, seed: int) -> dict:

@@ -18,6 +18,7 @@ UTF-8 character (byte-level BPE pieces of a multi-byte character).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -51,6 +52,31 @@ class DetectorSettings(Settings):
     alpha: float = 0.05
     fdr_method: str = "fdr_bh"
     batch_size: int = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongDetectorSettings(Settings):
+    """analysis.detectors.long: the detectors on a long corpus (its ``corpora`` go to the workflow, which runs one
+    job per model and long corpus); the rest of the section's settings are the detectors'."""
+
+    SECTION = "analysis.detectors.long"
+
+    n_sequences: int = 4
+    batch_size: int = 1
+
+
+def long_settings(
+    settings: DetectorSettings, long: LongDetectorSettings, length: int, framing: int
+) -> DetectorSettings:
+    """The detectors' settings on a long corpus of ``length`` tokens per input: every input kind ``length`` tokens
+    (framing included), the repeated block m = (length - framing) // 2, ``long``'s sequences and batch size."""
+    return dataclasses.replace(
+        settings,
+        length=int(length),
+        repeat_length=max(0, (int(length) - framing) // 2),
+        n_sequences=long.n_sequences,
+        batch_size=long.batch_size,
+    )
 
 
 def ordinary_ids(tokenizer) -> np.ndarray:
