@@ -210,7 +210,9 @@ def _checked(ev, s: AblationSettings, parts: list[dict] | None, layers=None) -> 
 
     everywhere = exact_everywhere(ev, s)
     samples = layer_samples(L, H, s.check_heads, s.check_seed)
-    names = list(dict.fromkeys(s.compare_estimators)) if everywhere else [s.estimator]
+    # exact everywhere: the estimators are only compared, once, in the gather (an exact job skips them)
+    compared = list(dict.fromkeys(s.compare_estimators)) if layers is None else []
+    names = compared if everywhere else [s.estimator]
     given = [p["estimate"] for p in parts or () if "estimate" in p]
     est = {e: given[0] if given and not everywhere else ev.estimate(values, e, s.ig_steps, s.exact_max_rows)
            for e in names}  # fmt: skip  [S, N] loss effects
