@@ -214,8 +214,10 @@ def _checked(ev, s: AblationSettings, parts: list[dict] | None, layers=None) -> 
     compared = list(dict.fromkeys(s.compare_estimators)) if layers is None else []
     names = compared if everywhere else [s.estimator]
     given = [p["estimate"] for p in parts or () if "estimate" in p]
-    est = {e: given[0] if given and not everywhere else ev.estimate(values, e, s.ig_steps, s.exact_max_rows)
-           for e in names}  # fmt: skip  [S, N] loss effects
+    # [S, N] loss effects; a gather of checked estimates takes the exact jobs' estimate
+    est = {
+        e: given[0] if given and not everywhere else ev.estimate(values, e, s.ig_steps, s.exact_max_rows) for e in names
+    }
     measure(exact_heads(ev, s))
     checks, failed = [], set()
     for e in names:
