@@ -102,12 +102,12 @@ def main(argv=None) -> None:
     import numpy as np
     import torch
     import yaml
+    from bench_ablation_check import checked_view  # beside this file
 
     from headatlas.ablation.analysis import (
         AblationSettings,
         agreement,
         exact_everywhere,
-        layer_check,
         mean_ci,
         metrics_of,
         pruning_orders,
@@ -188,14 +188,8 @@ def main(argv=None) -> None:
             for key, (est, c) in estimates.items():
                 cost = nominal_passes(*METHODS[key], L)
                 e = mean_ci(est, counts, settings.ci)[0]
-                lc = layer_check(e, x, lo, hi, samples, H)
-                failed = int((~lc["passed"]).sum())
                 # what the atlas shows with this estimator: exact on the checked heads and failing layers
-                exact_mask = np.zeros((L, H), bool)
-                for lay, hs in enumerate(samples):
-                    exact_mask[lay, hs] = True
-                exact_mask[lc.loc[~lc["passed"], "layer"].astype(int).to_numpy()] = True
-                shown = np.where(exact_mask.ravel(), x, e)
+                shown, exact_mask, failed = checked_view(e, x, lo, hi, samples, H)
                 checked = {f"checked_{k}": v for k, v in agreement(shown, x).items() if k != "n_compared"}
                 est_rows.append(dict(agreement(e, x), method=key,
                                      forward=cost[0], backward=cost[1], cpu_s=c.cpu, passes_measured=c.cpu / unit,

@@ -24,20 +24,26 @@ from headatlas.ablation.analysis import agreement, layer_check
 from headatlas.ablation.patch import layer_samples
 
 
+def checked_view(e, x, lo, hi, samples: list[list[int]], n_heads: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """What the atlas shows with an estimate ``e`` [L * H] checked on ``samples`` against the exact effects ``x``
+    (CI ``lo``..``hi``), ``on_check_fail: exact``: (the values, the [L, H] mask of exact ones, failing layers)."""
+    lc = layer_check(e, x, lo, hi, samples, n_heads)
+    exact = np.zeros((len(samples), n_heads), bool)
+    for lay, hs in enumerate(samples):
+        exact[lay, hs] = True
+    failed = lc.loc[~lc["passed"], "layer"].astype(int).to_numpy()
+    exact[failed] = True
+    return np.where(exact.ravel(), x, e), exact, len(failed)
+
+
 def shown_values(t: pd.DataFrame, k: int, seed: int) -> tuple[np.ndarray, int, int]:
     """(the values shown, exact heads, failing layers) of one check setting on a heads table (one task, loss)."""
     L, H = int(t["layer"].max()) + 1, int(t["head"].max()) + 1
     t = t.sort_values(["layer", "head"])
     e, x = t["estimate"].to_numpy(float), t["exact"].to_numpy(float)
     lo, hi = t["exact_ci_low"].to_numpy(float), t["exact_ci_high"].to_numpy(float)
-    samples = layer_samples(L, H, k, seed)
-    lc = layer_check(e, x, lo, hi, samples, H)
-    exact = np.zeros((L, H), bool)
-    for lay, hs in enumerate(samples):
-        exact[lay, hs] = True
-    failed = lc.loc[~lc["passed"], "layer"].astype(int).to_numpy()
-    exact[failed] = True
-    return np.where(exact.ravel(), x, e), int(exact.sum()), len(failed)
+    shown, exact, failed = checked_view(e, x, lo, hi, layer_samples(L, H, k, seed), H)
+    return shown, int(exact.sum()), failed
 
 
 def main(argv=None) -> None:

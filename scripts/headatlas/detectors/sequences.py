@@ -18,9 +18,8 @@ UTF-8 character (byte-level BPE pieces of a multi-byte character).
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,7 +69,7 @@ def long_settings(
 ) -> DetectorSettings:
     """The detectors' settings on a long corpus of ``length`` tokens per input: every input kind ``length`` tokens
     (framing included), the repeated block m = (length - framing) // 2, ``long``'s sequences and batch size."""
-    return dataclasses.replace(
+    return replace(
         settings,
         length=int(length),
         repeat_length=max(0, (int(length) - framing) // 2),
