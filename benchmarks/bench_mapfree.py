@@ -4,12 +4,13 @@ Run from the repository root with the project's environment::
 
     PYTHONPATH=scripts python benchmarks/bench_mapfree.py --out benchmarks/results_mapfree.json
     PYTHONPATH=scripts python benchmarks/bench_mapfree.py --runs smollm2:2048:1 --reps 2   # one setting
-    PYTHONPATH=scripts python benchmarks/bench_mapfree.py --runs smollm2:8192:1 --reps 1 --no-warmup \
-        --modes free_all,sdpa --out benchmarks/results_mapfree_8192.json   # peak RSS map-free first
+    PYTHONPATH=scripts python benchmarks/bench_mapfree.py --scaling smollm2:2048:1,smollm2:8192:1 \
+        --out /tmp/scaling.json --figure /tmp/scaling.png   # each mode in its own process: time, peak RSS
 
 Inputs: WikiText-2 running text cut to the length (``wiki_long_segments``, a few inputs per setting:
-``--runs model:length:inputs,...``). Per setting, every mode runs once per repetition, in rotation, on the
-same loaded model (``torch.set_num_threads(1)``), and each mode's time is its fastest repetition:
+``--runs model:length:inputs,...``). Per setting, every mode runs once (a warm-up, unless ``--no-warmup``), then
+once per repetition, in rotation, on the same loaded model (``torch.set_num_threads(1)``), and each mode's time is
+its fastest repetition:
 
 - ``sdpa``: the model's forward with transformers' SDPA attention (the baseline of every ratio);
 - ``eager``: the same forward with eager attention (the maps exist; the reference path runs it);
@@ -117,8 +118,9 @@ def run_setting(
         res = fused_reduce(model, tokenized, reducers(mode), bs, kind, None, pad, name, "wiki", path=path)
         return time.perf_counter() - t0, res
 
-    if warmup:
-        run("sdpa")
+    if warmup:  # each mode once before the timed runs: one-time costs would count against short inputs
+        for m in modes:
+            run(m)
     times = {m: [] for m in modes}
     cpu_times = {m: [] for m in modes}
     rss = {}  # peak RSS of the process after each mode's first run (modes in --modes order)
@@ -154,7 +156,7 @@ SCALING_MODES = ("sdpa", "eager", "eager_fused", "free_all")
 def one_run(name: str, length: int, n_inputs: int, mode: str, cache: Path) -> dict:
     """``mode`` once on a freshly loaded model in this process: CPU-seconds of the run (``time.process_time``)
     and the process's peak RSS after it (the scaling figure's points; each in its own process)."""
-    # one warm-up SDPA forward where it is cheap (one-time start-up costs would count against short inputs)
+    # one warm-up run of the mode where it is cheap (one-time start-up costs would count against short inputs)
     out = run_setting(name, length, n_inputs, 1, cache, False, (mode,), warmup=length <= 2048)
     return {k: out[k] for k in ("model", "length", "inputs", "tokens", "peak_rss_mb")} | {
         "mode": mode,

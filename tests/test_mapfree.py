@@ -17,6 +17,8 @@ from headatlas.core.mapfree import (
     FreeLayer,
     MapFreeFeed,
     Needs,
+    _key_blocks,
+    _lower_sums,
     attention_lse,
     mapfree_markdown,
     offset_targets,
@@ -94,15 +96,44 @@ def test_identities_against_softmax(causal):
     for j, off in enumerate((-2, -1, 0, 1, 3)):
         ref = torch.stack([a[..., i, i + off] if 0 <= i + off < n else a[..., i, 0] * 0 for i in range(n)], -1)
         torch.testing.assert_close(got[:, :, j], ref, rtol=0, atol=TOL)
-    torch.testing.assert_close(view.column(0), a[..., 0], rtol=0, atol=TOL)
+    for j in (0, 3, 7):  # key 7 is past the second sequence's end
+        torch.testing.assert_close(view.column(j), a[..., j], rtol=0, atol=TOL)
     torch.testing.assert_close(view.value("c"), a @ cols[:, None], rtol=0, atol=1e-5)
     torch.testing.assert_close(view.lower("c"), (a * torch.ones(n, n).tril()) @ cols[:, None], rtol=0, atol=1e-5)
     torch.testing.assert_close(view.entropy(), torch.special.entr(a).sum(-1), rtol=0, atol=TOL)
     torch.testing.assert_close(view.rows(), a, rtol=0, atol=TOL)  # whole rows recomputed, and in blocks
     torch.testing.assert_close(view.rows(2, 5, [1]), a[1:, :, 2:5], rtol=0, atol=TOL)
-    blocks = list(view.row_blocks(cells=2 * h * n * 4))
+    blocks = [(b, r.clone()) for b, r in view.row_blocks(cells=2 * h * n * 4)]  # each block reuses one buffer
     assert [b.stop - b.start for b, _ in blocks] == [4, 4, 1]
-    torch.testing.assert_close(torch.cat([r for _, r in blocks], 2), a, rtol=0, atol=TOL)
+    assert [r.shape[-1] for _, r in blocks] == (
+        [4, 8, 9] if causal else [n] * 3
+    )  # causal: keys up to the block's last row
+    full = torch.cat([torch.nn.functional.pad(r, (0, n - r.shape[-1])) for _, r in blocks], 2)
+    torch.testing.assert_close(full, a, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("n, used, want", [(11, 65, 3), (9, 70, 2), (40, 8, 4), (40, 16, 2), (1, 65, 1)])
+def test_lower_sums_by_key_block(n, used, want):
+    """An encoder's sums over keys j <= i: the blocks before a query's own from the model's call (the key-block
+    columns of :func:`_key_blocks`, filling the call's zero padding), its own block from a causal call over the
+    blocks as a batch, against the explicit softmax; grouped key heads, right padding, a length that no block
+    count divides."""
+    torch.manual_seed(1)
+    bsz, h, hk, d, scale = 2, 6, 2, 16, 0.3
+    lengths = torch.tensor([n, max(1, n - 3)])
+    q, k = torch.randn(bsz, h, n, d) * 2, torch.randn(bsz, hk, n, d) * 2
+    key_ok = torch.arange(n)[None, :] < lengths[:, None]
+    add = torch.zeros(bsz, 1, 1, n).masked_fill(~key_ok[:, None, None], -math.inf)
+    pos = torch.arange(n, dtype=torch.float32)[None, :, None].expand(bsz, n, 1)
+    lcols = torch.cat([torch.ones_like(pos), pos], -1)[:, None]  # [B, 1, n, 2]
+    blocks = _key_blocks(lcols, used, d)
+    assert blocks[0] == want and blocks[2].shape[-1] == want * 2
+    got, lse = attention_lse(q, k, blocks[2].expand(bsz, hk, n, -1).contiguous(), add, False, scale)
+    low = _lower_sums(q, k, lse, scale, lcols, blocks, got)
+    a = torch.softmax((q @ k.repeat_interleave(h // hk, 1).transpose(-1, -2)) * scale + add, -1)
+    ref = (a * torch.ones(n, n).tril()) @ lcols
+    real = (torch.arange(n)[None, :] < lengths[:, None])[:, None, :, None]
+    torch.testing.assert_close(torch.where(real, low, 0.0), torch.where(real, ref, 0.0), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])

@@ -81,7 +81,7 @@ def test_query_rows_equal_softmax_rows(causal):
     for b in range(2):
         for p, i in enumerate(query[b]):
             want = a[b, :, i] if i >= 0 else torch.zeros_like(a[b, :, 0])
-            torch.testing.assert_close(got[b, :, p], want, rtol=0, atol=1e-6)
+            torch.testing.assert_close(got[b, :, p], want, rtol=0, atol=2e-6)  # float32: scores up to ~20 nats
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -251,20 +251,22 @@ def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) 
 def smoothed_row_entropy(view, batch: ReduceBatch, causal: bool, smoothing: float, cells: int = 2**22):
     """[B, H, n] float32 entropies of the smoothed rows (1 - eps) A + eps / k_i over each row's allowed keys,
     from exact rows recomputed in blocks (:meth:`~headatlas.core.mapfree.FreeLayer.row_blocks`; no LSE identity
-    gives them): the same cells as :func:`row_entropy`, which a mask of the block's allowed cells replaces
-    (never an n x n float mask of the batch). 0 on padded rows."""
+    gives them): the same cells as :func:`row_entropy`. A block's cells a row may not see hold A = 0, so P =
+    eps / k_i there: their -P ln P is taken back out by count instead of by a mask. 0 on padded rows."""
     import torch
 
     dev = view.q.device
     bsz, h, n, _ = view.q.shape
-    c = (smoothing / _keys_per_row(batch, dev, causal)).float()[:, None, :, None]  # [B, 1, n, 1] eps / k_i
-    allowed = batch.masks(dev, causal)["allowed"]
+    k = _keys_per_row(batch, dev, causal)  # [B, n] float64
+    c = (smoothing / k).float()[:, None, :, None]  # [B, 1, n, 1] eps / k_i
+    clogc = (smoothing / k) * torch.log(smoothing / k)  # [B, n] float64
     out = torch.empty((bsz, h, n), dtype=torch.float32, device=dev)
     for rows, a in view.row_blocks(cells):  # a: 0 outside the allowed cells
-        p = a.mul_(1 - smoothing).add_(c[:, :, rows])  # P; eps / k_i (not 0) outside: masked below
-        lp = torch.log(p, out=scratch("surface_log", p.shape, dev)).mul_(p)
-        out[:, :, rows] = lp.mul_(allowed[:, None, rows].to(lp.dtype)).sum(-1).neg_()  # 3x faster than an einsum
-    return out
+        p = torch.add(c[:, :, rows], a, alpha=1 - smoothing, out=a)  # P; eps / k_i outside
+        plp = torch.log(p, out=scratch("surface_log", p.shape, dev)).mul_(p).sum(-1)  # sum_j P ln P
+        outside = (a.shape[-1] - k[:, rows]) * clogc[:, rows]  # [B, rows]: what the unseen cells added
+        out[:, :, rows] = outside[:, None].float() - plp
+    return torch.where(batch.masks(dev, causal)["valid"][:, None], out, 0.0)
 
 
 class SurfaceReducer(Reducer):

@@ -8,8 +8,8 @@ CUDA: the memory-efficient kernel) returns the model's output A.V and LSE_i = lo
   A[i, t] = exp(s_it - LSE_i), one dot product per target (:meth:`FreeLayer.at`);
 - attention summed over a set of keys given by an indicator m_j: (A.m)_i, one value column of an extra kernel
   pass (:attr:`Needs.values`; up to head-size columns per pass);
-- the same restricted to keys j <= i (an encoder's "lower" half, e.g. for |i - j|): a causal pass, rescaled by
-  exp(LSE^<=_i - LSE_i) (:attr:`Needs.lower`);
+- the same restricted to keys j <= i (an encoder's "lower" half, e.g. for |i - j|; :attr:`Needs.lower`): the
+  columns times key-block indicators in the same pass, and the blocks' diagonal squares (:func:`_lower_sums`);
 - entropy H_i = LSE_i - scale * q_i . (A.K)_i, one pass with the keys as values (:attr:`Needs.entropy`).
 
 No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
@@ -40,6 +40,7 @@ from .reducer import (  # noqa: F401  (Needs: importable from here as before)
     feed_outputs,
     reducer_failure,
     release_scratch,
+    scratch,
     stop_all,
 )
 
@@ -157,7 +158,7 @@ def mapfree_attention(module, query, key, value, attention_mask, scaling=None, d
     mask = _additive(attention_mask, query.dtype)
     causal = bool(query.shape[2] > 1 and mask is None and is_causal)
     feed = _ACTIVE[-1] if _ACTIVE and _ACTIVE[-1].batch is not None else None
-    extra = None if feed is None else feed.extra_values(key)
+    extra = None if feed is None else feed.extra_values(key, value.shape[-1])
     if extra is None:
         out, lse, got = *attention_lse(query, key, value, mask, causal, scale), None
     else:  # the reducers' value columns ride in the model's own kernel call: [V | K | columns] as the values
@@ -211,7 +212,10 @@ class FreeLayer:
         offsets = {name: int(name[7:]) for name in targets or () if name.startswith("offset:")}
         for name, o in offsets.items():  # a fixed offset: q against the shifted keys, no index
             self._targets[name] = self.shifted(o)
-        rest = {name: t for name, t in (targets or {}).items() if name not in offsets}
+        fixed = {name: int(name[4:]) for name in targets or () if name.startswith("key:")}
+        for name, j in fixed.items():  # one key for every query: q against that key, no index
+            self._targets[name] = self.column(j)
+        rest = {name: t for name, t in (targets or {}).items() if name not in offsets and name not in fixed}
         if rest:  # every other declared target of the layer in one pass over the keys
             names, rows = zip(*rest.items())
             got = self.at(np.stack(rows, 1))
@@ -234,6 +238,24 @@ class FreeLayer:
         out[:, :, lo:hi] = torch.exp((s.float() - self.lse[:, :, lo:hi]).clamp_(max=0))  # finite off the mask
         idx = torch.arange(n, device=out.device)
         ok = self.valid & (idx + offset < self.batch.tensor("lengths", out.device)[:, None])
+        return out.mul_(ok[:, None])
+
+    def column(self, j: int):
+        """[B, H, n] attention of every query to key ``j`` (0 = the first token; 0 where the key is outside a
+        sequence, after the query under a causal mask, and on padded rows), from one product of q with that key
+        (the target named ``key:<j>``)."""
+        import torch
+
+        bsz, h, n, d = self.q.shape
+        hk = self.k.shape[1]
+        if not 0 <= j < n:
+            return torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
+        q = self.q.reshape(bsz, hk, (h // hk) * n, d)
+        s = torch.matmul(q, self.k[:, :, j, :, None]).view(bsz, h, n) * self.scale
+        out = torch.exp((s.float() - self.lse).clamp_(max=0))
+        ok = self.valid & (j < self.batch.tensor("lengths", out.device))[:, None]
+        if self.causal:
+            ok &= torch.arange(n, device=out.device) >= j
         return out.mul_(ok[:, None])
 
     def at(self, target):
@@ -261,23 +283,28 @@ class FreeLayer:
         a = torch.exp(s.float() - self.lse[:, :, None, :])
         return torch.where(ok[:, None], a, 0.0)
 
-    def rows(self, lo: int = 0, hi: int | None = None, seqs=None):
-        """[b, H, hi - lo, n] float32 exact attention rows lo..hi-1 of the sequences ``seqs`` (batch indices;
-        None: all), exp(scale q_i . k_j - LSE_i) on the cells a query may see and 0 elsewhere: a block of the
-        maps recomputed from q, k and LSE, for reducers that need whole rows of few sequences (the sample
-        store) or row blocks (:meth:`row_blocks`). Never more than the block is held."""
+    def rows(self, lo: int = 0, hi: int | None = None, seqs=None, keys: int | None = None, slot: str | None = None):
+        """[b, H, hi - lo, keys] float32 exact attention rows lo..hi-1 of the sequences ``seqs`` (batch indices;
+        None: all) on keys 0..keys-1 (None: all n), exp(scale q_i . k_j - LSE_i) on the cells a query may see
+        and 0 elsewhere: a block of the maps recomputed from q, k and LSE, for reducers that need whole rows of
+        few sequences (the sample store) or row blocks (:meth:`row_blocks`). Never more than the block is held;
+        ``slot``: in that :func:`~headatlas.core.reducer.scratch` buffer (valid until the slot is asked again)."""
         import torch
 
         hi = self.batch.n if hi is None else hi
-        q, k, lse = self.q[:, :, lo:hi], self.k, self.lse[:, :, lo:hi]
-        allowed = self.batch.masks(self.q.device, self.causal)["allowed"][:, lo:hi]
+        keys = self.batch.n if keys is None else keys
+        q, k, lse = self.q[:, :, lo:hi], self.k[:, :, :keys], self.lse[:, :, lo:hi]
+        allowed = self.batch.masks(self.q.device, self.causal)["allowed"][:, lo:hi, :keys]
         if seqs is not None:
             sel = torch.as_tensor(np.asarray(seqs, dtype=np.int64), device=q.device)
             q, k, lse, allowed = q[sel], k[sel], lse[sel], allowed[sel]
-        bsz, h, m, d = q.shape
-        hk = k.shape[1]
-        s = torch.matmul(q.reshape(bsz, hk, (h // hk) * m, d), k.transpose(-1, -2)).view(bsz, h, m, -1)
-        return _visible_exp(s, self.scale, lse[..., None], allowed[:, None])
+        a = _exp_scores(*_prescaled(q, lse, self.scale, k.shape[1]), k, slot)
+        if self.causal and seqs is None and keys == hi:
+            # a real row sees every key before the block: only the block's own square and padded rows need the mask
+            a[..., lo:hi].mul_(allowed[:, None, :, lo:hi])
+            real = self.valid[:, lo:hi]
+            return a if bool(real.all()) else a.mul_(real[:, None, :, None])
+        return a.mul_(allowed[:, None])
 
     def query_rows(self, query):
         """[B, H, P, n] exact rows of the queries ``query`` [B, P] (token index, -1: none) on the cells each may
@@ -289,10 +316,9 @@ class FreeLayer:
         hk, p = self.k.shape[1], qi.shape[1]
         take = qi.clamp(min=0)
         q = self.q.gather(2, take[:, None, :, None].expand(bsz, h, p, d))  # [B, H, P, d]
-        s = torch.matmul(q.reshape(bsz, hk, (h // hk) * p, d), self.k.transpose(-1, -2)).view(bsz, h, p, n)
         lse = self.lse.gather(2, take[:, None, :].expand(bsz, h, p))
         allowed = self.batch.masks(self.q.device, self.causal)["allowed"].gather(1, take[:, :, None].expand(bsz, p, n))
-        return _visible_exp(s, self.scale, lse[..., None], (allowed & (qi >= 0)[:, :, None])[:, None])
+        return _exp_scores(*_prescaled(q, lse, self.scale, hk), self.k).mul_((allowed & (qi >= 0)[:, :, None])[:, None])
 
     def key_mass(self, pos, w, cells: int = 2**22):
         """[B, H, n, G] sum_t w[b, t, g] A[b, h, i, pos[b, t]]: the attention of every query to a few fixed keys
@@ -309,34 +335,32 @@ class FreeLayer:
         idx = torch.arange(n, device=q.device)
         out = torch.zeros((bsz, h, n, w.shape[-1]), dtype=torch.float32, device=q.device)
         step = max(1, cells // max(1, bsz * h * n))
+        scaled = _prescaled(q, self.lse, self.scale, hk)
         for lo in range(0, m, step):
             p, ww = pos[:, lo : lo + step], w[:, lo : lo + step]
             kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
-            s = torch.matmul(q.reshape(bsz, hk, (h // hk) * n, d), kt.transpose(-1, -2)).view(bsz, h, n, -1)
             ok = self.valid[:, :, None] & (p < lengths[:, None])[:, None, :]  # [B, n, t]
             if self.causal:
                 ok &= p[:, None, :] <= idx[None, :, None]
-            out += torch.matmul(_visible_exp(s, self.scale, self.lse[..., None], ok[:, None]), ww[:, None])
+            out += torch.matmul(_exp_scores(*scaled, kt, "key_mass").mul_(ok[:, None]), ww[:, None])
         return out
 
     def row_blocks(self, cells: int = 2**22):
         """(slice of queries, :meth:`rows` of every sequence for them) in blocks of at most about ``cells``
-        cells (B x H x rows x n), so a reducer that needs whole rows never holds a layer's maps."""
+        cells (B x H x rows x n), so a reducer that needs whole rows never holds a layer's maps (each block in
+        one reused buffer: the caller is done with a block when it asks for the next). Under a causal
+        mask a block of rows lo..hi-1 holds keys 0..hi-1 only (every later key is 0 in those rows): about half
+        the cells of a long input."""
         bsz, h, n, _ = self.q.shape
         step = max(1, cells // max(1, bsz * h * n))
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            yield slice(lo, hi), self.rows(lo, hi)
+            yield slice(lo, hi), self.rows(lo, hi, keys=hi if self.causal else None, slot="row_blocks")
 
     def _flat_keys(self):
         if self._flat is None:
             self._flat = self.k.reshape(-1, self.k.shape[-1])  # [B * Hkv * n, d] (one copy per layer)
         return self._flat
-
-    def column(self, key_index):
-        """[B, H, n] attention to one key per sequence (``key_index`` [B] or an int: 0 = the first token)."""
-        ki = np.broadcast_to(np.asarray(key_index, dtype=np.int64), (len(self.batch),))
-        return self.at(np.repeat(ki[:, None, None], self.batch.n, 2))[:, :, 0]
 
     def target(self, name: str):
         """[B, H, n] attention of each query to its key of a declared ``targets`` row."""
@@ -358,13 +382,29 @@ class FreeLayer:
         return torch.where(self.valid[:, None], h, 0.0)
 
 
-def _visible_exp(s, scale, lse, visible):
-    """exp(scale s - LSE) on the ``visible`` cells, 0 elsewhere (``lse`` broadcast against ``s``): scale s - LSE <= 0 wherever a query may look,
-    so the clamp keeps the cells it may not see (which can score far above its LSE) finite before the mask."""
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _prescaled(q, lse, scale: float, hk: int):
+    """(q [B, H, m, d] times scale log2(e), grouped by key head [B * Hkv, g * m, d]; -log2(e) LSE [B * Hkv, g * m,
+    1]; m): the query side of :func:`_exp_scores`, made once for any number of key sets."""
+    bsz, h, m, d = q.shape
+    qg = (q.float() * (scale * LOG2E)).reshape(bsz * hk, (h // hk) * m, d)
+    return qg, (lse.float() * -LOG2E).reshape(bsz * hk, -1, 1), m
+
+
+def _exp_scores(qg, init, m: int, k, slot: str | None = None):
+    """[B, H, m, t] float32 exp(scale q_i . k_j - LSE_i) of :func:`_prescaled` queries against keys k [B, Hkv, t,
+    d] (grouped heads not expanded), as 2^(...) from one product whose initial value is the LSE side, clamped at
+    1: cells a query may not see can score far above its LSE, the clamp keeps them finite for the caller's mask.
+    On a CPU exp2 takes 0.2 ns per cell at any argument, exp 2-10 ns on the very negative arguments of most cells
+    of a long row. ``slot``: in that reused :func:`~headatlas.core.reducer.scratch` buffer."""
     import torch
 
-    a = torch.exp_(s.float().mul_(scale).sub_(lse).clamp_(max=0))
-    return a.mul_(visible)
+    bsz, hk, t, d = k.shape
+    kt = k.float().reshape(bsz * hk, t, d).transpose(1, 2)
+    buf = None if slot is None else scratch(slot, (qg.shape[0], qg.shape[1], t), qg.device)
+    return torch.baddbmm(init, qg, kt, out=buf).clamp_(max=0).exp2_().view(bsz, -1, m, t)
 
 
 def torch_where_valid(x, valid):
@@ -428,22 +468,28 @@ class MapFreeFeed:
         low = (None, {}) if self.info.causal else stack("lower")
         values = stack("values", "lower") if self.info.causal else stack("values")
         self.plan = (any(nd.entropy for nd in needs), values, low, targets)
+        self.blocks = None  # (key blocks, block length, their columns [B, 1, n, blocks * C]): extra_values
 
-    def extra_values(self, k):
-        """[B, Hkv, n, w] what the layer's kernel call must also weight by A: the keys (the entropy pass) and
-        every declared value column, or None (the model's call alone)."""
+    def extra_values(self, k, dv: int):
+        """[B, Hkv, n, w] what the layer's kernel call must also weight by A (the model's values are ``dv``
+        wide): the keys (the entropy pass), every declared value column and an encoder's lower columns split by
+        key block (:meth:`_key_blocks`), or None (the model's call alone)."""
         import torch
 
-        entropy, (vcols, _), _, _ = self.plan
+        entropy, (vcols, _), (lcols, _), _ = self.plan
         if k.shape[2] != self.batch.n:
             return None  # not this batch's sequences: layer() raises
-        bsz, hk, n = k.shape[0], k.shape[1], k.shape[2]
-        parts = ([k] if entropy else []) + ([vcols.expand(bsz, hk, n, -1)] if vcols is not None else [])
+        bsz, hk, n, d = k.shape
+        if lcols is not None and self.blocks is None:
+            used = dv + (d if entropy else 0) + (0 if vcols is None else vcols.shape[-1])
+            self.blocks = _key_blocks(lcols, used, d)
+        parts = ([k] if entropy else []) + [c.expand(bsz, hk, n, -1) for c in (vcols, lcols) if c is not None]
+        if lcols is not None:
+            parts[-1] = self.blocks[2].expand(bsz, hk, n, -1)
         return torch.cat([p.to(k.dtype) for p in parts], -1) if parts else None
 
     def layer(self, q, k, lse, mask, causal, scale, got=None) -> None:
         """One layer's q, k, LSE and ``got``: A times :meth:`extra_values` from the model's kernel call."""
-        import torch
 
         layer, batch, info = self.calls, self.batch, self.info
         self.calls += 1
@@ -455,7 +501,7 @@ class MapFreeFeed:
         if q.shape[2] != n:  # an extra position is not part of the sequences (cut after the kernel)
             raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
         entropy, (vcols, vat), (lcols, lat), targets = self.plan
-        bsz, hk, d = q.shape[0], k.shape[1], q.shape[-1]
+        d = q.shape[-1]
         ak, values, lower = None, {}, {}
         if got is not None:  # the entropy's K and every value column, from the model's own call
             out = got.float()
@@ -465,10 +511,10 @@ class MapFreeFeed:
                     lower[name[1]] = out[..., sl]
                 else:
                     values[name] = out[..., sl]
-        if lcols is not None:  # right padding: a real query's keys j <= i are real: the causal kernel, no mask
-            out, lse_low = wide_pass(q, k, lcols.to(q.dtype).expand(bsz, hk, n, -1), None, True, scale)
-            out = out.float() * torch.exp(lse_low.float() - lse)[..., None]
-            lower = {name[1]: out[..., sl] for name, sl in lat.items()}
+            if lcols is not None:
+                width = 0 if vcols is None else vcols.shape[-1]
+                low = _lower_sums(q, k, lse, scale, lcols, self.blocks, out[..., width:])
+                lower = {name[1]: low[..., sl] for name, sl in lat.items()}
         view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, ak, targets)
         for r in self.reducers:
             try:
@@ -500,6 +546,51 @@ class MapFreeFeed:
         stop_all(self.reducers)
         release_scratch()
         return False
+
+
+def _key_blocks(lcols, used: int, d: int):
+    """(blocks, block length, [B, 1, n, blocks * C] the lower columns ``lcols`` [B, 1, n, C] times each key
+    block's indicator) for an encoder's sums over keys j <= i: the kernel call's values are ``used`` wide, so
+    its zero padding (up to a multiple of 8, :func:`wide_pass`) holds blocks * C columns at no cost (at least 2
+    blocks)."""
+    import torch
+
+    n, c = lcols.shape[2], lcols.shape[3]
+    free = (-(-used // 8) * 8 - used) if used > d else d - used
+    blocks = max(1, min(n, max(2, free // c)))
+    step = -(-n // blocks)
+    blocks = -(-n // step)
+    onehot = torch.nn.functional.one_hot(torch.arange(n, device=lcols.device) // step, blocks).to(lcols.dtype)
+    cols = (lcols[..., None, :] * onehot[None, None, :, :, None]).flatten(-2)  # [B, 1, n, blocks * C]
+    return blocks, step, cols
+
+
+def _lower_sums(q, k, lse, scale, lcols, blocks, got):
+    """[B, H, n, C] sum_{j <= i} A_ij m_j of an encoder's lower columns ``lcols`` [B, 1, n, C]: the key blocks
+    before query i's own block from the model's call (``got``: A times :func:`_key_blocks`' columns), its own
+    block's keys j <= i from exact cells exp(scale q_i . k_j - LSE_i) of the blocks' diagonal squares (block
+    length x n cells per head; the CPU kernel costs nearly a full call on such short blocks). Right padding: a
+    real query's keys j <= i are real."""
+    import torch
+
+    nb, step, _ = blocks
+    bsz, h, n, d = q.shape
+    hk, c = k.shape[1], lcols.shape[-1]
+    per = got[..., : nb * c].reshape(bsz, h, n, nb, c)
+    before = per.cumsum(3) - per  # [.., g, :] = the blocks before block g
+    own = (torch.arange(n, device=q.device) // step)[None, None, :, None, None].expand(bsz, h, n, 1, c)
+    below = before.gather(3, own)[..., 0, :]
+    pad = nb * step - n
+
+    def squares(x):  # [B, heads, n, w] -> [B * blocks, heads, step, w]: the blocks as a batch
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+        x = x.reshape(x.shape[0], x.shape[1], nb, step, x.shape[-1]).transpose(1, 2)
+        return x.reshape(-1, x.shape[2], step, x.shape[-1])
+
+    a = _exp_scores(*_prescaled(squares(q), squares(lse[..., None])[..., 0], scale, hk), squares(k))
+    a.mul_(torch.ones(step, step, dtype=torch.bool, device=q.device).tril())  # keys j <= i of the block
+    own_sums = torch.matmul(a, squares(lcols.float()))  # [B * blocks, H, step, C] (lcols broadcast over heads)
+    return below + own_sums.reshape(bsz, nb, h, step, c).transpose(1, 2).reshape(bsz, h, nb * step, c)[:, :, :n]
 
 
 def has_mapfree(reducer: Reducer) -> bool:
