@@ -9,6 +9,7 @@ value projection's output), and Clark's surface statistics computed on the store
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -392,7 +393,7 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
     """Every type reduces fused (its attention modules from transformers' _can_record_outputs or the table's
     ``attention``, MPNet) to what a replay of its stored maps gives, and leaves the model's outputs as they were."""
     from headatlas.clark.reducers import SurfaceReducer
-    from headatlas.core.batching import model_inputs
+    from headatlas.core.batching import model_inputs, no_cache
     from headatlas.core.extract import tokenize_records
     from headatlas.core.reduce import fused_reduce, replay
     from headatlas.pande.reducers import SieveReducer
@@ -420,8 +421,11 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
     # the hooks are gone and the model returns what it returned before
     inputs = model_inputs(tokenized[:2], model, pad)
     with torch.inference_mode():
-        out = model(**inputs)
+        out = model(**inputs, **no_cache(model))
     assert out.attentions is None and not model._forward_hooks
+    # the extraction's passes keep no key/value cache where the forward could (every layer's k and v to the end)
+    assert bool(no_cache(model)) == ("use_cache" in inspect.signature(model.forward).parameters)
+    assert getattr(out, "cache", None) is None and getattr(out, "past_key_values", None) is None
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))

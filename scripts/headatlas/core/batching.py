@@ -28,14 +28,15 @@ def uses_token_types(model) -> bool:
     return getattr(model.config, "type_vocab_size", 0) > 1
 
 
-def takes_cache_flag(model) -> bool:
-    """Whether the model's forward takes ``use_cache`` (decoders and BERT-style models do; some encoders not)."""
+def no_cache(model) -> dict:
+    """``{"use_cache": False}`` where the model's forward takes it (decoders and BERT-style models; some encoders
+    do not), else {}: a decoder's key/value cache would hold every layer's k and v to the end of the pass."""
     import inspect
 
     cls = type(model)
     if cls not in _CACHE_FLAG:
         _CACHE_FLAG[cls] = "use_cache" in inspect.signature(model.forward).parameters
-    return _CACHE_FLAG[cls]
+    return {"use_cache": False} if _CACHE_FLAG[cls] else {}
 
 
 _CACHE_FLAG: dict = {}
@@ -48,9 +49,8 @@ def pad_token(tokenizer) -> int:
 
 def model_inputs(batch: Sequence[TokenizedRecord], model, pad_id: int, extra_token: int | None = None) -> dict:
     """Right-padded tensors on the model's device, with token type ids where the model takes them
-    (:func:`uses_token_types`) and no key/value cache (``use_cache=False``) where it has one. ``extra_token``
-    appends one real token after each sequence (decoders only: it changes no earlier position under the causal
-    mask)."""
+    (:func:`uses_token_types`). ``extra_token`` appends one real token after each sequence (decoders only: it
+    changes no earlier position under the causal mask)."""
     import torch
 
     device = next(model.parameters()).device
@@ -69,6 +69,4 @@ def model_inputs(batch: Sequence[TokenizedRecord], model, pad_id: int, extra_tok
     inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
     if uses_token_types(model):
         inputs["token_type_ids"] = torch.from_numpy(types).to(device)
-    if takes_cache_flag(model):  # a decoder's key/value cache would hold every layer's k and v to the end of the pass
-        inputs["use_cache"] = False
     return inputs

@@ -335,14 +335,24 @@ class FreeLayer:
         idx = torch.arange(n, device=q.device)
         out = torch.zeros((bsz, h, n, w.shape[-1]), dtype=torch.float32, device=q.device)
         step = max(1, cells // max(1, bsz * h * n))
-        scaled = _prescaled(q, self.lse, self.scale, hk)
+        scaled = None
         for lo in range(0, m, step):
             p, ww = pos[:, lo : lo + step], w[:, lo : lo + step]
-            kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
-            ok = self.valid[:, :, None] & (p < lengths[:, None])[:, None, :]  # [B, n, t]
+            first = 0  # under a causal mask no query before the chunk's first weighted key sees it
             if self.causal:
-                ok &= p[:, None, :] <= idx[None, :, None]
-            out += torch.matmul(_exp_scores(*scaled, kt, "key_mass").mul_(ok[:, None]), ww[:, None])
+                live = (ww != 0).any(-1)
+                first = int(p[live].min()) if bool(live.any()) else n
+                if first >= n:
+                    continue
+            if first:
+                qs = _prescaled(q[:, :, first:], self.lse[:, :, first:], self.scale, hk)
+            else:
+                qs = scaled = scaled or _prescaled(q, self.lse, self.scale, hk)
+            kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
+            ok = self.valid[:, first:, None] & (p < lengths[:, None])[:, None, :]  # [B, n - first, t]
+            if self.causal:
+                ok &= p[:, None, :] <= idx[None, first:, None]
+            out[:, :, first:] += torch.matmul(_exp_scores(*qs, kt, "key_mass").mul_(ok[:, None]), ww[:, None])
         return out
 
     def row_blocks(self, cells: int = 2**22):
@@ -473,7 +483,7 @@ class MapFreeFeed:
     def extra_values(self, k, dv: int):
         """[B, Hkv, n, w] what the layer's kernel call must also weight by A (the model's values are ``dv``
         wide): the keys (the entropy pass), every declared value column and an encoder's lower columns split by
-        key block (:meth:`_key_blocks`), or None (the model's call alone)."""
+        key block (:func:`_key_blocks`), or None (the model's call alone)."""
         import torch
 
         entropy, (vcols, _), (lcols, _), _ = self.plan
@@ -483,9 +493,8 @@ class MapFreeFeed:
         if lcols is not None and self.blocks is None:
             used = dv + (d if entropy else 0) + (0 if vcols is None else vcols.shape[-1])
             self.blocks = _key_blocks(lcols, used, d)
-        parts = ([k] if entropy else []) + [c.expand(bsz, hk, n, -1) for c in (vcols, lcols) if c is not None]
-        if lcols is not None:
-            parts[-1] = self.blocks[2].expand(bsz, hk, n, -1)
+        cols = ([] if vcols is None else [vcols]) + ([] if lcols is None else [self.blocks[2]])
+        parts = ([k] if entropy else []) + [c.expand(bsz, hk, n, -1) for c in cols]
         return torch.cat([p.to(k.dtype) for p in parts], -1) if parts else None
 
     def layer(self, q, k, lse, mask, causal, scale, got=None) -> None:

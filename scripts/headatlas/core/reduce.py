@@ -53,7 +53,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .batching import length_batches, model_inputs, storage_windows
+from .batching import length_batches, model_inputs, no_cache, storage_windows
 from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP, Record, TokenizedRecord
 from .figures import head_label
 from .integrity import IntegrityError, check_values
@@ -509,10 +509,10 @@ def forward_loop(
         for pos in batches:
             inputs = model_inputs([tokenized[p] for p in pos], model, pad_id, extra_token=extra_token)
             if feed is None:
-                model(**inputs)
+                model(**inputs, **no_cache(model))
             else:
                 feed.begin(ReduceBatch.from_tokenized(tokenized, pos, records))
-                feed.end(model(**inputs, **feed.forward_kwargs))
+                feed.end(model(**inputs, **no_cache(model), **feed.forward_kwargs))
             yield pos
 
 
