@@ -115,9 +115,9 @@ def test_identities_against_softmax(causal):
 @pytest.mark.parametrize("n, used, want", [(11, 65, 3), (9, 70, 2), (40, 8, 4), (40, 16, 2), (1, 65, 1)])
 def test_lower_sums_by_key_block(n, used, want):
     """An encoder's sums over keys j <= i: the blocks before a query's own from the model's call (the key-block
-    columns of :func:`_key_blocks`, filling the call's zero padding), its own block from a causal call over the
-    blocks as a batch, against the explicit softmax; grouped key heads, right padding, a length that no block
-    count divides."""
+    columns of :func:`_key_blocks`, filling the call's zero padding), its own block from the exact cells of the
+    blocks' diagonal squares, against the explicit softmax; grouped key heads, right padding, a length that no
+    block count divides."""
     torch.manual_seed(1)
     bsz, h, hk, d, scale = 2, 6, 2, 16, 0.3
     lengths = torch.tensor([n, max(1, n - 3)])

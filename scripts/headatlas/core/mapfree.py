@@ -246,13 +246,10 @@ class FreeLayer:
         (the target named ``key:<j>``)."""
         import torch
 
-        bsz, h, n, d = self.q.shape
-        hk = self.k.shape[1]
+        bsz, h, n, _ = self.q.shape
         if not 0 <= j < n:
             return torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
-        q = self.q.reshape(bsz, hk, (h // hk) * n, d)
-        s = torch.matmul(q, self.k[:, :, j, :, None]).view(bsz, h, n) * self.scale
-        out = torch.exp((s.float() - self.lse).clamp_(max=0))
+        out = _exp_scores(*_prescaled(self.q, self.lse, self.scale, self.k.shape[1]), self.k[:, :, j : j + 1])[..., 0]
         ok = self.valid & (j < self.batch.tensor("lengths", out.device))[:, None]
         if self.causal:
             ok &= torch.arange(n, device=out.device) >= j
@@ -346,8 +343,9 @@ class FreeLayer:
                     continue
             if first:
                 qs = _prescaled(q[:, :, first:], self.lse[:, :, first:], self.scale, hk)
-            else:
-                qs = scaled = scaled or _prescaled(q, self.lse, self.scale, hk)
+            else:  # every query: made once for all such chunks
+                scaled = _prescaled(q, self.lse, self.scale, hk) if scaled is None else scaled
+                qs = scaled
             kt = k.gather(2, p[:, None, :, None].expand(bsz, hk, p.shape[1], d))  # [B, Hkv, t, d]
             ok = self.valid[:, first:, None] & (p < lengths[:, None])[:, None, :]  # [B, n - first, t]
             if self.causal:
