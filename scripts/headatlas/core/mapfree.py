@@ -246,10 +246,15 @@ class FreeLayer:
         (the target named ``key:<j>``)."""
         import torch
 
-        bsz, h, n, _ = self.q.shape
+        bsz, h, n, d = self.q.shape
+        hk = self.k.shape[1]
         if not 0 <= j < n:
             return torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
-        out = _exp_scores(*_prescaled(self.q, self.lse, self.scale, self.k.shape[1]), self.k[:, :, j : j + 1])[..., 0]
+        q = self.q.reshape(bsz, hk, (h // hk) * n, d)
+        s = torch.matmul(q, self.k[:, :, j, :, None]).view(bsz, h, n) * self.scale
+        out = torch.exp(
+            (s.float() - self.lse).clamp_(max=0)
+        )  # exp, as shifted and at
         ok = self.valid & (j < self.batch.tensor("lengths", out.device))[:, None]
         if self.causal:
             ok &= torch.arange(n, device=out.device) >= j
