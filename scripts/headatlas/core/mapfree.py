@@ -252,9 +252,7 @@ class FreeLayer:
             return torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
         q = self.q.reshape(bsz, hk, (h // hk) * n, d)
         s = torch.matmul(q, self.k[:, :, j, :, None]).view(bsz, h, n) * self.scale
-        out = torch.exp(
-            (s.float() - self.lse).clamp_(max=0)
-        )  # exp, as shifted and at
+        out = torch.exp((s.float() - self.lse).clamp_(max=0))  # exp, as shifted and at
         ok = self.valid & (j < self.batch.tensor("lengths", out.device))[:, None]
         if self.causal:
             ok &= torch.arange(n, device=out.device) >= j
