@@ -54,15 +54,16 @@ def blocked_attention(
 ):
     """The layer's attention and its statistics' passes in row blocks of at most about ``cells`` cells, from q
     [B, H, n, d] and k, v [B, Hkv, n, .] (grouped heads not expanded): per block of query rows one product
-    s = scale q.k (as log2(e) s), the row max, 2^(s - max), their sum z, and one product of those with
-    [v | cols], so the scores and exponentials are computed once for the model's output and every column.
+    s = scale q.k (as log2(e) s), the row max, 2^(s - max), their sum z, one product of those with v
+    and one with the key columns, so the scores and exponentials are computed once for the model's output and
+    every column.
     Returns (A.v [B, H, n, dv] in v's dtype, LSE [B, H, n], {"values": A.cols [B, H, n, C], "lower": sum_{j <= i}
     A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n]}, only the asked ones); ``cols``,
     ``lcols``: [B, 1, n, C] key columns (the same for every head). ``mask``: additive float or None, ``causal``
     only with ``mask`` None (as :func:`attention_lse`); ``later_masked``: the mask hides every key after the
     query (a decoder's padded batch), so a block stops at its last row's key. Never more than a block of cells
     is held (two reused buffers). On the CPU this costs less than widening the flash kernel's call to the
-    columns, whose value width must equal the query's (measured: docs/mapfree.md)."""
+    columns, whose value width must equal the query's (measured: benchmarks/README.md)."""
     import torch
 
     bsz, h, n, d = q.shape
