@@ -17,9 +17,9 @@ from headatlas.core.mapfree import (
     FreeLayer,
     MapFreeFeed,
     Needs,
-    _key_blocks,
-    _lower_sums,
     attention_lse,
+    blocked_attention,
+    key_only,
     mapfree_markdown,
     offset_targets,
     plan_feed,
@@ -86,11 +86,8 @@ def test_identities_against_softmax(causal):
     pos = torch.arange(n, dtype=torch.float32)[None, :, None].expand(bsz, n, 1)
     ind = (torch.arange(n) % 3 == 0).float()[None, :, None].expand(bsz, n, 1)
     cols = torch.cat([pos, ind], -1)
-    av = attention_lse(q, k, cols[:, None].expand(bsz, hk, n, 2).contiguous(), add, False, scale)[0]
-    low_o, low_lse = attention_lse(q, k, cols[:, None].expand(bsz, hk, n, 2).contiguous(), None, True, scale)
-    low = low_o * torch.exp(low_lse - lse)[..., None]
-    ak = attention_lse(q, k, k, add, False, scale)[0]
-    view = FreeLayer(q, k, lse, scale, batch, causal, {"c": av}, {"c": low}, ak)
+    _, _, got = blocked_attention(q, k, k, add, False, scale, cols[:, None], cols[:, None], True)
+    view = FreeLayer(q, k, lse, scale, batch, causal, {"c": got["values"]}, {"c": got["lower"]}, got["entropy"])
     t = offset_targets(batch, (-2, -1, 0, 1, 3))
     got = view.at(t)
     for j, off in enumerate((-2, -1, 0, 1, 3)):
@@ -112,28 +109,62 @@ def test_identities_against_softmax(causal):
     torch.testing.assert_close(full, a, rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("n, used, want", [(11, 65, 3), (9, 70, 2), (40, 8, 4), (40, 16, 2), (1, 65, 1)])
-def test_lower_sums_by_key_block(n, used, want):
-    """An encoder's sums over keys j <= i: the blocks before a query's own from the model's call (the key-block
-    columns of :func:`_key_blocks`, filling the call's zero padding), its own block from the exact cells of the
-    blocks' diagonal squares, against the explicit softmax; grouped key heads, right padding, a length that no
-    block count divides."""
-    torch.manual_seed(1)
-    bsz, h, hk, d, scale = 2, 6, 2, 16, 0.3
-    lengths = torch.tensor([n, max(1, n - 3)])
-    q, k = torch.randn(bsz, h, n, d) * 2, torch.randn(bsz, hk, n, d) * 2
-    key_ok = torch.arange(n)[None, :] < lengths[:, None]
-    add = torch.zeros(bsz, 1, 1, n).masked_fill(~key_ok[:, None, None], -math.inf)
-    pos = torch.arange(n, dtype=torch.float32)[None, :, None].expand(bsz, n, 1)
-    lcols = torch.cat([torch.ones_like(pos), pos], -1)[:, None]  # [B, 1, n, 2]
-    blocks = _key_blocks(lcols, used, d)
-    assert blocks[0] == want and blocks[2].shape[-1] == want * 2
-    got, lse = attention_lse(q, k, blocks[2].expand(bsz, hk, n, -1).contiguous(), add, False, scale)
-    low = _lower_sums(q, k, lse, scale, lcols, blocks, got)
-    a = torch.softmax((q @ k.repeat_interleave(h // hk, 1).transpose(-1, -2)) * scale + add, -1)
-    ref = (a * torch.ones(n, n).tril()) @ lcols
-    real = (torch.arange(n)[None, :] < lengths[:, None])[:, None, :, None]
-    torch.testing.assert_close(torch.where(real, low, 0.0), torch.where(real, ref, 0.0), rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize(
+    "bsz, h, hk, n, causal, cells",
+    [(2, 6, 2, 9, False, 50), (2, 6, 2, 9, True, 50), (3, 4, 4, 33, False, 10**9), (3, 4, 2, 33, True, 200),
+     (2, 4, 2, 17, False, 1), (1, 2, 1, 1, True, 10)],
+)  # fmt: skip
+def test_blocked_attention(bsz, h, hk, n, causal, cells):
+    """The model's output, LSE, value columns, an encoder's sums over keys j <= i and the entropy of
+    :func:`blocked_attention` equal an explicit softmax on the real query rows: grouped key heads, right padding
+    as a key-only and as a 4-D mask, the causal flag, row blocks that do not divide the length (one row each with
+    ``cells`` 1), one token; and its output and LSE equal the fused kernel's."""
+    torch.manual_seed(0)
+    d, scale = 8, 0.3
+    q, k, v = torch.randn(bsz, h, n, d) * 2, torch.randn(bsz, hk, n, d) * 2, torch.randn(bsz, hk, n, 5)
+    lengths = torch.tensor([n] + [max(1, n - 3)] * (bsz - 1))
+    key_ok = torch.arange(n)[None] < lengths[:, None]
+    allowed = key_ok[:, None, None, :] & (torch.ones(n, n, dtype=torch.bool).tril() if causal else True)
+    add = torch.zeros(allowed.shape).masked_fill(~allowed, -math.inf)
+    cols, lcols = torch.randn(bsz, 1, n, 3), torch.randn(bsz, 1, n, 2)
+    s = q @ k.repeat_interleave(h // hk, 1).transpose(-1, -2) * scale + add
+    a = torch.softmax(s, -1)
+    want = (a @ v.repeat_interleave(h // hk, 1), torch.logsumexp(s, -1), a @ cols,
+            (a * torch.ones(n, n).tril()) @ lcols, torch.special.entr(a).sum(-1))  # fmt: skip
+    key_only = None if causal else add[:, :, :1]  # [B, 1, 1, n]: the products' initial value
+    forms = [(add, False, causal, slice(None))]  # a 4-D mask (a decoder's: later keys hidden)
+    forms += [(None, True, False, slice(0, 1))] if causal else [(key_only, False, False, slice(None))]
+    for mask, flag, later, rows in forms:  # the causal flag alone: the unpadded first sequence
+        out, lse, got = blocked_attention(q, k, v, mask, flag, scale, cols, lcols, True, later, cells)
+        real = key_ok[rows, None, :]
+        for x, y in zip((out, lse, got["values"], got["lower"], got["entropy"]), want):
+            r = real[..., None] if x.dim() == 4 else real
+            torch.testing.assert_close(torch.where(r, x[rows], 0.0), torch.where(r, y[rows], 0.0), rtol=0, atol=2e-5)
+        if mask is not None:
+            fo, fl = attention_lse(q, k, v, mask, False, scale)
+            torch.testing.assert_close(torch.where(real[..., None], out, 0.0), torch.where(real[..., None], fo, 0.0))
+            torch.testing.assert_close(torch.where(real, lse, 0.0), torch.where(real, fl, 0.0))
+    out, lse, got = blocked_attention(q, k, v, add, False, scale, cells=cells)
+    assert got == {} and out.shape == (bsz, h, n, 5) and lse.shape == (bsz, h, n)
+
+
+def test_key_only_masks():
+    """A model's boolean 4-D mask that hides padded keys (and later keys, causal) becomes the key mask and the
+    causal flag, the same cells; any other mask is kept, and a mask that hides nothing becomes None."""
+    n = 5
+    keys = (torch.arange(n)[None] < torch.tensor([5, 3])[:, None])[:, None, None, :]  # [2, 1, 1, n]
+    tril = torch.ones(n, n, dtype=torch.bool).tril()
+    pad = keys.expand(2, 1, n, n)
+    m, causal = key_only(pad, False)
+    assert causal is False and torch.equal(m, keys)
+    m, causal = key_only(pad & tril, True)
+    assert causal is True and torch.equal(m, keys)
+    assert key_only(pad & tril, False)[1] is None  # causal cells, but the module is not causal: kept
+    assert key_only(torch.ones(2, 1, n, n, dtype=torch.bool), False) == (None, False)
+    odd = pad.clone()
+    odd[1, 0, 0, 0] = False
+    assert key_only(odd, False)[0] is odd and key_only(None, True) == (None, None)
+    assert key_only(torch.zeros(2, 1, n, n), False)[1] is None  # an additive mask: kept
 
 
 @pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])

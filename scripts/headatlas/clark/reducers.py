@@ -198,7 +198,7 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     return out
 
 
-# --- map-free (core.mapfree): the same sums from q, k, LSE and one value pass -----------------------------------
+# --- map-free (core.mapfree): the same sums from q, k, LSE and the blocked pass ---------------------------------
 
 
 def surface_needs(batch: ReduceBatch, causal: bool, smoothing: float):

@@ -1,4 +1,4 @@
-"""Map-free attention: per-head statistics from q, k, each row's log-sum-exp and A.V' passes of a fused kernel.
+"""Map-free attention: per-head statistics from q, k, each row's log-sum-exp and A.V' passes, without maps.
 
 With s_ij = scale * q_i . k_j (post-rotary) over the keys query i may see (padding and the causal mask exactly
 as the model's mask) and A = softmax(s), a fused kernel (CPU: ``_scaled_dot_product_flash_attention_for_cpu``;
@@ -6,11 +6,14 @@ CUDA: the memory-efficient kernel) returns the model's output A.V and LSE_i = lo
 
 - attention to one key per row (a fixed key, an offset, an induction / duplicate target, an arc):
   A[i, t] = exp(s_it - LSE_i), one dot product per target (:meth:`FreeLayer.at`);
-- attention summed over a set of keys given by an indicator m_j: (A.m)_i, one value column of an extra kernel
-  pass (:attr:`Needs.values`; up to head-size columns per pass);
-- the same restricted to keys j <= i (an encoder's "lower" half, e.g. for |i - j|; :attr:`Needs.lower`): the
-  columns times key-block indicators in the same pass, and the blocks' diagonal squares (:func:`_lower_sums`);
-- entropy H_i = LSE_i - scale * q_i . (A.K)_i, one pass with the keys as values (:attr:`Needs.entropy`).
+- attention summed over a set of keys given by an indicator m_j: (A.m)_i, one value column (:attr:`Needs.values`);
+- the same restricted to keys j <= i (an encoder's "lower" half, e.g. for |i - j|; :attr:`Needs.lower`);
+- the row entropy -sum_j A_ij ln A_ij (:attr:`Needs.entropy`).
+
+A layer whose reducers need only targets runs the fused kernel; one that needs value columns, lower columns or
+the entropy runs :func:`blocked_attention`, which computes the model's output and every column from one set of
+scores per block of rows (on a CPU cheaper than a second kernel call or a kernel call widened to the columns:
+benchmarks/README.md).
 
 No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
 (:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
@@ -91,9 +94,26 @@ def _additive(mask, dtype):
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
 
 
+def key_only(mask, is_causal: bool):
+    """(mask, causal): a boolean mask [B, 1, n, n] (True = attend) that hides padded keys only, or with
+    ``is_causal`` padded and later keys, as the key mask [B, 1, 1, n] and the causal flag (the same cells: a
+    cheaper call of either kernel and of :func:`blocked_attention`); (``mask``, None) for any other mask."""
+    import torch
+
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] < 2:
+        return mask, None
+    n, keys = mask.shape[2], mask[:, :, -1:, :]  # the last row sees every real key
+    if mask.shape[3] != n:
+        return mask, None
+    want = keys & torch.ones(n, n, dtype=torch.bool, device=mask.device).tril() if is_causal else keys
+    if not torch.equal(mask, want.expand_as(mask)):
+        return mask, None
+    return (None if bool(keys.all()) else keys), is_causal
+
+
 def attention_lse(q, k, v, mask, causal: bool, scale: float):
     """(A.v [B, H, n, dv], LSE [B, H, n] float32) of a fused kernel; ``k``, ``v`` may have fewer (grouped) heads.
-    ``mask``: additive float or None; ``causal`` only with ``mask`` None. A value width other than the head size
+    ``mask``: additive float or None, with ``causal`` or without. A value width other than the head size
     is padded with zeros or split into head-size passes (the kernels need equal widths)."""
     import torch
 
@@ -123,20 +143,120 @@ def attention_lse(q, k, v, mask, causal: bool, scale: float):
     return out, lse.float()
 
 
-def wide_pass(q, k, v, mask, causal: bool, scale: float):
-    """:func:`attention_lse` for values of any width w: narrower ones padded to the head size, wider ones with q
-    and k padded by zero columns to w (rounded up to 8; the scores do not change, ``scale`` is explicit), so the
-    entropy's K and extra value columns share one pass."""
+LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
+
+
+def blocked_attention(
+    q,
+    k,
+    v,
+    mask,
+    causal: bool,
+    scale: float,
+    cols=None,
+    lcols=None,
+    entropy=False,
+    later_masked=False,
+    cells: int | None = None,
+):
+    """The layer's attention and its statistics' passes in row blocks of at most about ``cells`` cells, from q
+    [B, H, n, d] and k, v [B, Hkv, n, .] (grouped heads not expanded): per block of query rows one product
+    s = scale q.k (as log2(e) s), the row max, 2^(s - max), their sum z, one product of those with v
+    and one with the key columns, so the scores and exponentials are computed once for the model's output and
+    every column.
+    Returns (A.v [B, H, n, dv] in v's dtype, LSE [B, H, n], {"values": A.cols [B, H, n, C], "lower": sum_{j <= i}
+    A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n]}, only the asked ones); ``cols``,
+    ``lcols``: [B, 1, n, C] key columns (the same for every head). ``mask``: additive float or None, with
+    ``causal`` or without; ``later_masked``: the mask hides every key after the
+    query (a decoder's padded batch), so a block stops at its last row's key. Never more than a block of cells
+    is held (two reused :func:`~headatlas.core.reducer.scratch` buffers; ``cells`` None: 2^20 on a CPU, about
+    its cache, 2^26 on a GPU)."""
     import torch
 
-    d, w = q.shape[-1], v.shape[-1]
-    pad = torch.nn.functional.pad
-    if w <= d:
-        out, lse = attention_lse(q, k, pad(v, (0, d - w)) if w < d else v, mask, causal, scale)
-        return out[..., :w], lse
-    wide = -(-w // 8) * 8
-    out, lse = attention_lse(pad(q, (0, wide - d)), pad(k, (0, wide - d)), pad(v, (0, wide - w)), mask, causal, scale)
-    return out[..., :w], lse
+    bsz, h, n, d = q.shape
+    hk, dv = k.shape[1], v.shape[-1]
+    g = h // hk
+    dev = q.device
+    cells = (2**20 if dev.type == "cpu" else 2**26) if cells is None else cells
+    trim = causal or later_masked
+    qs = (q.float() * (scale * LOG2E)).reshape(bsz, hk, g, n, d)
+    kt = k.float().reshape(bsz * hk, n, d).transpose(1, 2)  # [B * Hkv, d, n]
+    vf = v.float().reshape(bsz * hk, n, dv)
+    # key columns as [B, C, n]: their product with the weights as C x keys times keys x rows (5x faster than
+    # rows x keys times keys x C for a few columns, measured with MKL)
+    ct = None if cols is None else cols.float()[:, 0].transpose(1, 2).contiguous()
+    lt = None if lcols is None else lcols.float()[:, 0].transpose(1, 2).contiguous()
+    init = None
+    if mask is not None:  # in log2 units, finite (0 * -inf would be nan in the entropy's sum)
+        mask = (mask.float() * LOG2E).clamp_(min=-1e30)
+        if mask.shape[1] == 1 and mask.shape[2] == 1:  # keys only: the products' initial value
+            init = mask.expand(bsz, hk, 1, n).reshape(bsz * hk, 1, n)
+            mask = None
+        else:
+            per_head = mask.shape[1] == h
+            mask = mask.reshape(mask.shape[0], hk if per_head else 1, g if per_head else 1, *mask.shape[2:])
+    out = torch.empty((bsz * hk, g, n, dv), dtype=torch.float32, device=dev)
+    lse = torch.empty((bsz * hk, g, n), dtype=torch.float32, device=dev)
+    ent = torch.empty((bsz * hk, g, n), dtype=torch.float32, device=dev) if entropy else None
+    val = None if ct is None else torch.empty((bsz, ct.shape[1], hk, g, n), dtype=torch.float32, device=dev)
+    low = None if lt is None else torch.empty((bsz, lt.shape[1], hk, g, n), dtype=torch.float32, device=dev)
+    per_row = max(1.0, cells / (bsz * h))  # cells of one query row of every head: its keys
+    lo = 0
+    while lo < n:
+        if trim:  # rows m with m (lo + m) cells each: m^2 + lo m = per_row
+            m = int((math.sqrt(lo * lo + 4 * per_row) - lo) / 2)
+        else:
+            m = int(per_row // n)
+        m = max(1, min(n - lo, m))
+        hi = lo + m
+        t = hi if trim else n
+        qb = qs[:, :, :, lo:hi].reshape(bsz * hk, g * m, d)
+        buf = scratch("blocked_s", (bsz * hk, g * m, t), dev)
+        s = (
+            torch.bmm(qb, kt[:, :, :t], out=buf)
+            if init is None
+            else torch.baddbmm(init[..., :t], qb, kt[:, :, :t], out=buf)
+        )
+        s5 = s.view(bsz, hk, g, m, t)
+        if mask is not None:
+            s5.add_(mask[..., :t] if mask.shape[-2] == 1 else mask[..., lo:hi, :t])
+        if causal:
+            s5[..., lo:hi].add_(torch.full((m, m), -1e30, device=dev).triu_(1))
+        mx = s.amax(-1, keepdim=True)
+        s.sub_(mx)
+        e = torch.exp2(s, out=scratch("blocked_e", s.shape, dev))
+        z = e.sum(-1, keepdim=True)
+        r = 1.0 / z  # [B * Hkv, g * m, 1]
+        out[:, :, lo:hi] = torch.bmm(e, vf[:, :t]).mul_(r).view(bsz * hk, g, m, dv)
+        lz = z[..., 0].log2()
+        lse[:, :, lo:hi] = (mx[..., 0] + lz).mul_(LN2).view(bsz * hk, g, m)
+        if entropy:  # -sum A ln A = ln 2 (log2 z - sum_j e_j (s_j - max) / z)
+            ent[:, :, lo:hi] = (lz - torch.linalg.vecdot(e, s) * r[..., 0]).mul_(LN2).view(bsz * hk, g, m)
+        et = e.view(bsz, hk * g * m, t).transpose(1, 2)  # [B, t, rows of every head]
+        rb = r.view(bsz, 1, hk, g, m)
+        if ct is not None:
+            val[..., lo:hi] = torch.bmm(ct[:, :, :t], et).view(bsz, -1, hk, g, m).mul_(rb)
+        if lt is not None:  # keys before the block, then the block's own square (j <= i)
+            sq = (
+                et[:, lo:hi]
+                .reshape(bsz, m, hk * g, m)
+                .mul(torch.ones(m, m, dtype=torch.bool, device=dev).triu()[:, None])
+            )
+            part = torch.matmul(lt[:, None, :, lo:hi], sq.permute(0, 2, 1, 3))  # [B, hk * g, C', m]
+            part = part.permute(0, 2, 1, 3).reshape(bsz, -1, hk * g * m)
+            if lo:
+                part += torch.bmm(lt[:, :, :lo], et[:, :lo])
+            low[..., lo:hi] = part.view(bsz, -1, hk, g, m).mul_(rb)
+        lo = hi
+    got = {}
+    if cols is not None:
+        got["values"] = val.view(bsz, -1, h, n).permute(0, 2, 3, 1)
+    if lcols is not None:
+        got["lower"] = low.view(bsz, -1, h, n).permute(0, 2, 3, 1)
+    if entropy:
+        got["entropy"] = ent.view(bsz, h, n)
+    return out.view(bsz, h, n, dv).to(v.dtype), lse.view(bsz, h, n), got
 
 
 _ACTIVE: list = []  # the open MapFreeFeed (at most one)
@@ -148,25 +268,26 @@ def mapfree_attention(module, query, key, value, attention_mask, scaling=None, d
     for arg in ("softcap", "position_bias", "sliding_window"):
         if kwargs.get(arg) is not None:
             raise ModelError(f"map-free attention: {type(module).__name__} passes {arg}; its type must run eager")
-    import torch
 
     if dropout and module.training:
         raise ModelError("map-free attention: dropout in training mode; load the model in eval mode")
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    mask = _additive(attention_mask, query.dtype)
-    causal = bool(query.shape[2] > 1 and mask is None and is_causal)
     feed = _ACTIVE[-1] if _ACTIVE and _ACTIVE[-1].batch is not None else None
-    extra = None if feed is None else feed.extra_values(key, value.shape[-1])
-    if extra is None:
-        out, lse, got = *attention_lse(query, key, value, mask, causal, scale), None
-    else:  # the reducers' value columns ride in the model's own kernel call: [V | K | columns] as the values
-        dv = value.shape[-1]
-        out, lse = wide_pass(query, key, torch.cat([value, extra.to(value.dtype)], -1), mask, causal, scale)
-        out, got = out[..., :dv], out[..., dv:]
+    if feed is None:
+        mask, causal = _additive(attention_mask, query.dtype), None
+    else:  # every layer gets the same mask: simplified once per forward
+        mask, causal = feed.mask(attention_mask, bool(is_causal), query.dtype)
+    if causal is None:
+        causal = bool(query.shape[2] > 1 and mask is None and is_causal)
+    passes = None if feed is None else feed.passes(key)
+    if passes is None:
+        out, lse, got = *attention_lse(query, key, value, mask, causal, scale), {}
+    else:  # the model's output and the reducers' columns from one set of scores
+        out, lse, got = blocked_attention(query, key, value, mask, causal, scale, *passes)
     if feed is not None:
-        feed.layer(query, key, lse, mask, causal, scale, got)
+        feed.layer(query, key, lse, scale, got)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -203,9 +324,9 @@ class FreeLayer:
     """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded),
     lse [B, H, n], ``scale``, and the declared passes. Every method returns 0 on padded query rows."""
 
-    def __init__(self, q, k, lse, scale, batch, causal, values, lower, ak, targets=None):
+    def __init__(self, q, k, lse, scale, batch, causal, values, lower, entropy, targets=None):
         self.q, self.k, self.lse, self.scale, self.batch, self.causal = q, k, lse, scale, batch, causal
-        self._values, self._lower, self._ak = values, lower, ak
+        self._values, self._lower, self._entropy = values, lower, entropy
         self._flat = None
         self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
         self._targets = {}
@@ -386,14 +507,10 @@ class FreeLayer:
         return torch_where_valid(self._lower[name], self.valid)
 
     def entropy(self):
-        """[B, H, n] row entropy in nats, LSE_i - scale q_i . (A.K)_i (the ``entropy`` pass)."""
+        """[B, H, n] row entropy -sum_j A_ij ln A_ij in nats (the ``entropy`` pass)."""
         import torch
 
-        h = self.lse - self.scale * (self.q.float() * self._ak.float()).sum(-1)
-        return torch.where(self.valid[:, None], h, 0.0)
-
-
-LOG2E = 1.0 / math.log(2.0)
+        return torch.where(self.valid[:, None], self._entropy, 0.0)
 
 
 def _prescaled(q, lse, scale: float, hk: int):
@@ -434,7 +551,7 @@ class MapFreeFeed:
 
     def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo):
         self.model, self.reducers, self.info = model, list(reducers), info
-        self.batch, self.calls, self.plan = None, 0, None
+        self.batch, self.calls, self.plan, self._mask = None, 0, None, None
         self.previous = None
         self.forward_kwargs = {"output_hidden_states": True} if any(r.needs_outputs for r in self.reducers) else {}
 
@@ -452,7 +569,7 @@ class MapFreeFeed:
     def begin(self, batch: ReduceBatch) -> None:
         import torch
 
-        self.batch, self.calls = batch, 0
+        self.batch, self.calls, self._mask = batch, 0, None
         needs = [r.mapfree_needs(batch, self.info.causal) for r in self.reducers]
         dev = next(self.model.parameters()).device
 
@@ -475,31 +592,29 @@ class MapFreeFeed:
         for nd in needs:
             for name, t in nd.targets.items():
                 targets.setdefault(name, np.asarray(t, dtype=np.int64))
-        # under a causal mask every visible key is j <= i: the lower columns are values of the one pass
+        # under a causal mask every visible key is j <= i: the lower columns are values
         low = (None, {}) if self.info.causal else stack("lower")
         values = stack("values", "lower") if self.info.causal else stack("values")
         self.plan = (any(nd.entropy for nd in needs), values, low, targets)
-        self.blocks = None  # (key blocks, block length, their columns [B, 1, n, blocks * C]): extra_values
 
-    def extra_values(self, k, dv: int):
-        """[B, Hkv, n, w] what the layer's kernel call must also weight by A (the model's values are ``dv``
-        wide): the keys (the entropy pass), every declared value column and an encoder's lower columns split by
-        key block (:func:`_key_blocks`), or None (the model's call alone)."""
-        import torch
+    def mask(self, attention_mask, is_causal: bool, dtype):
+        """(additive mask or None, causal flag or None: from the query length) of :func:`key_only`, once per
+        forward (the model hands every layer the same mask object)."""
+        if self._mask is None or self._mask[0] is not attention_mask:
+            m, causal = key_only(attention_mask, is_causal)
+            self._mask = (attention_mask, _additive(m, dtype), causal)
+        return self._mask[1:]
 
+    def passes(self, k):
+        """(value columns, lower columns, entropy) for :func:`blocked_attention` of this batch's layer, or None
+        when its reducers need targets only (the model's fused kernel alone)."""
         entropy, (vcols, _), (lcols, _), _ = self.plan
-        if k.shape[2] != self.batch.n:
-            return None  # not this batch's sequences: layer() raises
-        bsz, hk, n, d = k.shape
-        if lcols is not None and self.blocks is None:
-            used = dv + (d if entropy else 0) + (0 if vcols is None else vcols.shape[-1])
-            self.blocks = _key_blocks(lcols, used, d)
-        cols = ([] if vcols is None else [vcols]) + ([] if lcols is None else [self.blocks[2]])
-        parts = ([k] if entropy else []) + [c.expand(bsz, hk, n, -1) for c in cols]
-        return torch.cat([p.to(k.dtype) for p in parts], -1) if parts else None
+        if k.shape[2] != self.batch.n or not (entropy or vcols is not None or lcols is not None):
+            return None  # (another length: not this batch's sequences, layer() raises)
+        return vcols, lcols, entropy, self.info.causal
 
-    def layer(self, q, k, lse, mask, causal, scale, got=None) -> None:
-        """One layer's q, k, LSE and ``got``: A times :meth:`extra_values` from the model's kernel call."""
+    def layer(self, q, k, lse, scale, got) -> None:
+        """One layer's q, k, LSE and ``got``: the columns :meth:`passes` asked for."""
 
         layer, batch, info = self.calls, self.batch, self.info
         self.calls += 1
@@ -510,22 +625,16 @@ class MapFreeFeed:
         n = batch.n
         if q.shape[2] != n:  # an extra position is not part of the sequences (cut after the kernel)
             raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
-        entropy, (vcols, vat), (lcols, lat), targets = self.plan
-        d = q.shape[-1]
-        ak, values, lower = None, {}, {}
-        if got is not None:  # the entropy's K and every value column, from the model's own call
-            out = got.float()
-            ak, out = (out[..., :d], out[..., d:]) if entropy else (None, out)
-            for name, sl in vat.items():
-                if isinstance(name, tuple):
-                    lower[name[1]] = out[..., sl]
-                else:
-                    values[name] = out[..., sl]
-            if lcols is not None:
-                width = 0 if vcols is None else vcols.shape[-1]
-                low = _lower_sums(q, k, lse, scale, lcols, self.blocks, out[..., width:])
-                lower = {name[1]: low[..., sl] for name, sl in lat.items()}
-        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, ak, targets)
+        _, (_, vat), (_, lat), targets = self.plan
+        values, lower = {}, {}
+        for name, sl in vat.items():
+            if isinstance(name, tuple):
+                lower[name[1]] = got["values"][..., sl]
+            else:
+                values[name] = got["values"][..., sl]
+        for name, sl in lat.items():
+            lower[name[1]] = got["lower"][..., sl]
+        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, got.get("entropy"), targets)
         for r in self.reducers:
             try:
                 r.update_free(layer, view, batch)
@@ -542,7 +651,7 @@ class MapFreeFeed:
             )
         if self.batch is not None:
             feed_outputs(self.reducers, self.info, outputs, self.batch)
-        self.batch, self.plan = None, None
+        self.batch, self.plan, self._mask = None, None, None
 
     def results(self) -> list:
         return [r.result() for r in self.reducers]
@@ -556,51 +665,6 @@ class MapFreeFeed:
         stop_all(self.reducers)
         release_scratch()
         return False
-
-
-def _key_blocks(lcols, used: int, d: int):
-    """(blocks, block length, [B, 1, n, blocks * C] the lower columns ``lcols`` [B, 1, n, C] times each key
-    block's indicator) for an encoder's sums over keys j <= i: the kernel call's values are ``used`` wide, so
-    its zero padding (up to a multiple of 8, :func:`wide_pass`) holds blocks * C columns at no cost (at least 2
-    blocks)."""
-    import torch
-
-    n, c = lcols.shape[2], lcols.shape[3]
-    free = (-(-used // 8) * 8 - used) if used > d else d - used
-    blocks = max(1, min(n, max(2, free // c)))
-    step = -(-n // blocks)
-    blocks = -(-n // step)
-    onehot = torch.nn.functional.one_hot(torch.arange(n, device=lcols.device) // step, blocks).to(lcols.dtype)
-    cols = (lcols[..., None, :] * onehot[None, None, :, :, None]).flatten(-2)  # [B, 1, n, blocks * C]
-    return blocks, step, cols
-
-
-def _lower_sums(q, k, lse, scale, lcols, blocks, got):
-    """[B, H, n, C] sum_{j <= i} A_ij m_j of an encoder's lower columns ``lcols`` [B, 1, n, C]: the key blocks
-    before query i's own block from the model's call (``got``: A times :func:`_key_blocks`' columns), its own
-    block's keys j <= i from exact cells exp(scale q_i . k_j - LSE_i) of the blocks' diagonal squares (block
-    length x n cells per head; the CPU kernel costs nearly a full call on such short blocks). Right padding: a
-    real query's keys j <= i are real."""
-    import torch
-
-    nb, step, _ = blocks
-    bsz, h, n, d = q.shape
-    hk, c = k.shape[1], lcols.shape[-1]
-    per = got[..., : nb * c].reshape(bsz, h, n, nb, c)
-    before = per.cumsum(3) - per  # [.., g, :] = the blocks before block g
-    own = (torch.arange(n, device=q.device) // step)[None, None, :, None, None].expand(bsz, h, n, 1, c)
-    below = before.gather(3, own)[..., 0, :]
-    pad = nb * step - n
-
-    def squares(x):  # [B, heads, n, w] -> [B * blocks, heads, step, w]: the blocks as a batch
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
-        x = x.reshape(x.shape[0], x.shape[1], nb, step, x.shape[-1]).transpose(1, 2)
-        return x.reshape(-1, x.shape[2], step, x.shape[-1])
-
-    a = _exp_scores(*_prescaled(squares(q), squares(lse[..., None])[..., 0], scale, hk), squares(k))
-    a.mul_(torch.ones(step, step, dtype=torch.bool, device=q.device).tril())  # keys j <= i of the block
-    own_sums = torch.matmul(a, squares(lcols.float()))  # [B * blocks, H, step, C] (lcols broadcast over heads)
-    return below + own_sums.reshape(bsz, nb, h, step, c).transpose(1, 2).reshape(bsz, h, nb * step, c)[:, :, :n]
 
 
 def has_mapfree(reducer: Reducer) -> bool:
