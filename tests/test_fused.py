@@ -373,8 +373,12 @@ def _tables_close(a: Path, b: Path, skip: tuple[str, ...] = ()) -> list[str]:
             if x[c].dtype.kind == "f" or y[c].dtype.kind == "f":
                 u, v = x[c].to_numpy(float), y[c].to_numpy(float)
                 tol = 1e-6 + 1e-5 * np.abs(u)  # a map-free corpus's %.6g cell may round the other way (1e-5 x)
-                if c == "statistic":  # t of a near-constant head (sd ~1e-7) moves with rounding
-                    tol = 1e-3 * np.maximum(1, np.abs(u))
+                if c == "statistic":  # t = (mean - tau) sqrt(n) / sd is as precise as its sd: one float32 ulp of a
+                    tol = 1e-3 * np.maximum(1, np.abs(u))  # score near 1 moves t of two scores 1e-4 apart by 1e-3 x
+                    if "sd" in x.columns:
+                        sd = x["sd"].to_numpy(float)
+                        with np.errstate(divide="ignore", invalid="ignore"):
+                            tol = np.fmax(tol, np.abs(u) * (1e-6 + 1e-5 * sd) / sd)
                 tol = np.where(js, np.maximum(tol, 1e-8 + 1e-2 * np.abs(u)), tol)
                 if c == "p_value":  # the layer test's permutation p of a between - within difference that is itself
                     tol = np.where(js, 0.1, tol)  # at that rounding (-5e-7 nats against 3e-5) for the tiny models
