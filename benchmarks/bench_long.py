@@ -11,9 +11,9 @@ wiki_8192 kind). Modes (``time.process_time`` of the run, the model loaded befor
 
 - ``sdpa``: the model's forward with transformers' SDPA attention (the baseline);
 - ``surface``: :func:`headatlas.core.reduce.fused_reduce` with Clark's ``SurfaceReducer`` alone (what a
-  ``long_corpora`` corpus's extraction adds; smoothing 1e-4, the default: the smoothed entropy from exact rows
-  recomputed in blocks);
-- ``surface_eps0``: the same with smoothing 0 (the entropy from one value pass);
+  ``long_corpora`` corpus's extraction adds; smoothing 1e-4, the default: the smoothed entropy in the CPU
+  attention pass, or without it from exact rows recomputed in blocks);
+- ``surface_eps0``: the same with smoothing 0 (the unsmoothed entropy);
 - ``detectors``: the ``DetectorReducer`` on the same natural input;
 - ``detectors_job``: :func:`headatlas.detectors.analysis.run_detectors` with ``analysis.detectors.long``
   settings and one sequence per input kind (natural, random, repeated token, repeated: four inputs of the

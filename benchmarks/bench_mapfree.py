@@ -16,12 +16,14 @@ its fastest repetition:
 - ``eager``: the same forward with eager attention (the maps exist; the reference path runs it);
 - ``eager_fused``: :func:`headatlas.core.reduce.fused_reduce` on the eager path with every map-free reducer
   (position-bucket statistics, detectors);
-- ``free_targets``: the map-free path with the detectors only (one key per query: no extra kernel pass);
-- ``free_entropy``: the detectors and an entropy pass (K as the values);
-- ``free_all``: the map-free path with every map-free reducer (entropy pass, position column pass, and for an
-  encoder the lower pass of the mean distance).
+- ``free_targets``: the map-free path with the detectors only (a few target keys per query);
+- ``free_entropy``: the detectors and the row entropy;
+- ``free_all``: the map-free path with every map-free reducer (the targets, the entropy, the position column
+  and for an encoder the two lower columns of the mean distance).
 
-The per-statistic cost is the difference between consecutive map-free modes. ``--equality`` also reports the
+The per-statistic cost is the difference between consecutive map-free modes (on a CPU every one of them is the
+same attention pass, :mod:`headatlas.core.cpu_pass`, with more sums; ``--no-cpu-pass`` measures the torch path
+without it: the fused kernel, or the blocked products once a statistic needs more than targets). ``--equality`` also reports the
 max abs difference of every map-free reducer's result, map-free against eager-fused, on the same inputs.
 The machine may be shared: ratios within one process and rotation are the comparable numbers.
 """
@@ -165,14 +167,14 @@ def one_run(name: str, length: int, n_inputs: int, mode: str, cache: Path) -> di
     }
 
 
-def scaling(runs: str, cache: Path, out: Path | None, modes=SCALING_MODES) -> list:
-    """Every (model, length, inputs) of ``runs`` and every mode in its own process (``--one``)."""
+def scaling(runs: str, cache: Path, out: Path | None, modes=SCALING_MODES, flags=()) -> list:
+    """Every (model, length, inputs) of ``runs`` and every mode in its own process (``--one``, with ``flags``)."""
     import subprocess
 
     rows = []
     for item in runs.split(","):
         for mode in modes:
-            cmd = [sys.executable, __file__, "--one", f"{item}:{mode}", "--cache", str(cache)]
+            cmd = [sys.executable, __file__, "--one", f"{item}:{mode}", "--cache", str(cache), *flags]
             got = subprocess.run(cmd, capture_output=True, text=True)
             if got.returncode:
                 raise SystemExit(f"{' '.join(cmd)} failed:\n{got.stderr[-2000:]}")
@@ -234,7 +236,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default="minilm:128:16,minilm:512:4,smollm2:128:16,smollm2:512:4,smollm2:2048:1")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=None, help=f"default {','.join(MODES)}; --scaling: {','.join(SCALING_MODES)}")
+    p.add_argument("--no-cpu-pass", action="store_true", help="the map-free path without the CPU attention pass")
     p.add_argument("--equality", action="store_true", help="also max abs diff, map-free vs eager-fused")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up forward (long inputs)")
     p.add_argument("--cache", type=Path, default=REPO / "results" / "models" / "bench")
@@ -244,18 +247,26 @@ def main(argv=None) -> None:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # model:length:inputs:mode (--scaling's worker)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.no_cpu_pass:
+        from headatlas.core import cpu_pass
+
+        cpu_pass.library = lambda: None
     if args.one:
         name, length, n, mode = args.one.split(":")
         print(json.dumps(one_run(name, int(length), int(n), mode, args.cache)))
         return
     if args.scaling or (args.figure and args.out and args.out.exists()):
+        modes = tuple(args.modes.split(",")) if args.modes else SCALING_MODES
+        flags = ("--no-cpu-pass",) if args.no_cpu_pass else ()
         rows = (
-            scaling(args.scaling, args.cache, args.out) if args.scaling else json.loads(args.out.read_text())["scaling"]
+            scaling(args.scaling, args.cache, args.out, modes, flags)
+            if args.scaling
+            else json.loads(args.out.read_text())["scaling"]
         )
         if args.figure:
             scaling_figure(rows, args.figure)
         return
-    modes = tuple(args.modes.split(","))
+    modes = tuple(args.modes.split(",")) if args.modes else MODES
     results = []
     for item in args.runs.split(","):
         name, length, n = item.split(":")

@@ -1,6 +1,6 @@
 """Clark's surface statistics (SurfaceReducer alone) eager-fused vs map-free vs the SDPA forward, CPU-seconds,
-one thread, modes alternating in one process; the smoothed entropy's row blocks timed apart; the smoothed
-(eps = 1e-4) against the unsmoothed (eps = 0) entropy per head.
+one thread, modes alternating in one process; the smoothed (eps = 1e-4) against the unsmoothed (eps = 0) entropy
+per head.
 
 Run from the repository root with the project's environment::
 
@@ -12,9 +12,11 @@ repetitions (CPU-seconds, ``time.process_time``):
 
 - ``sdpa``: :func:`headatlas.core.reduce.bare_forward` with transformers' SDPA attention (the baseline);
 - ``eager``: ``fused_reduce(..., path="eager")`` with ``SurfaceReducer()`` (eps = 1e-4, the reference);
-- ``mapfree``: ``fused_reduce(..., path="mapfree")``, the same reducer (row blocks for the smoothed entropy);
-  ``rows_s``: the CPU-seconds inside :func:`headatlas.clark.reducers.smoothed_row_entropy` of that run;
-- ``mapfree_eps0``: the map-free path with ``SurfaceReducer(0.0)`` (the entropy from the entropy pass).
+- ``mapfree``: ``fused_reduce(..., path="mapfree")``, the same reducer (the smoothed entropy in the CPU attention
+  pass, :mod:`headatlas.core.cpu_pass`);
+- ``mapfree_eps0``: the map-free path with ``SurfaceReducer(0.0)`` (the unsmoothed entropy);
+- ``mapfree_torch``: the map-free path without the CPU attention pass (as without a C compiler: the kernel,
+  and the smoothed entropy from exact rows recomputed in blocks, ``FreeLayer.smoothed_entropy``).
 
 Also per setting the max difference map-free vs eager of every statistic (absolute), and per head the smoothed
 minus the unsmoothed entropy (``entropy`` and ``cls_entropy`` columns of the eager tables; max and mean over heads).
@@ -33,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_scaling import BOS, MODELS, WIKI, model_dir  # noqa: E402
 
 EWT_DEV = REPO / "resources" / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
-MODES = ("sdpa", "eager", "mapfree", "mapfree_eps0")
+MODES = ("sdpa", "eager", "mapfree", "mapfree_eps0", "mapfree_torch")
 
 
 def absdiff(a, b) -> float:
@@ -47,9 +49,9 @@ def absdiff(a, b) -> float:
 def run_setting(name: str, corpus: str, length: int, n_inputs: int, reps: int, batch_size: int, cache: Path) -> dict:
     import numpy as np
 
-    import headatlas.clark.reducers as cr
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.clark.surface import STATS
+    from headatlas.core import cpu_pass
     from headatlas.core.corpora import read_conllu, sentence_records, wiki_long_segments
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
@@ -68,17 +70,7 @@ def run_setting(name: str, corpus: str, length: int, n_inputs: int, reps: int, b
     tokenized, _ = tokenize_records(records, tok, kind, length, "truncate", decoder_bos(tok, config, spec))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
-    rows_cpu = [0.0]
-    inner = cr.smoothed_row_entropy
-
-    def timed_rows(*a, **k):  # the row blocks' CPU time inside a map-free run
-        c = time.process_time()
-        try:
-            return inner(*a, **k)
-        finally:
-            rows_cpu[0] += time.process_time() - c
-
-    cr.smoothed_row_entropy = timed_rows
+    built = cpu_pass.library
 
     def run(mode: str):
         c = time.process_time()
@@ -91,22 +83,21 @@ def run_setting(name: str, corpus: str, length: int, n_inputs: int, reps: int, b
             return time.process_time() - c, None
         path = "eager" if mode == "eager" else "mapfree"
         r = SurfaceReducer(0.0 if mode == "mapfree_eps0" else 1e-4)
-        res = fused_reduce(model, tokenized, [r], batch_size, kind, records, pad, name, corpus, path=path)[0]
+        cpu_pass.library = (lambda: None) if mode == "mapfree_torch" else built
+        try:
+            res = fused_reduce(model, tokenized, [r], batch_size, kind, records, pad, name, corpus, path=path)[0]
+        finally:
+            cpu_pass.library = built
         return time.process_time() - c, res
 
     run("sdpa")  # warm-up
     times = {m: [] for m in MODES}
-    rows = []
     tables = {}
     for _ in range(reps):
         for m in MODES:
-            rows_cpu[0] = 0.0
             t, res = run(m)
             times[m].append(t)
             tables[m] = res
-            if m == "mapfree":
-                rows.append(rows_cpu[0])
-    cr.smoothed_row_entropy = inner
     best = {m: min(t) for m, t in times.items()}
     eager0 = fused_reduce(
         model, tokenized, [SurfaceReducer(0.0)], batch_size, kind, records, pad, name, corpus, path="eager"
@@ -114,6 +105,7 @@ def run_setting(name: str, corpus: str, length: int, n_inputs: int, reps: int, b
     diff0 = max(absdiff(eager0[s], tables["mapfree_eps0"][s]) for s in STATS)
     e, f = tables["eager"], tables["mapfree"]
     diff = {s: absdiff(e[s], f[s]) for s in STATS}
+    diff_torch = {s: absdiff(e[s], tables["mapfree_torch"][s]) for s in STATS}
     smooth = {}
     for s in ("entropy", "cls_entropy"):
         d = (e[s] - eager0[s]).to_numpy()
@@ -122,7 +114,6 @@ def run_setting(name: str, corpus: str, length: int, n_inputs: int, reps: int, b
             "mean": float(np.nanmean(np.abs(d))),
             "signed_mean": float(np.nanmean(d)),
         }
-    best_rows = rows[int(np.argmin(times["mapfree"]))]
     return {
         "model": name,
         "corpus": corpus,
@@ -132,9 +123,9 @@ def run_setting(name: str, corpus: str, length: int, n_inputs: int, reps: int, b
         "batch_size": batch_size,
         "cpu_seconds": best,
         "all_cpu_seconds": times,
-        "rows_cpu_seconds": best_rows,
         "ratio_to_sdpa": {m: best["sdpa"] / best[m] for m in MODES},
         "max_abs_diff_mapfree_vs_eager": diff,
+        "max_abs_diff_mapfree_torch_vs_eager": diff_torch,
         "max_abs_diff_mapfree_vs_eager_eps0": diff0,
         "smoothed_minus_unsmoothed_per_head": smooth,
     }
@@ -160,7 +151,8 @@ def main(argv=None) -> None:
         print(
             f"{name} {corpus} {length} x{r['inputs']} ({r['tokens']} tokens): "
             + "  ".join(f"{m} {c[m]:.2f}" for m in MODES)
-            + f"  (row blocks {r['rows_cpu_seconds']:.2f}) CPU-s; max diff {max(r['max_abs_diff_mapfree_vs_eager'].values()):.2e};"
+            + f" CPU-s; max diff {max(r['max_abs_diff_mapfree_vs_eager'].values()):.2e}"
+            f" (without the pass {max(r['max_abs_diff_mapfree_torch_vs_eager'].values()):.2e});"
             f" smoothed - unsmoothed entropy per head: {r['smoothed_minus_unsmoothed_per_head']}",
             flush=True,
         )

@@ -148,6 +148,94 @@ def test_blocked_attention(bsz, h, hk, n, causal, cells):
     assert got == {} and out.shape == (bsz, h, n, 5) and lse.shape == (bsz, h, n)
 
 
+def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets):
+    """What :func:`cpu_pass.attention_pass` returns, from an explicit float64 softmax."""
+    bsz, h, n, _ = q.shape
+    g = h // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(g, 1).transpose(-1, -2) * scale
+    if bias is not None:
+        s = s + bias.double()[:, None, None, :]
+    if causal:
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    a = torch.softmax(s, -1)
+    out = (a @ v.double().repeat_interleave(g, 1)).transpose(1, 2)
+    got = {"entropy": torch.special.entr(a).sum(-1), "values": a @ cols.double()[:, None]}
+    if lcols is not None:
+        got["lower"] = a.tril() @ lcols.double()[:, None]
+    t = targets.long()
+    ok = (t >= 0) & ((t <= torch.arange(n)) if causal else True)
+    got["targets"] = a.gather(3, t.clamp(min=0).transpose(1, 2)[:, None].expand(-1, h, -1, -1)).transpose(2, 3)
+    got["targets"] = got["targets"] * ok[:, None]
+    return out, torch.logsumexp(s, -1), got
+
+
+@pytest.mark.parametrize(
+    "bsz, h, hk, n, d, dv, causal, ncols",
+    [(2, 6, 2, 9, 8, 8, False, 3), (2, 6, 2, 9, 8, 8, True, 3), (3, 4, 4, 70, 32, 32, False, 7),
+     (2, 9, 3, 129, 64, 64, True, 1), (2, 4, 2, 33, 24, 40, False, 40), (1, 2, 1, 1, 16, 16, True, 2),
+     (2, 4, 4, 300, 64, 64, False, 5)],
+)  # fmt: skip
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, threads):
+    """The CPU attention pass (attention_pass.c) equals an explicit softmax: the model's output in the layout
+    the model takes back, LSE, entropy, value columns (up to 4 summed over e, more beside V), an encoder's lower
+    columns and the targets (none, hidden, later under the causal mask); grouped key heads, hidden keys, head
+    sizes that fill no vector (8, 24), a value width other than the head size, a strided query, one token, two
+    threads; and a bfloat16 input comes back in bfloat16."""
+    from headatlas.core import cpu_pass
+
+    if cpu_pass.library() is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(0)
+    q = (torch.randn(bsz, n, h, d) * 2).transpose(1, 2)  # the model's layout: a strided view
+    k, v = torch.randn(bsz, hk, n, d), torch.randn(bsz, hk, n, dv)
+    bias = torch.zeros(bsz, n)
+    bias[0, n - n // 3 :] = -math.inf
+    cols, lcols = torch.randn(bsz, n, ncols), None if causal else torch.randn(bsz, n, 2)
+    targets = torch.randint(-1, n, (bsz, 3, n), dtype=torch.int32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, lse, got = cpu_pass.attention_pass(q, k, v, bias, causal, d**-0.5, cols, lcols, True, targets)
+    finally:
+        torch.set_num_threads(before)
+    want = softmax_reference(q, k, v, bias, causal, d**-0.5, cols, lcols, targets)
+    assert out.shape == (bsz, n, h, dv) and set(got) == set(want[2])
+    torch.testing.assert_close(out.double(), want[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(lse.double(), want[1], rtol=0, atol=1e-5)
+    for key, x in got.items():
+        torch.testing.assert_close(x.double(), want[2][key], rtol=0, atol=1e-5, msg=key)
+    low, _, _ = cpu_pass.attention_pass(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, causal, d**-0.5)
+    assert low.dtype == torch.bfloat16
+
+
+def test_cpu_pass_builds_once_per_machine(tmp_path, monkeypatch, caplog):
+    """The library is built into the cache named by the source, flags and the CPU's instruction sets (a node
+    with other CPUs builds its own) and reused; a compiler that fails leaves no library and says why once."""
+    import logging
+
+    from headatlas.core import cpu_pass
+
+    if cpu_pass.compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("HEADATLAS_KERNEL_CACHE", str(tmp_path / "cache"))
+    assert cpu_pass._load() is not None
+    built = list((tmp_path / "cache").glob("attention_pass-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert cpu_pass._load() is not None and built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+    monkeypatch.setattr(cpu_pass, "machine_key", lambda: "another processor")
+    assert cpu_pass._load() is not None and len(list((tmp_path / "cache").glob("*.so"))) == 2
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cc: no such target' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    with caplog.at_level(logging.WARNING, logger="headatlas.core.cpu_pass"):
+        assert cpu_pass._load() is None
+    assert "did not build" in caplog.text and "no such target" in caplog.text
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # no half-built file left
+
+
 def test_key_only_masks():
     """A model's boolean 4-D mask that hides padded keys (and later keys, causal) becomes the key mask and the
     causal flag, the same cells; any other mask is kept, and a mask that hides nothing becomes None."""
@@ -168,9 +256,22 @@ def test_key_only_masks():
 
 
 @pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])
-def test_tiny_mapfree_equals_eager(name, tiny_loaded, ewt_records):
+@pytest.mark.parametrize("built", [True, False])
+def test_tiny_mapfree_equals_eager(name, built, tiny_loaded, ewt_records, monkeypatch):
     """Every map-free reducer on the tiny models equals the eager-fused path within 1e-5, and the model's
-    output under map-free attention is its SDPA output."""
+    output under map-free attention is its SDPA output: through the CPU attention pass, and without it (no C
+    compiler: the torch products)."""
+    from headatlas.core import cpu_pass
+
+    calls = []
+    if built:
+        if cpu_pass.library() is None:
+            pytest.skip("no C compiler")
+        monkeypatch.setattr(
+            cpu_pass, "attention_pass", lambda *a, _f=cpu_pass.attention_pass: calls.append(1) or _f(*a)
+        )
+    else:
+        monkeypatch.setattr(cpu_pass, "library", lambda: None)
     spec, model, tok, config = tiny_loaded(name)
     kind = model_kind(config, spec)
     recs = list(ewt_records[:10])
@@ -191,6 +292,7 @@ def test_tiny_mapfree_equals_eager(name, tiny_loaded, ewt_records):
             got = model(**inputs).last_hidden_state
     valid = inputs["attention_mask"].bool()
     torch.testing.assert_close(got[valid], ref[valid], rtol=0, atol=1e-5)
+    assert bool(calls) == built
 
 
 def test_plan_names_full_row_reducers(tiny_loaded):

@@ -1,6 +1,6 @@
 """Clark's surface statistics map-free (SurfaceReducer.update_free) equal the eager-fused reference: every
-statistic within 1e-5, encoders and decoders, smoothed (row blocks) and unsmoothed (entropy pass) entropies,
-the tiny models and (slow) MiniLM and SmolLM2."""
+statistic within 1e-5, encoders and decoders, smoothed (the attention pass, or row blocks) and unsmoothed
+entropies, the tiny models and (slow) MiniLM and SmolLM2."""
 
 from __future__ import annotations
 
@@ -11,13 +11,9 @@ import pytest
 import torch
 from test_mapfree import REAL, TOL, _batch, load_real, max_diff
 
-from headatlas.clark.reducers import (
-    SurfaceReducer,
-    row_entropy,
-    smoothed_row_entropy,
-    surface_needs,
-)
+from headatlas.clark.reducers import SurfaceReducer, row_entropy, surface_needs
 from headatlas.clark.surface import STATS
+from headatlas.core import cpu_pass
 from headatlas.core.extract import tokenize_records
 from headatlas.core.mapfree import FreeLayer, attention_lse, plan_feed
 from headatlas.core.models import decoder_bos, model_kind
@@ -75,18 +71,32 @@ def test_smoothed_row_entropy_in_blocks(causal):
     offset = (af * (eps / kf).float()[:, :, None] + (1 - af))[:, None]
     ref = row_entropy(a, offset, eps)
     for cells in (2 * h * n * 4, 2**22):  # blocks of 4, 4, 1 rows; one block
-        got = smoothed_row_entropy(view, batch, causal, eps, cells=cells)
+        got = view.smoothed_entropy(eps, cells=cells)
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
     assert (got[1, :, 6:] == 0).all()  # padded rows
+    if cpu_pass.library() is not None:  # the CPU attention pass computes them in its pass over the scores
+        bias = torch.zeros(bsz, n).masked_fill(~key_ok, -math.inf)
+        _, _, kernel = cpu_pass.attention_pass(q, k, k, bias, causal, scale, smoothing=eps)
+        smoothed = (eps, kernel["smoothed_entropy"])
+        view = FreeLayer(q, k, lse, scale, batch, causal, {}, {}, None, smoothed=smoothed)
+        torch.testing.assert_close(view.smoothed_entropy(eps), ref, rtol=0, atol=1e-5)
+        assert view.smoothed_entropy(eps) is not got and (view.smoothed_entropy(eps)[1, :, 6:] == 0).all()
 
 
 def test_surface_needs():
     """Offsets as targets, no value pass, the entropy pass only without smoothing."""
     batch = _batch([5, 3])
     need = surface_needs(batch, False, 1e-4)
-    assert need.entropy is False and set(need.targets) == {"offset:1", "offset:0", "offset:-1"}
+    assert need.entropy is False and need.smoothed_entropy == 1e-4
+    assert set(need.targets) == {"offset:1", "offset:0", "offset:-1"}
     need = surface_needs(batch, True, 0.0)
-    assert need.entropy and set(need.targets) == {"offset:0", "offset:-1"} and not need.values and not need.lower
+    assert (
+        need.entropy
+        and need.smoothed_entropy is None
+        and set(need.targets) == {"offset:0", "offset:-1"}
+        and not need.values
+        and not need.lower
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])

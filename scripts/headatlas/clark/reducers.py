@@ -114,22 +114,12 @@ def key_types(batch: ReduceBatch, causal: bool) -> np.ndarray:
     return batch.recall(key)
 
 
-def _keys_per_row(batch: ReduceBatch, dev, causal: bool):
-    """[B, n] float64 k_i, the keys row i may attend to (i + 1 under a causal mask, else the length)."""
-    import torch
-
-    bsz, n = len(batch), batch.n
-    if causal:
-        return torch.arange(1, n + 1, device=dev, dtype=torch.float64)[None, :].expand(bsz, n)
-    return batch.tensor("lengths", dev).double()[:, None].expand(bsz, n)
-
-
 def _smooth_offset(batch: ReduceBatch, dev, causal: bool, smoothing: float):
     """[B, 1, n, n] float32 eps / k_i on each row's allowed keys and 1 elsewhere (:func:`row_entropy`; cached)."""
     key = ("surface_offset", str(dev), causal, smoothing)
     if batch.recall(key) is None:
         allowed = batch.masks(dev, causal)["allowed"].float()
-        k = _keys_per_row(batch, dev, causal)
+        k = batch.keys_per_row(dev, causal)
         batch.keep(key, (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None])
     return batch.recall(key)
 
@@ -203,10 +193,14 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
 
 def surface_needs(batch: ReduceBatch, causal: bool, smoothing: float):
     """The passes :func:`free_surface_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets at offsets
-    +1 (encoders), 0 and -1; the entropy pass only without smoothing (smoothed rows come from recomputed row
-    blocks, :func:`smoothed_row_entropy`). The key types' masses need no pass (:func:`typed_key_mass`)."""
+    +1 (encoders), 0 and -1; the entropy, or with smoothing the smoothed rows' entropy. The key types' masses
+    need no pass (:func:`typed_key_mass`)."""
     offsets = (0, -1) if causal else (1, 0, -1)
-    return Needs(entropy=smoothing == 0, targets={f"offset:{o}": offset_target(batch, o) for o in offsets})
+    return Needs(
+        entropy=smoothing == 0,
+        smoothed_entropy=smoothing if smoothing > 0 else None,
+        targets={f"offset:{o}": offset_target(batch, o) for o in offsets},
+    )
 
 
 def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
@@ -235,7 +229,7 @@ def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) 
     shares [B, H, 3] in place of the column mass (:func:`surface_from_shares`): next and self from the offset
     targets, prev by :func:`~headatlas.core.patterns.prev_token_score_free` of the offset -1 target, the
     shares and the [SEP] mass per query from the typed keys (:meth:`~headatlas.core.mapfree.FreeLayer.key_mass`), the entropy from the
-    entropy pass (eps = 0) or from :func:`smoothed_row_entropy`."""
+    entropy pass (eps = 0) or :meth:`~headatlas.core.mapfree.FreeLayer.smoothed_entropy`."""
     import torch
 
     n = batch.tensor("lengths", view.q.device).double()[:, None, None]  # [B, 1, 1]
@@ -244,29 +238,8 @@ def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) 
     nxt = view.target("offset:1") if not causal else torch.zeros_like(view.target("offset:0"))
     next_self = torch.stack([nxt.sum(-1), view.target("offset:0").sum(-1)], -1)  # [B, H, 2]
     prev = prev_token_score_free(view.target("offset:-1"), n[:, :, 0]).double()
-    ent = view.entropy() if smoothing == 0 else smoothed_row_entropy(view, batch, causal, smoothing)
+    ent = view.entropy() if smoothing == 0 else view.smoothed_entropy(smoothing)
     return shares, next_self, prev, cols[..., 1], ent
-
-
-def smoothed_row_entropy(view, batch: ReduceBatch, causal: bool, smoothing: float, cells: int = 2**22):
-    """[B, H, n] float32 entropies of the smoothed rows (1 - eps) A + eps / k_i over each row's allowed keys,
-    from exact rows recomputed in blocks (:meth:`~headatlas.core.mapfree.FreeLayer.row_blocks`; no LSE identity
-    gives them): the same cells as :func:`row_entropy`. A block's cells a row may not see hold A = 0, so P =
-    eps / k_i there: their -P ln P is taken back out by count instead of by a mask. 0 on padded rows."""
-    import torch
-
-    dev = view.q.device
-    bsz, h, n, _ = view.q.shape
-    k = _keys_per_row(batch, dev, causal)  # [B, n] float64
-    c = (smoothing / k).float()[:, None, :, None]  # [B, 1, n, 1] eps / k_i
-    clogc = (smoothing / k) * torch.log(smoothing / k)  # [B, n] float64
-    out = torch.empty((bsz, h, n), dtype=torch.float32, device=dev)
-    for rows, a in view.row_blocks(cells):  # a: 0 outside the allowed cells
-        p = torch.add(c[:, :, rows], a, alpha=1 - smoothing, out=a)  # P; eps / k_i outside
-        plp = torch.log(p, out=scratch("surface_log", p.shape, dev)).mul_(p).sum(-1)  # sum_j P ln P
-        outside = (a.shape[-1] - k[:, rows]) * clogc[:, rows]  # [B, rows]: what the unseen cells added
-        out[:, :, rows] = outside[:, None].float() - plp
-    return torch.where(batch.masks(dev, causal)["valid"][:, None], out, 0.0)
 
 
 class SurfaceReducer(Reducer):

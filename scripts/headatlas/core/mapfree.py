@@ -1,19 +1,21 @@
-"""Map-free attention: per-head statistics from q, k, each row's log-sum-exp and A.V' passes, without maps.
+"""Map-free attention: per-head statistics from one pass over each layer's scores, without maps.
 
 With s_ij = scale * q_i . k_j (post-rotary) over the keys query i may see (padding and the causal mask exactly
-as the model's mask) and A = softmax(s), a fused kernel (CPU: ``_scaled_dot_product_flash_attention_for_cpu``;
-CUDA: the memory-efficient kernel) returns the model's output A.V and LSE_i = log sum_j exp(s_ij). Then
+as the model's mask) and A = softmax(s), the model's output A.V comes with LSE_i = log sum_j exp(s_ij), and
 
 - attention to one key per row (a fixed key, an offset, an induction / duplicate target, an arc):
-  A[i, t] = exp(s_it - LSE_i), one dot product per target (:meth:`FreeLayer.at`);
+  A[i, t] = exp(s_it - LSE_i) (:attr:`Needs.targets`);
 - attention summed over a set of keys given by an indicator m_j: (A.m)_i, one value column (:attr:`Needs.values`);
 - the same restricted to keys j <= i (an encoder's "lower" half, e.g. for |i - j|; :attr:`Needs.lower`);
-- the row entropy -sum_j A_ij ln A_ij (:attr:`Needs.entropy`).
+- the row entropy -sum_j A_ij ln A_ij (:attr:`Needs.entropy`), and that of the rows smoothed toward uniform
+  (:attr:`Needs.smoothed_entropy`).
 
-A layer whose reducers need only targets runs the fused kernel; one that needs value columns, lower columns or
-the entropy runs :func:`blocked_attention`, which computes the model's output and every column from one set of
-scores per block of rows (on a CPU cheaper than a second kernel call or a kernel call widened to the columns:
-benchmarks/README.md).
+On a CPU every layer runs :func:`headatlas.core.cpu_pass.attention_pass` (a C function built on first use): the
+model's output, LSE and all of the above from one pass over the scores. Elsewhere (CUDA, no C compiler, a mask
+that hides more than keys) a layer whose reducers need only targets runs the fused kernel (:func:`attention_lse`)
+and one dot product per target (:meth:`FreeLayer.at`); one that needs columns or the entropy runs
+:func:`blocked_attention` (the same sums from torch products per block of rows); the smoothed entropy comes from
+exact rows recomputed in blocks (:meth:`FreeLayer.smoothed_entropy`).
 
 No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
 (:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
@@ -29,10 +31,12 @@ bilinear (:func:`mapfree_support`), else the eager :class:`~headatlas.core.reduc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from . import cpu_pass
 from .models import ARCHITECTURES, ModelError
 from .reducer import (  # noqa: F401  (Needs: importable from here as before)
     FeedInfo,
@@ -281,14 +285,9 @@ def mapfree_attention(module, query, key, value, attention_mask, scaling=None, d
         mask, causal = feed.mask(attention_mask, bool(is_causal), query.dtype)
     if causal is None:
         causal = bool(query.shape[2] > 1 and mask is None and is_causal)
-    passes = None if feed is None else feed.passes(key)
-    if passes is None:
-        out, lse, got = *attention_lse(query, key, value, mask, causal, scale), {}
-    else:  # the model's output and the reducers' columns from one set of scores
-        out, lse, got = blocked_attention(query, key, value, mask, causal, scale, *passes)
-    if feed is not None:
-        feed.layer(query, key, lse, scale, got)
-    return out.transpose(1, 2).contiguous(), None
+    if feed is None:
+        return attention_lse(query, key, value, mask, causal, scale)[0].transpose(1, 2).contiguous(), None
+    return feed.attend(query, key, value, mask, causal, scale), None
 
 
 def register() -> None:
@@ -322,14 +321,20 @@ def key_positions(batch: ReduceBatch, device):
 
 class FreeLayer:
     """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded),
-    lse [B, H, n], ``scale``, and the declared passes. Every method returns 0 on padded query rows."""
+    lse [B, H, n], ``scale``, and the declared passes. ``targets``: name -> [B, n] key of each query (-1: none);
+    ``attended``: name -> [B, H, n] their attention, and ``smoothed``: (eps, [B, H, n]) the smoothed rows'
+    entropy, when the attention pass computed them; else they are computed here from q, k and LSE. Every method
+    returns 0 on padded query rows."""
 
-    def __init__(self, q, k, lse, scale, batch, causal, values, lower, entropy, targets=None):
+    def __init__(
+        self, q, k, lse, scale, batch, causal, values, lower, entropy, targets=None, attended=None, smoothed=None
+    ):
         self.q, self.k, self.lse, self.scale, self.batch, self.causal = q, k, lse, scale, batch, causal
-        self._values, self._lower, self._entropy = values, lower, entropy
+        self._values, self._lower, self._entropy, self._smoothed = values, lower, entropy, smoothed
         self._flat = None
         self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
-        self._targets = {}
+        self._targets = dict(attended or {})
+        targets = {name: t for name, t in (targets or {}).items() if name not in self._targets}
         offsets = {name: int(name[7:]) for name in targets or () if name.startswith("offset:")}
         for name, o in offsets.items():  # a fixed offset: q against the shifted keys, no index
             self._targets[name] = self.shifted(o)
@@ -512,6 +517,28 @@ class FreeLayer:
 
         return torch.where(self.valid[:, None], self._entropy, 0.0)
 
+    def smoothed_entropy(self, eps: float, cells: int = 2**22):
+        """[B, H, n] float32 entropies of the smoothed rows P = (1 - eps) A + eps / k_i over each row's k_i visible
+        keys (Clark et al.'s; no LSE identity gives them), 0 on padded rows: the attention pass's when it computed
+        them with this eps, else from exact rows recomputed in blocks (:meth:`row_blocks`), whose cells a row may
+        not see hold A = 0, so P = eps / k_i there: their -P ln P is taken back out by count, not by a mask."""
+        import torch
+
+        if self._smoothed is not None and self._smoothed[0] == eps:
+            return torch.where(self.valid[:, None], self._smoothed[1], 0.0)
+        dev = self.q.device
+        bsz, h, n, _ = self.q.shape
+        k = self.batch.keys_per_row(dev, self.causal)  # [B, n] float64
+        c = (eps / k).float()[:, None, :, None]  # [B, 1, n, 1] eps / k_i
+        clogc = (eps / k) * torch.log(eps / k)  # [B, n] float64
+        out = torch.empty((bsz, h, n), dtype=torch.float32, device=dev)
+        for rows, a in self.row_blocks(cells):  # a: 0 outside the allowed cells
+            p = torch.add(c[:, :, rows], a, alpha=1 - eps, out=a)  # P; eps / k_i outside
+            plp = torch.log(p, out=scratch("smoothed_log", p.shape, dev)).mul_(p).sum(-1)  # sum_j P ln P
+            outside = (a.shape[-1] - k[:, rows]) * clogc[:, rows]  # [B, rows]: what the unseen cells added
+            out[:, :, rows] = outside[:, None].float() - plp
+        return torch.where(self.valid[:, None], out, 0.0)
+
 
 def _prescaled(q, lse, scale: float, hk: int):
     """(q [B, H, m, d] times scale log2(e), grouped by key head [B * Hkv, g * m, d]; -log2(e) LSE [B * Hkv, g * m,
@@ -542,6 +569,42 @@ def torch_where_valid(x, valid):
 
 
 # --- the feed ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """One batch's passes, merged over its reducers: the entropy, value columns [B, n, C] (None: none) and where
+    each name's columns are, lower columns likewise, and the targets (name -> [B, n] key of each query)."""
+
+    entropy: bool
+    smoothing: float | None  # the smoothed entropy's eps (the first reducer's that asks for one)
+    values: object
+    value_at: dict
+    lower: object
+    lower_at: dict
+    targets: dict
+
+    def target_index(self, batch: ReduceBatch):
+        """[B, T, n] int32 of every target (in ``targets`` order), or None without targets."""
+        import torch
+
+        if not self.targets:
+            return None
+        return batch.memo(("mapfree_targets", tuple(self.targets)), lambda: torch.as_tensor(
+            np.stack(list(self.targets.values()), 1).astype(np.int32)))  # fmt: skip
+
+    def target_ok(self, batch: ReduceBatch, causal: bool):
+        """[B, T, n] bool: the target is a key of the sequence (at most i under a causal mask) of a real query."""
+        import torch
+
+        def ok():
+            t = torch.as_tensor(np.stack(list(self.targets.values()), 1))
+            length = torch.as_tensor(batch.lengths)[:, None, None]
+            i = torch.arange(batch.n)
+            keep = (t >= 0) & (t < length) & (i < length)
+            return keep & (t <= i) if causal else keep
+
+        return batch.memo(("mapfree_target_ok", tuple(self.targets), causal), ok)
 
 
 class MapFreeFeed:
@@ -586,7 +649,7 @@ class MapFreeFeed:
             for name, v in cols.items():
                 at[name] = slice(off, off + v.shape[-1])
                 off += v.shape[-1]
-            return torch.cat(list(cols.values()), -1)[:, None], at  # [B, 1, n, C]
+            return torch.cat(list(cols.values()), -1), at  # [B, n, C]
 
         targets: dict = {}
         for nd in needs:
@@ -595,7 +658,8 @@ class MapFreeFeed:
         # under a causal mask every visible key is j <= i: the lower columns are values
         low = (None, {}) if self.info.causal else stack("lower")
         values = stack("values", "lower") if self.info.causal else stack("values")
-        self.plan = (any(nd.entropy for nd in needs), values, low, targets)
+        smoothing = next((nd.smoothed_entropy for nd in needs if nd.smoothed_entropy is not None), None)
+        self.plan = _Plan(any(nd.entropy for nd in needs), smoothing, *values, *low, targets)
 
     def mask(self, attention_mask, is_causal: bool, dtype):
         """(additive mask or None, causal flag or None: from the query length) of :func:`key_only`, once per
@@ -605,16 +669,36 @@ class MapFreeFeed:
             self._mask = (attention_mask, _additive(m, dtype), causal)
         return self._mask[1:]
 
-    def passes(self, k):
-        """(value columns, lower columns, entropy) for :func:`blocked_attention` of this batch's layer, or None
-        when its reducers need targets only (the model's fused kernel alone)."""
-        entropy, (vcols, _), (lcols, _), _ = self.plan
-        if k.shape[2] != self.batch.n or not (entropy or vcols is not None or lcols is not None):
-            return None  # (another length: not this batch's sequences, layer() raises)
-        return vcols, lcols, entropy, self.info.causal
+    def attend(self, q, k, v, mask, causal: bool, scale: float):
+        """The layer's attention output [B, n, H, dv] (the layout the model takes back) from the cheapest path that
+        gives its reducers' passes, and the layer handed to them (:meth:`layer`). On a CPU with a key mask or none:
+        :func:`~headatlas.core.cpu_pass.attention_pass` (the output, LSE, every pass and the targets in one pass
+        over the scores); else :func:`blocked_attention` for value or lower columns or the entropy, or the fused
+        kernel (:func:`attention_lse`) for targets alone."""
+        p = self.plan
+        ours = k.shape[2] == self.batch.n  # (another length: not this batch's sequences, layer() raises)
+        keys = mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)
+        if ours and keys and q.device.type == "cpu" and cpu_pass.library() is not None:
+            bias = None if mask is None else mask[:, 0, 0, :]
+            targets = p.target_index(self.batch)
+            out, lse, got = cpu_pass.attention_pass(
+                q, k, v, bias, causal, scale, p.values, p.lower, p.entropy, targets, p.smoothing
+            )
+        else:
+            if ours and (p.entropy or p.values is not None or p.lower is not None):
+                cols = None if p.values is None else p.values[:, None]
+                lcols = None if p.lower is None else p.lower[:, None]
+                out, lse, got = blocked_attention(
+                    q, k, v, mask, causal, scale, cols, lcols, p.entropy, self.info.causal
+                )
+            else:
+                out, lse, got = *attention_lse(q, k, v, mask, causal, scale), {}
+            out = out.transpose(1, 2).contiguous()
+        self.layer(q, k, lse, scale, got)
+        return out
 
     def layer(self, q, k, lse, scale, got) -> None:
-        """One layer's q, k, LSE and ``got``: the columns :meth:`passes` asked for."""
+        """One layer's q, k, LSE and ``got``: the passes :meth:`attend` computed."""
 
         layer, batch, info = self.calls, self.batch, self.info
         self.calls += 1
@@ -625,16 +709,23 @@ class MapFreeFeed:
         n = batch.n
         if q.shape[2] != n:  # an extra position is not part of the sequences (cut after the kernel)
             raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
-        _, (_, vat), (_, lat), targets = self.plan
+        p = self.plan
         values, lower = {}, {}
-        for name, sl in vat.items():
+        for name, sl in p.value_at.items():
             if isinstance(name, tuple):
                 lower[name[1]] = got["values"][..., sl]
             else:
                 values[name] = got["values"][..., sl]
-        for name, sl in lat.items():
+        for name, sl in p.lower_at.items():
             lower[name[1]] = got["lower"][..., sl]
-        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, got.get("entropy"), targets)
+        attended = None
+        if "targets" in got:  # computed by the attention pass; 0 where a target is none, hidden or on padding
+            a = got["targets"].mul_(p.target_ok(batch, info.causal)[:, None])
+            attended = {name: a[:, :, t] for t, name in enumerate(p.targets)}
+        smoothed = None if "smoothed_entropy" not in got else (p.smoothing, got["smoothed_entropy"])
+        view = FreeLayer(
+            q, k, lse, scale, batch, info.causal, values, lower, got.get("entropy"), p.targets, attended, smoothed
+        )
         for r in self.reducers:
             try:
                 r.update_free(layer, view, batch)

@@ -161,6 +161,15 @@ class ReduceBatch:
 
         return self.memo((name, str(device)), lambda: torch.as_tensor(getattr(self, name), device=device))
 
+    def keys_per_row(self, device, causal: bool) -> "torch.Tensor":  # noqa: F821
+        """[B, n] float64 k_i, the keys row i may attend to (i + 1 under a causal mask, else the length)."""
+        import torch
+
+        bsz, n = len(self), self.n
+        if causal:
+            return torch.arange(1, n + 1, device=device, dtype=torch.float64)[None, :].expand(bsz, n)
+        return self.tensor("lengths", device).double()[:, None].expand(bsz, n)
+
     def masks(self, device, causal: bool) -> dict:
         """Cached boolean masks on ``device``: ``valid`` [B, n] real tokens, ``cell`` [B, n, n] real query
         and real key, ``allowed`` [B, n, n] cells a query may attend to (``cell``, and key <= query under
@@ -303,11 +312,13 @@ class Reducer:
 
 @dataclass
 class Needs:
-    """What a map-free reducer needs beyond q, k and LSE on one batch: ``entropy`` (a pass with K as values),
-    ``values`` (name -> [B, n, c] key columns: (A.m)_i) and ``lower`` (the same over keys j <= i only). Names
-    are shared between reducers (the same name must mean the same columns): a column is computed once."""
+    """What a map-free reducer needs beyond q, k and LSE on one batch: ``entropy`` (each row's), ``smoothed_entropy``
+    (eps of the smoothed rows' entropy), ``values`` (name -> [B, n, c] key columns: (A.m)_i), ``lower`` (the same
+    over keys j <= i only) and ``targets``. Names are shared between reducers (the same name must mean the same
+    columns): a column is computed once."""
 
     entropy: bool = False
+    smoothed_entropy: float | None = None  # eps: the entropy of the rows (1 - eps) A + eps / k_i (FreeLayer)
     values: dict = field(default_factory=dict)
     lower: dict = field(default_factory=dict)
     targets: dict = field(default_factory=dict)  # name -> [B, n] key of each query (-1: none): FreeLayer.target

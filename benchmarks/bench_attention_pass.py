@@ -1,22 +1,25 @@
-"""The map-free statistics' extra passes: :func:`headatlas.core.mapfree.blocked_attention` (the layer's attention
-in row blocks of torch products, the model's output and every column from one set of scores) against the
-widened flash-kernel call of the former design (``wide_pass`` below: q and k padded to the value width,
-[V | K | columns] as the values).
+"""The map-free statistics' attention pass: :func:`headatlas.core.cpu_pass.attention_pass` (attention_pass.c:
+the model's output, LSE and every statistic's sums from one pass over the scores) against torch's CPU flash
+kernel with the model's values only (what the SDPA forward spends) and against :func:`headatlas.core.mapfree.
+blocked_attention` (the same sums from torch products in row blocks: the path without a C compiler).
 
 Run from the repository root with the project's environment (CPU, one thread)::
 
-    PYTHONPATH=scripts python benchmarks/bench_blocked.py --out benchmarks/results_blocked.json
+    PYTHONPATH=scripts python benchmarks/bench_attention_pass.py --out benchmarks/results_attention_pass.json
 
 Per head shape (MiniLM: 12 heads of 32, padded encoder batches; SmolLM2: 9 query heads on 3 key heads of 64,
 causal) and length, random q, k, v in the shape of the map-free benchmark's batches (16 x 128, 4 x 512, 1 x 2048,
 1 x 8192), every variant once as a warm-up and then ``--reps`` times, fastest repetition:
 
-- ``model``: the flash kernel with the model's values only (what a layer with targets only costs);
-- ``wide``: the widened call for the position statistics: values [V | K | pos | lower columns];
-- ``blocked``: ``blocked_attention`` for the same outputs (A.V, LSE, A.pos, the entropy, an encoder's sums over
-  keys j <= i), row blocks of about ``--cells`` cells.
+- ``model``: the flash kernel with the model's values only (A.V and LSE);
+- ``blocked``: ``blocked_attention`` for the position statistics' outputs (A.V, LSE, A.pos, the entropy, an
+  encoder's sums over keys j <= i), row blocks of about ``--cells`` cells;
+- ``cpu_pass``: the CPU attention pass for the same outputs and, besides, the 9 targets per query of the default
+  reducers (the position band and sink, the detectors' 5) and Clark's smoothed entropy (eps 1e-4);
+- ``cpu_pass_bare``: the CPU attention pass for A.V and LSE alone.
 
-Its equality with an explicit softmax is tested in tests/test_mapfree.py (``test_blocked_attention``).
+Their equality with an explicit softmax is tested in tests/test_mapfree.py (``test_cpu_attention_pass``,
+``test_blocked_attention``).
 """
 
 from __future__ import annotations
@@ -31,24 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
+from headatlas.core.cpu_pass import attention_pass  # noqa: E402
 from headatlas.core.mapfree import attention_lse, blocked_attention  # noqa: E402
-
-
-def wide_pass(q, k, v, mask, causal: bool, scale: float):
-    """The widened flash call (the former design): values [V | K | columns] of any width w, narrower ones
-    padded to the head size, wider ones with q and k padded by zero columns to w rounded up to 8 (the scores
-    do not change, ``scale`` is explicit)."""
-    import torch
-
-    d, w = q.shape[-1], v.shape[-1]
-    pad = torch.nn.functional.pad
-    if w <= d:
-        out, lse = attention_lse(q, k, pad(v, (0, d - w)) if w < d else v, mask, causal, scale)
-        return out[..., :w], lse
-    wide = -(-w // 8) * 8
-    out, lse = attention_lse(pad(q, (0, wide - d)), pad(k, (0, wide - d)), pad(v, (0, wide - w)), mask, causal, scale)
-    return out[..., :w], lse
-
 
 SHAPES = {  # name -> (batch, query heads, key heads, head size, causal), with the map-free benchmark's batches
     "minilm": (12, 12, 32, False),
@@ -80,20 +67,20 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
         mask = torch.zeros(bsz, 1, 1, n).masked_fill_(torch.arange(n) >= lengths[:, None, None, None], -math.inf)
     pos = torch.arange(n, dtype=torch.float32)[None, None, :, None].expand(bsz, 1, n, 1)
     lcols = None if causal else torch.cat([torch.ones_like(pos), pos], -1)
-    # the widened call: K, the position column and (encoder) 3 key blocks of the lower columns
-    extra = [k, pos.expand(bsz, hk, n, 1)] + ([] if causal else [lcols.repeat(1, 1, 1, 3).expand(bsz, hk, n, 6)])
-    wide_v = torch.cat([v] + extra, -1)
+    bias = None if mask is None else mask[:, 0, 0]
+    targets = torch.randint(0, n, (bsz, 9, n), dtype=torch.int32)
+    low = None if lcols is None else lcols[:, 0]
     times = {
         "model": bench(lambda: attention_lse(q, k, v, mask, causal, scale), reps),
-        "wide": bench(lambda: wide_pass(q, k, wide_v, mask, causal, scale), reps),
         "blocked": bench(lambda: blocked_attention(q, k, v, mask, causal, scale, pos, lcols, True, False, cells), reps),
+        "cpu_pass": bench(
+            lambda: attention_pass(q, k, v, bias, causal, scale, pos[:, 0], low, True, targets, 1e-4), reps
+        ),
+        "cpu_pass_bare": bench(lambda: attention_pass(q, k, v, bias, causal, scale), reps),
     }
     row = {"model_type": model, "tokens": n, "batch": bsz, "heads": h, "key_heads": hk, "head_size": d}
     row |= {f"{name}_ms": round(t * 1e3, 2) for name, t in times.items()}
-    row["blocked_over_wide"] = round(times["blocked"] / times["wide"], 3)
-    row["extra_blocked_over_extra_wide"] = round(
-        (times["blocked"] - times["model"]) / (times["wide"] - times["model"]), 3
-    )
+    row["cpu_pass_over_model"] = round(times["cpu_pass"] / times["model"], 3)
     return row
 
 
