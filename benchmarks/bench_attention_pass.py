@@ -9,14 +9,16 @@ Run from the repository root with the project's environment (CPU, one thread)::
 
 Per head shape (MiniLM: 12 heads of 32, padded encoder batches; SmolLM2: 9 query heads on 3 key heads of 64,
 causal) and length, random q, k, v in the shape of the map-free benchmark's batches (16 x 128, 4 x 512, 1 x 2048,
-1 x 8192), every variant once as a warm-up and then ``--reps`` times, fastest repetition:
+1 x 8192), every variant once as a warm-up and then ``--reps`` rounds of one repetition each, each variant's
+fastest (milliseconds):
 
 - ``model``: the flash kernel with the model's values only (A.V and LSE);
 - ``blocked``: ``blocked_attention`` for the position statistics' outputs (A.V, LSE, A.pos, the entropy, an
   encoder's sums over keys j <= i), row blocks of about ``--cells`` cells;
-- ``cpu_pass``: the CPU attention pass for the same outputs and, besides, the 9 targets per query of the default
-  reducers (the position band and sink, the detectors' 5) and Clark's smoothed entropy (eps 1e-4);
-- ``cpu_pass_bare``: the CPU attention pass for A.V and LSE alone.
+- ``cpu_pass_bare``: the CPU attention pass for A.V and LSE alone; ``cpu_pass_entropy`` adds the entropy,
+  ``cpu_pass_targets`` 9 targets per query (the default reducers': the position band and sink, the detectors'
+  5), ``cpu_pass_columns`` the position column (and an encoder's two lower columns), and ``cpu_pass`` Clark's
+  smoothed entropy (eps 1e-4): every statistic.
 
 Their equality with an explicit softmax is tested in tests/test_mapfree.py (``test_cpu_attention_pass``,
 ``test_blocked_attention``).
@@ -43,16 +45,6 @@ SHAPES = {  # name -> (batch, query heads, key heads, head size, causal), with t
 }
 
 
-def bench(fn, reps: int) -> float:
-    fn()
-    best = math.inf
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
     import torch
 
@@ -70,17 +62,27 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
     bias = None if mask is None else mask[:, 0, 0]
     targets = torch.randint(0, n, (bsz, 9, n), dtype=torch.int32)
     low = None if lcols is None else lcols[:, 0]
-    times = {
-        "model": bench(lambda: attention_lse(q, k, v, mask, causal, scale), reps),
-        "blocked": bench(lambda: blocked_attention(q, k, v, mask, causal, scale, pos, lcols, True, False, cells), reps),
-        "cpu_pass": bench(
-            lambda: attention_pass(q, k, v, bias, causal, scale, pos[:, 0], low, True, targets, 1e-4), reps
-        ),
-        "cpu_pass_bare": bench(lambda: attention_pass(q, k, v, bias, causal, scale), reps),
+    ours = lambda *extra: lambda: attention_pass(q, k, v, bias, causal, scale, *extra)  # noqa: E731
+    variants = {  # the pass's variants add one kind of sum each to the one before
+        "model": lambda: attention_lse(q, k, v, mask, causal, scale),
+        "blocked": lambda: blocked_attention(q, k, v, mask, causal, scale, pos, lcols, True, False, cells),
+        "cpu_pass_bare": ours(),
+        "cpu_pass_entropy": ours(None, None, True),
+        "cpu_pass_targets": ours(None, None, True, targets),
+        "cpu_pass_columns": ours(pos[:, 0], low, True, targets),
+        "cpu_pass": ours(pos[:, 0], low, True, targets, 1e-4),
     }
+    best = dict.fromkeys(variants, math.inf)
+    for fn in variants.values():  # a warm-up each
+        fn()
+    for _ in range(reps):  # interleaved: one repetition of each variant per round, each variant's fastest
+        for name, fn in variants.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
     row = {"model_type": model, "tokens": n, "batch": bsz, "heads": h, "key_heads": hk, "head_size": d}
-    row |= {f"{name}_ms": round(t * 1e3, 2) for name, t in times.items()}
-    row["cpu_pass_over_model"] = round(times["cpu_pass"] / times["model"], 3)
+    row |= {f"{name}_ms": round(t * 1e3, 2) for name, t in best.items()}
+    row["cpu_pass_over_model"] = round(best["cpu_pass"] / best["model"], 3)
     return row
 
 
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--runs", default="minilm:128:16,minilm:512:4,smollm2:128:16,smollm2:512:4,smollm2:2048:1,smollm2:8192:1"
     )
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--cells", type=int, default=2**20)
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)

@@ -148,7 +148,7 @@ def test_blocked_attention(bsz, h, hk, n, causal, cells):
     assert got == {} and out.shape == (bsz, h, n, 5) and lse.shape == (bsz, h, n)
 
 
-def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets):
+def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets, eps):
     """What :func:`cpu_pass.attention_pass` returns, from an explicit float64 softmax."""
     bsz, h, n, _ = q.shape
     g = h // k.shape[1]
@@ -159,7 +159,10 @@ def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets):
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
     a = torch.softmax(s, -1)
     out = (a @ v.double().repeat_interleave(g, 1)).transpose(1, 2)
+    seen = torch.isfinite(s)  # the keys each row sees: P = (1 - eps) A + eps / k_i on them
+    p = (1 - eps) * a + eps / seen.sum(-1, keepdim=True)
     got = {"entropy": torch.special.entr(a).sum(-1), "values": a @ cols.double()[:, None]}
+    got["smoothed_entropy"] = torch.where(seen, torch.special.entr(p), 0.0).sum(-1)
     if lcols is not None:
         got["lower"] = a.tril() @ lcols.double()[:, None]
     t = targets.long()
@@ -178,8 +181,9 @@ def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_cpu_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, threads):
     """The CPU attention pass (attention_pass.c) equals an explicit softmax: the model's output in the layout
-    the model takes back, LSE, entropy, value columns (up to 4 summed over e, more beside V), an encoder's lower
-    columns and the targets (none, hidden, later under the causal mask); grouped key heads, hidden keys, head
+    the model takes back, LSE, entropy, the smoothed rows' entropy, value columns (up to 4 summed over e, more
+    beside V), an encoder's lower columns and the targets (none, hidden, later under the causal mask); grouped
+    key heads, hidden keys (after a sequence and inside one), head
     sizes that fill no vector (8, 24), a value width other than the head size, a strided query, one token, two
     threads; and a bfloat16 input comes back in bfloat16."""
     from headatlas.core import cpu_pass
@@ -191,15 +195,16 @@ def test_cpu_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, threads):
     k, v = torch.randn(bsz, hk, n, d), torch.randn(bsz, hk, n, dv)
     bias = torch.zeros(bsz, n)
     bias[0, n - n // 3 :] = -math.inf
+    bias[-1, n // 2] = -math.inf if n > 2 else 0.0  # a hidden key inside a sequence
     cols, lcols = torch.randn(bsz, n, ncols), None if causal else torch.randn(bsz, n, 2)
     targets = torch.randint(-1, n, (bsz, 3, n), dtype=torch.int32)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out, lse, got = cpu_pass.attention_pass(q, k, v, bias, causal, d**-0.5, cols, lcols, True, targets)
+        out, lse, got = cpu_pass.attention_pass(q, k, v, bias, causal, d**-0.5, cols, lcols, True, targets, 0.01)
     finally:
         torch.set_num_threads(before)
-    want = softmax_reference(q, k, v, bias, causal, d**-0.5, cols, lcols, targets)
+    want = softmax_reference(q, k, v, bias, causal, d**-0.5, cols, lcols, targets, 0.01)
     assert out.shape == (bsz, n, h, dv) and set(got) == set(want[2])
     torch.testing.assert_close(out.double(), want[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(lse.double(), want[1], rtol=0, atol=1e-5)

@@ -1,19 +1,22 @@
-/* The map-free statistics' attention pass on a CPU (headatlas.core.cpu_pass loads it).
+/* The map-free statistics' attention pass on a CPU (headatlas.core.cpu_pass builds and loads it).
 
    One pass over a layer's scores computes, per query row i of every head, what the fused kernels give (the
-   model's output A.V and LSE_i) and what the statistics need from every cell: the row entropy, value columns
-   (A.m)_i, lower columns sum_{j <= i} A_ij m_j, and the attention to a few target keys per row. With
-   s_ij = scale q_i . k_j + bias_j (in log2 units), per block of R rows of one head:
+   model's output A.V and LSE_i) and what the statistics need from every cell: the row entropy, the entropy of
+   the row smoothed toward uniform, value columns (A.m)_i, lower columns sum_{j <= i} A_ij m_j, and the attention
+   to a few target keys per row. With s_ij = scale q_i . k_j + bias_j in log2 units, per block of R rows of one
+   head:
 
      A: S = the block's scores against the keys it may see (register-blocked, vectorised along the keys) and
         each row's max m;
-     B: e = 2^(s - m) in place, z = sum_j e, sum_j e (s - m), the targets' s - m, then the columns' sums over e;
+     B: per row, the targets' scores, then e = 2^(s - m) in place, z = sum_j e, sum_j e (s - m), the columns'
+        sums over e (a lower column's up to key i), and the smoothed rows' sum of P ln P;
      C: out = (E V) / z (vectorised along the value width; more than SMALL_COLS value columns ride beside V).
 
-   Then LSE_i = ln 2 (m + log2 z) and H_i = ln 2 (log2 z - sum_j e_j (s_j - m) / z). Grouped query heads share
-   their key head's keys (one copy per (sequence, key head)); under a causal mask a block stops at its last
-   row's key, and keys after a sequence's last visible key are skipped. Float32 throughout; the vector type is
-   GCC's generic vector extension (AVX-512, AVX2 or NEON as the compiler's -march gives). */
+   Then LSE_i = ln 2 (m + log2 z), H_i = ln 2 (log2 z - sum_j e_j (s_j - m) / z), and once a unit of ROWS rows is
+   done its targets are 2^(s_it - m - log2 z). Grouped query heads share their key head's keys (one copy per
+   (sequence, key head)); under a causal mask a block stops at its last row's key, and keys after a sequence's
+   last visible key are skipped. Float32 throughout; the vector type is GCC's generic vector extension (clang
+   has it too), as wide as the compiler's -march allows (AVX-512, AVX2, else 4 floats: SSE, NEON). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -144,13 +147,10 @@ int attention_pass(const pass_args *a) {
   const int units = (n + ROWS - 1) / ROWS; /* per query head */
   for (int p = 0; p < a->B * a->Hkv && rc == 0; p++) {
     const int b = p / a->Hkv, hk = p % a->Hkv;
-    int first = -1; /* this call's first unit of the pair's g heads: under a causal mask later rows cost more, */
-    for (int u = p * g * units; u < (p + 1) * g * units; u++) /* so units go round-robin to the threads */
-      if (u % a->threads == a->thread) {
-        first = u;
-        break;
-      }
-    if (first < 0) continue;
+    /* the pair's g heads' units go round-robin to the threads (under a causal mask later rows cost more) */
+    const int u0 = p * g * units, u1 = u0 + g * units;
+    const int first = u0 + ((a->thread - u0 % a->threads) % a->threads + a->threads) % a->threads;
+    if (first >= u1) continue;
     int kmax = 0; /* keys after the last visible one are skipped */
     seen[0] = 0;
     for (int j = 0; j < np; j++) {
@@ -172,8 +172,8 @@ int attention_pass(const pass_args *a) {
       for (int c = 0; c < small; c++) ct[(size_t)c * np + j] = cj[c];
       for (int c = 0; c < C2; c++) ct[(size_t)(small + c) * np + j] = a->lcols[((size_t)b * n + j) * C2 + c];
     }
-    for (int u = first; u < (p + 1) * g * units; u += a->threads) {
-      const int h = hk * g + (u - p * g * units) / units, i1 = ((u - p * g * units) % units) * ROWS;
+    for (int u = first; u < u1; u += a->threads) {
+      const int h = hk * g + (u - u0) / units, i1 = ((u - u0) % units) * ROWS;
       const size_t bh = (size_t)b * a->H + h;
       const float *qb = a->q + b * a->qsb + h * a->qsh;
       const int i2 = i1 + ROWS < n ? i1 + ROWS : n;

@@ -1,10 +1,11 @@
 """The map-free statistics' attention pass on a CPU: ``attention_pass.c``, compiled once per machine, loaded with ctypes.
 
 :func:`attention_pass` computes, in one pass over a layer's scores, the model's output A.V and each row's LSE (what
-the fused kernel returns) and every statistic's pass: the row entropy, value columns (A.m)_i, lower columns
-sum_{j <= i} A_ij m_j and the attention to each query's target keys. It is the CPU implementation of the contract
-of :func:`headatlas.core.mapfree.blocked_attention` (the torch products that serve a GPU, and a CPU where no C
-compiler is found) plus the targets; tests/test_mapfree.py checks both against an explicit softmax.
+the fused kernel returns) and every statistic's sums: the row entropy, the smoothed rows' entropy, value columns
+(A.m)_i, lower columns sum_{j <= i} A_ij m_j and the attention to each query's target keys. It is the CPU
+implementation of what :func:`headatlas.core.mapfree.blocked_attention` and :class:`~headatlas.core.mapfree.
+FreeLayer`'s targets and smoothed entropy compute with torch (on a GPU, and on a CPU where no C compiler is
+found); tests/test_mapfree.py checks both against an explicit softmax.
 
 The library is built with the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) at ``-O3
 -march=native`` into ``$HEADATLAS_KERNEL_CACHE`` (default ``~/.cache/headatlas``), named by a hash of the source,

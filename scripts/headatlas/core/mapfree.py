@@ -671,14 +671,15 @@ class MapFreeFeed:
 
     def attend(self, q, k, v, mask, causal: bool, scale: float):
         """The layer's attention output [B, n, H, dv] (the layout the model takes back) from the cheapest path that
-        gives its reducers' passes, and the layer handed to them (:meth:`layer`). On a CPU with a key mask or none:
-        :func:`~headatlas.core.cpu_pass.attention_pass` (the output, LSE, every pass and the targets in one pass
-        over the scores); else :func:`blocked_attention` for value or lower columns or the entropy, or the fused
+        gives its reducers' passes, and the layer handed to them (:meth:`layer`). On a CPU with a key mask or none
+        and no gradient to keep: :func:`~headatlas.core.cpu_pass.attention_pass` (the output, LSE, every pass and
+        the targets in one pass over the scores); else :func:`blocked_attention` for value or lower columns or the entropy, or the fused
         kernel (:func:`attention_lse`) for targets alone."""
         p = self.plan
         ours = k.shape[2] == self.batch.n  # (another length: not this batch's sequences, layer() raises)
         keys = mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)
-        if ours and keys and q.device.type == "cpu" and cpu_pass.library() is not None:
+        grad = any(x.requires_grad for x in (q, k, v))  # the C pass has no backward: torch's paths do
+        if ours and keys and not grad and q.device.type == "cpu" and cpu_pass.library() is not None:
             bias = None if mask is None else mask[:, 0, 0, :]
             targets = p.target_index(self.batch)
             out, lse, got = cpu_pass.attention_pass(
