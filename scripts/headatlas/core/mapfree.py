@@ -573,8 +573,9 @@ def torch_where_valid(x, valid):
 
 @dataclass
 class _Plan:
-    """One batch's passes, merged over its reducers: the entropy, value columns [B, n, C] (None: none) and where
-    each name's columns are, lower columns likewise, and the targets (name -> [B, n] key of each query)."""
+    """One batch's passes, merged over its reducers: the entropy, the smoothed entropy's eps, value columns [B, n,
+    C] (None: none) and where each name's columns are, lower columns likewise, and the targets (name -> [B, n] key
+    of each query). The CPU attention pass's target arrays are kept on the batch (on the CPU)."""
 
     entropy: bool
     smoothing: float | None  # the smoothed entropy's eps (the first reducer's that asks for one)
@@ -590,8 +591,8 @@ class _Plan:
 
         if not self.targets:
             return None
-        return batch.memo(("mapfree_targets", tuple(self.targets)), lambda: torch.as_tensor(
-            np.stack(list(self.targets.values()), 1).astype(np.int32)))  # fmt: skip
+        make = lambda: torch.as_tensor(np.stack(list(self.targets.values()), 1).astype(np.int32))  # noqa: E731
+        return batch.memo(("mapfree_targets", "cpu", tuple(self.targets)), make)
 
     def target_ok(self, batch: ReduceBatch, causal: bool):
         """[B, T, n] bool: the target is a key of the sequence (at most i under a causal mask) of a real query."""
@@ -604,7 +605,7 @@ class _Plan:
             keep = (t >= 0) & (t < length) & (i < length)
             return keep & (t <= i) if causal else keep
 
-        return batch.memo(("mapfree_target_ok", tuple(self.targets), causal), ok)
+        return batch.memo(("mapfree_target_ok", "cpu", tuple(self.targets), causal), ok)
 
 
 class MapFreeFeed:
