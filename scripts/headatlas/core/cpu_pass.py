@@ -163,8 +163,8 @@ def attention_pass(
     visible keys}, the asked ones)
     of q [B, H, n, d] and k, v [B, Hkv, n, .] on a CPU (grouped heads not expanded). ``keybias``: [B, n] additive
     (-inf hides a key) or None; ``cols``, ``lcols``: [B, n, C] key columns; ``targets``: [B, T, n] int.
-    Float32 (other dtypes are converted; the output comes back in v's dtype); torch's intra-op threads share the
-    (sequence, key head) pairs."""
+    Float32 (other dtypes are converted; the output comes back in v's dtype); torch's intra-op threads take units of
+    64 query rows round-robin."""
     import torch
 
     lib = library()
