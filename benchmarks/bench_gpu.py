@@ -22,6 +22,8 @@ Peak device memory: ``torch.cuda.max_memory_allocated`` over each mode's runs (b
 ``resident_mb`` is what was allocated before the mode started).
 """
 
+# ruff: noqa: B023 - every closure below is called in the loop iteration that made it
+
 from __future__ import annotations
 
 import argparse
@@ -36,9 +38,39 @@ REPO = Path(__file__).resolve().parents[1]
 WIKI = REPO / "resources" / "wikitext2_raw" / "wiki.test.raw"
 CASES = {
     "minilm": {"batch_size": 128, "tokens": 128, "batches": 8},
-    "smollm2": {"batch_size": 32, "tokens": 2048, "batches": 4},
+    "smollm2": {"batch_size": 32, "tokens": 2048, "batches": 3},  # 196,608 of the test set's 235,845 words
 }
 SMOKE = {"batch_size": 4, "tokens": 32, "batches": 2}
+# The scale ladder (--ladder): Qwen2.5-0.5B and 1.5B shapes (qwen2: q/k/v biases, rotary base 1e6, 2 KV heads),
+# random weights, SmolLM2's tokenizer (the base model has no output layer: the vocabulary only sizes the
+# embedding lookup). Sizes batch x tokens; the long ones run the SDPA forward and the map-free path only (an
+# eager map of 8 x 14 heads x 8192^2 is 30 GB a layer).
+LADDER = {
+    "qwen05": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14},
+    "qwen15": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12},
+}
+LADDER_SIZES = {"bfloat16": [(32, 2048), (8, 8192), (1, 32768)], "float32": [(32, 2048)]}
+LADDER_SMOKE = {"bfloat16": [(2, 32), (1, 64)], "float32": [(2, 32)]}
+
+
+def ladder_config(name: str, tokenizer_dir: Path, smoke: bool):
+    """A qwen2 config of ``name``'s shape for SmolLM2's tokenizer in ``tokenizer_dir``."""
+    from transformers import AutoTokenizer, Qwen2Config
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    shape = dict(LADDER[name])
+    if smoke:
+        shape["num_hidden_layers"] = 2
+    return Qwen2Config(
+        vocab_size=len(tok),
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **shape,
+    )
 
 
 def wiki_records(n: int, words: int):
@@ -150,6 +182,189 @@ def run_case(name: str, size: dict, args) -> dict:
     return out
 
 
+def timed(f, cuda: bool, repeats: int) -> dict:
+    """Median seconds of ``repeats`` calls of ``f`` (after the caller's warm-up), peak device memory."""
+    import torch
+
+    row: dict = {}
+    if cuda:
+        row["resident_mb"] = round(torch.cuda.memory_allocated() / 2**20, 1)
+        torch.cuda.reset_peak_memory_stats()
+    secs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        if cuda:
+            torch.cuda.synchronize()
+        secs.append(time.perf_counter() - t0)
+    row["seconds"] = [round(x, 4) for x in secs]
+    if cuda:
+        row["peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return row
+
+
+def run_ladder(name: str, args, emit) -> None:
+    """The ladder's model ``name`` in each dtype and size: the SDPA forward and the map-free extraction (the
+    position statistics and the detectors), tokens/s, peak memory above the resident weights."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from headatlas.core.extract import tokenize_records
+    from headatlas.core.models import ModelSpec, load
+    from headatlas.core.reduce import bare_forward, fused_reduce
+    from headatlas.detectors.reducers import DetectorReducer
+    from headatlas.position.reducers import PositionReducer
+
+    cuda = args.device.startswith("cuda")
+    tok_dir = args.model_root / "smollm2"
+    config = ladder_config(name, tok_dir, args.smoke)
+    sizes = LADDER_SMOKE if args.smoke else LADDER_SIZES
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            m = AutoModel.from_config(config)
+        m.save_pretrained(tmp)
+        del m
+        AutoTokenizer.from_pretrained(tok_dir).save_pretrained(tmp)
+        build_s = round(time.perf_counter() - t0, 1)
+        for dtype, shapes in sizes.items():
+            T_max = max(t for _, t in shapes)
+            spec = ModelSpec.from_config(
+                {"name": name, "source": {"path": tmp}, "dtype": dtype, "max_length": T_max, "batch_size": 1}
+            )
+            try:
+                eager, tokenizer, _ = load(spec, device=args.device)
+                sdpa = AutoModel.from_pretrained(tmp, attn_implementation="sdpa", dtype=eager.dtype)
+                sdpa = sdpa.to(args.device).eval()
+            except Exception as e:  # noqa: BLE001
+                emit({"model": name, "dtype": dtype, "error": f"{type(e).__name__}: {e}"[:2000]})
+                continue
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            bos = tokenizer.bos_token_id
+            for B, T in shapes:
+                out = {"model": name, "dtype": dtype, "batch_size": B, "tokens_per_sequence": T, "build_s": build_s}
+                out.update(layers=config.num_hidden_layers, heads=config.num_attention_heads, kv_heads=2)
+                records = wiki_records(B, T)
+                toks, _ = tokenize_records(records, tokenizer, "decoder", T, "truncate", bos)
+                n_tok = sum(len(t) for t in toks)
+                out["tokens"] = n_tok
+                warm, warm_recs = toks[:1], records[:1]
+
+                def mapfree(tt, rr, bs, model=eager, pad=pad):
+                    red = [PositionReducer(), DetectorReducer()]
+                    fused_reduce(model, tt, red, bs, "decoder", rr, pad, name, "bench", path="mapfree")
+
+                modes = {
+                    "sdpa": (lambda: bare_forward(sdpa, toks, B, pad), lambda: bare_forward(sdpa, warm, 1, pad)),
+                    "mapfree": (lambda: mapfree(toks, records, B), lambda: mapfree(warm, warm_recs, 1)),
+                }
+                out["modes"] = {}
+                for mode, (f, w) in modes.items():
+                    try:
+                        w()
+                        row = timed(f, cuda, args.repeats)
+                        row["tokens_per_s"] = round(n_tok / statistics.median(row["seconds"]), 1)
+                    except Exception as e:  # noqa: BLE001 - one failing mode must not lose the others' numbers
+                        row = {"error": f"{type(e).__name__}: {e}"[:2000]}
+                        if cuda:
+                            torch.cuda.empty_cache()
+                    out["modes"][mode] = row
+                    print(f"[bench_gpu] {name} {dtype} {B}x{T} {mode}: {row}", file=sys.stderr, flush=True)
+                mm = out["modes"]
+                if all("tokens_per_s" in mm[k] for k in ("sdpa", "mapfree")):
+                    out["mapfree_over_sdpa"] = round(mm["mapfree"]["tokens_per_s"] / mm["sdpa"]["tokens_per_s"], 4)
+                emit(out)
+            eager = sdpa = None
+            if cuda:
+                torch.cuda.empty_cache()
+
+
+def run_kernels(args, emit) -> None:
+    """The one-path candidates on the device, one layer of Qwen2.5-1.5B's heads (12 on 2 KV heads of 128),
+    causal, bf16: the SDPA kernel (no LSE), the memory-efficient kernel with its LSE (today's CUDA path, KV
+    expanded), the flash kernel with its LSE, FlexAttention with its LSE (compile time apart), and
+    blocked_attention with the entropy and one key column; the largest LSE difference from float64 rows."""
+    import torch
+    import torch.nn.functional as F
+
+    from headatlas.core.mapfree import blocked_attention
+
+    dev = args.device
+    cuda = dev.startswith("cuda")
+    shapes = [(1, 64)] if args.smoke else [(8, 8192), (1, 32768)]
+    for B, n in shapes:
+        g = torch.Generator(device=dev).manual_seed(0)
+        q = torch.randn(B, 12, n, 128, device=dev, generator=g, dtype=torch.bfloat16)
+        k = torch.randn(B, 2, n, 128, device=dev, generator=g, dtype=torch.bfloat16)
+        v = torch.randn(B, 2, n, 128, device=dev, generator=g, dtype=torch.bfloat16)
+        scale = 128**-0.5
+        cols = torch.rand(B, 1, n, 1, device=dev, generator=g)
+        ke, ve = k.repeat_interleave(6, 1), v.repeat_interleave(6, 1)
+        # exact LSE of a few rows (float64) for the error column
+        rows = torch.tensor([0, n // 2, n - 1], device=dev)
+        s = (q[:1, :, rows].double() @ ke[:1].double().transpose(-1, -2)) * scale
+        s = s.masked_fill(torch.arange(n, device=dev)[None, None, None] > rows[None, None, :, None], -torch.inf)
+        ref = torch.logsumexp(s, -1)
+        cands = {
+            "sdpa": lambda: (
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True),
+                None,
+            ),
+            "efficient_lse": lambda: torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, ke, ve, None, True, 0.0, True, scale=scale
+            )[:2],
+            "flash_lse": lambda: torch.ops.aten._scaled_dot_product_flash_attention(
+                q, ke, ve, 0.0, True, False, scale=scale
+            )[:2],
+            "blocked_entropy_column": lambda: blocked_attention(q, k, v, None, True, scale, cols=cols, entropy=True)[
+                :2
+            ],
+        }
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device=dev)
+            flex = torch.compile(flex_attention)
+            t0 = time.perf_counter()
+            try:
+                from torch.nn.attention.flex_attention import AuxRequest
+
+                def fx():
+                    o, aux = flex(q, k, v, block_mask=bm, scale=scale, enable_gqa=True, return_aux=AuxRequest(lse=True))
+                    return o, aux.lse
+
+            except ImportError:
+
+                def fx():
+                    return flex(q, k, v, block_mask=bm, scale=scale, enable_gqa=True, return_lse=True)
+
+            fx()
+            if cuda:
+                torch.cuda.synchronize()
+            compile_s = round(time.perf_counter() - t0, 2)
+            cands["flex_lse"] = fx
+        except Exception as e:  # noqa: BLE001
+            compile_s = f"{type(e).__name__}: {e}"[:500]
+        out = {"kernels": f"{B}x{n}", "heads": "12 on 2 of 128, causal, bf16", "flex_compile_s": compile_s, "rows": {}}
+        for name, f in cands.items():
+            try:
+                res = f()
+                row = timed(f, cuda, max(2, args.repeats))
+                row["ms"] = round(1000 * statistics.median(row.pop("seconds")), 2)
+                if res[1] is not None:
+                    lse = res[1][:1, :, :n][..., rows].double()
+                    row["lse_max_err"] = float((lse - ref).abs().max())
+            except Exception as e:  # noqa: BLE001
+                row = {"error": f"{type(e).__name__}: {e}"[:1000]}
+            out["rows"][name] = row
+            print(f"[bench_gpu] kernels {B}x{n} {name}: {row}", file=sys.stderr, flush=True)
+        emit(out)
+        q = k = v = ke = ve = None
+        if cuda:
+            torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -159,6 +374,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and two layers (a check of the code, no numbers)")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--ladder", default="", help="e.g. qwen05,qwen15: the scale ladder's shapes (LADDER_SIZES)")
+    ap.add_argument("--kernels", action="store_true", help="the one-path kernel candidates (run_kernels)")
     args = ap.parse_args()
     import torch
     import transformers
@@ -170,14 +387,29 @@ def main() -> None:
         "smoke": args.smoke,
         "cases": [],
     }
-    for name in args.cases.split(","):
+    report["ladder"], report["kernels"] = [], []
+
+    def save():  # after every case: a step cut by its time limit keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+    def emitter(key):
+        def emit(row):
+            report[key].append(row)
+            save()
+
+        return emit
+
+    if args.kernels:
+        run_kernels(args, emitter("kernels"))
+    for name in filter(None, args.ladder.split(",")):
+        run_ladder(name, args, emitter("ladder"))
+    for name in filter(None, args.cases.split(",")):
         report["cases"].append(run_case(name, SMOKE if args.smoke else CASES[name], args))
+        save()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the case's models are gone with its frame
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
