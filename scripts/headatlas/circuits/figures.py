@@ -12,6 +12,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from ..core.figures import head_label, save_figure  # noqa: E402
+from ..core.io import head_shape
 from .weights import MODES  # noqa: E402
 
 ROLE_COLOURS = {
@@ -61,7 +62,7 @@ def strongest_edges(pairs: pd.DataFrame, roles: dict, mode: str, n: int) -> pd.D
 
 def composition_figure(pairs: pd.DataFrame, heads: pd.DataFrame, detectors: pd.DataFrame | None, model: str,
                        n_edges: int, png, svg) -> None:  # fmt: skip
-    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    n_layers, n_heads = head_shape(heads)
     roles = head_roles(heads, detectors)
     w, h = max(4.5, 0.32 * n_layers + 1.5), max(3.5, 0.32 * n_heads + 1.6)
     rows = 3 if n_layers > 12 else 1  # many layers: the panels one above the other

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import matplotlib
 
+from ..core.io import head_shape
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -67,7 +69,7 @@ def plot_table1(t: pd.DataFrame, model: str, corpus: str):
 def plot_head_grid(heads: pd.DataFrame, relations: Sequence[str], model: str, corpus: str):
     """Layer x head heat maps of each relation's accuracy (best of the two directions)."""
     relations = [r for r in relations if r in set(heads["relation"])]
-    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    n_layers, n_heads = head_shape(heads)
     panel_w = max(3.2, 0.22 * n_heads + 1.2)
     cols = panel_columns(len(relations), panel_w, most=4)
     rows = int(np.ceil(len(relations) / cols))
@@ -128,7 +130,7 @@ def plot_table2(t: pd.DataFrame, model: str, corpora: str):
 def plot_coref_heads(heads: pd.DataFrame, model: str, corpora: str):
     """Layer x head heat map of antecedent selection accuracy (all anaphors)."""
     sub = heads[(heads["split"] == "all") & (heads["type"] == "all")]
-    n_layers, n_heads = int(sub["layer"].max()) + 1, int(sub["head"].max()) + 1
+    n_layers, n_heads = head_shape(sub)
     grid = np.full((n_layers, n_heads), np.nan)
     grid[sub["layer"], sub["head"]] = 100 * sub["accuracy"]
     fig, ax = plt.subplots(figsize=(0.35 * n_heads + 2.5, 0.22 * n_layers + 1.5))

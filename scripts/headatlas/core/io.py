@@ -28,6 +28,11 @@ def atomic_path(path: str | Path, sealed: bool | None = None):
             tmp.unlink()
 
 
+def head_shape(table) -> tuple[int, int]:
+    """(layers, heads) of a per-head table with 0-based ``layer`` and ``head`` columns."""
+    return int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+
+
 def write_tsv(table, path: str | Path, float_format: str | None = "%.6g", na_rep: str = "") -> None:
     """Write the pandas frame ``table`` to ``path`` as a TSV (no index; floats as ``float_format``, missing values
     as ``na_rep``), atomically and sealed (:func:`atomic_path`): the one TSV writer of the rule scripts."""

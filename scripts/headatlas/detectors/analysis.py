@@ -18,6 +18,7 @@ from scipy import stats
 
 from ..core.batching import pad_token
 from ..core.bootstrap import bootstrap_ci
+from ..core.io import head_shape
 from ..core.models import architecture, decoder_bos, model_kind
 from ..core.multitest import adjust
 from ..core.reduce import fused_reduce
@@ -185,7 +186,7 @@ def kv_group_tables(
     summary = []
     for (model, det), m in main.groupby(["model", "detector"], sort=False):
         m = m.sort_values(["layer", "head"])
-        n_layers, n_heads = int(m["layer"].max()) + 1, int(m["head"].max()) + 1
+        n_layers, n_heads = head_shape(m)
         grp = m["kv_group"].to_numpy().reshape(n_layers, n_heads)[0]
         n_groups = int(grp.max()) + 1
         trivial = n_permutations == 0 or n_groups == n_heads  # one head per group: nothing to share

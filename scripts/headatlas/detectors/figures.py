@@ -12,6 +12,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from ..core.figures import save_figure  # noqa: E402
+from ..core.io import head_shape
 from .analysis import MAIN_INPUT  # noqa: E402
 
 TITLES = {
@@ -23,7 +24,7 @@ TITLES = {
 
 
 def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, svg) -> None:
-    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    n_layers, n_heads = head_shape(heads)
     dets = [d for d in MAIN_INPUT if ((heads["detector"] == d) & (heads["input"] == MAIN_INPUT[d])).any()]
     cell = 0.22 if n_layers > 12 else 0.35
     w = max(2.4, cell * n_heads + 1.2)

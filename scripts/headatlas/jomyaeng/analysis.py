@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.figures import head_label
+from ..core.io import head_shape
 from ..core.progress import Progress
 from ..core.settings import Settings
 from .probes import SPLITS, ProbeConfig, pair_features, relatedness_targets, train_probes
@@ -376,7 +377,7 @@ def model_tables(results: pd.DataFrame, top: TopNSettings = TopNSettings()) -> d
     """Every table of rule jomyaeng_tables from one model's probe results (all tasks): heads,
     layers, topn and summary (``top.top_n``: heads in the top-n probe, None = heads per layer)."""
     heads = head_table(results)
-    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    n_layers, n_heads = head_shape(heads)
     layers = results[results["kind"] == "layer"].drop(
         columns=["kind", "head", "n", "control_dev", "control_test", "selectivity"]
     )

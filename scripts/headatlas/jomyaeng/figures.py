@@ -11,6 +11,8 @@ from typing import Sequence
 
 import matplotlib
 
+from ..core.io import head_shape
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -24,7 +26,7 @@ from .analysis import CATEGORIES, category_scores, task_correlation  # noqa: E40
 def head_matrix(heads: pd.DataFrame, task: str, value: str = "test_acc") -> np.ndarray:
     """[layers, heads] matrix of one task's per-head values."""
     g = heads[heads["task"] == task]
-    L, H = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    L, H = head_shape(heads)
     m = np.full((L, H), np.nan)
     m[g["layer"].to_numpy(int), g["head"].to_numpy(int)] = g[value].to_numpy(float)
     return m
@@ -45,7 +47,7 @@ def heatmaps(
 ) -> None:
     """One panel per task: layers (layer 1 at the top) x heads, colour = the value."""
     tasks = [t for t in tasks if t in set(heads["task"])]
-    L, H = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    L, H = head_shape(heads)
     nrows, ncols = _grid(len(tasks), panel_columns(len(tasks), 3.1))
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.1 * ncols, (1.2 + 0.12 * L) * nrows + 0.8), squeeze=False)
     diverging = value == "selectivity"
@@ -127,7 +129,7 @@ def category_scatter(heads: pd.DataFrame, path, svg, model: str) -> None:
         save_figure(fig, path, svg)
         return
     fig, axes = plt.subplots(1, len(pairs), figsize=(4.3 * len(pairs) + 0.8, 4), squeeze=False)
-    L = int(cats["layer"].max()) + 1
+    L = head_shape(cats)[0]
     for ax, (a, b) in zip(axes.flat, pairs):
         sc = ax.scatter(
             cats[a],
@@ -207,7 +209,7 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, svg, model: s
     """Where each task's information sits: per layer, the best head's test accuracy scaled to
     0..1 within the task (left) and the layer probe's (right); a dot marks the maximum."""
     tasks = [t for t in tasks if t in set(heads["task"])]
-    L = int(heads["layer"].max()) + 1
+    L = head_shape(heads)[0]
     fig, axes = plt.subplots(
         1, 2, figsize=(2 * (2.5 + 0.22 * L) + 2.5, 1 + 0.36 * len(tasks)), squeeze=False, sharey=True
     )

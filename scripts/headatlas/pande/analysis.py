@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..core.finetune import read_metrics
 from ..core.integrity import IntegrityError, check_file, check_values, rebuild
-from ..core.io import atomic_path, compressed, write_tsv
+from ..core.io import atomic_path, compressed, head_shape, write_tsv
 from . import figures as pf
 from .hypothesis import HypothesisSettings, head_table, pooled_notes, scipy_t_pvalues, with_stability
 from .sieves import blas_threads
@@ -206,9 +206,9 @@ def finetune_comparison(base_path: str | Path, tuned_path: str | Path, model_dir
     """Role counts and mean [SEP]-delimiter score per layer, before and after fine-tuning."""
     before, after = read_table(base_path), read_table(tuned_path)
     base, tuned = str(before["model"].iloc[0]), str(after["model"].iloc[0])
-    if pf._shape(before) != pf._shape(after):
+    if head_shape(before) != head_shape(after):
         raise ValueError(
-            f"{base_path} and {tuned_path}: models of different shapes {pf._shape(before)} / {pf._shape(after)}"
+            f"{base_path} and {tuned_path}: models of different shapes {head_shape(before)} / {head_shape(after)}"
         )
     metrics = read_metrics(model_dir)
     subtitle = (

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.figures import head_label, layer_head_axes, layer_ticks, panel_columns, save_figure
+from ..core.io import head_shape
 from .roles import figure_order
 
 MODES = {"faithful": "significant_faithful", "fdr": "significant_fdr"}
@@ -46,10 +47,6 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _shape(table: pd.DataFrame) -> tuple[int, int]:
-    return int(table["layer"].max()) + 1, int(table["head"].max()) + 1
 
 
 def membership(table: pd.DataFrame, mode: str = "faithful") -> pd.DataFrame:
@@ -130,7 +127,7 @@ def p_value_share(table: pd.DataFrame, near: float = 0.05) -> dict:
 def role_grid(table: pd.DataFrame, path: str | Path, svg: str | Path) -> None:
     """Layers x heads grid, one marker per role a head holds; faithful and FDR side by side."""
     plt = _plt()
-    n_layers, n_heads = _shape(table)
+    n_layers, n_heads = head_shape(table)
     roles = ordered_roles(table["role"].unique())
     styles = role_styles(roles)
     cols = 5 if len(roles) > 4 else len(roles)
@@ -228,7 +225,7 @@ def layer_figure(counts: pd.DataFrame, path: str | Path, svg: str | Path, model:
             ax.plot(
                 c["layer"] + jitter[role], c[mode], marker=marker, color=color, label=role, linewidth=1, markersize=4
             )
-        ax.set_xticks(*layer_ticks(int(counts["layer"].max()) + 1))
+        ax.set_xticks(*layer_ticks(head_shape(counts)[0]))
         ax.set_xlabel("layer (1-based)")
         ax.set_ylim(-0.3, n_heads + 0.3)
         ax.set_title(MODE_TITLES[mode], fontsize=9)
@@ -284,7 +281,7 @@ def heatmap_figure(table: pd.DataFrame, path: str | Path, svg: str | Path) -> No
     from matplotlib.colors import LogNorm
 
     plt = _plt()
-    n_layers, n_heads = _shape(table)
+    n_layers, n_heads = head_shape(table)
     roles = ordered_roles(table["role"].unique())
     panel_w = max(2.4, 0.3 * n_heads + 1.2)
     cols = panel_columns(len(roles), panel_w)
@@ -378,7 +375,7 @@ def compare_roles_figure(
         ax.tick_params(labelsize=7)
     for ax in axes.ravel()[len(roles) :]:
         ax.axis("off")
-    n_layers = int(cmp["layer"].max()) + 1
+    n_layers = head_shape(cmp)[0]
     for ax in axes.ravel():
         ax.set_xticks(*layer_ticks(n_layers))
     for ax in axes[-1]:
@@ -419,7 +416,7 @@ def compare_sep_figure(
     if not np.isfinite(before.loc[before["role"] == role, "mean"].to_numpy(dtype=float)).any():
         ax.text(0.5, 0.5, f"no {role} score: the inputs have no [SEP] token", transform=ax.transAxes, ha="center")
     ax.set_yscale("log")
-    ax.set_xticks(*layer_ticks(int(before["layer"].max()) + 1))
+    ax.set_xticks(*layer_ticks(head_shape(before)[0]))
     ax.set_xlabel("layer (1-based)")
     ax.set_ylabel(f"mean {role} sieve score per head")
     ax.legend(fontsize=7, frameon=False)
