@@ -64,7 +64,7 @@ def test_evaluate_batches_by_length_and_keeps_each_label_with_its_record(tmp_pat
     record's label (batches are sorted by length) would lose about half the accuracy."""
     import torch
 
-    from headatlas.core.finetune import _encode, evaluate
+    from headatlas.core.finetune import encode_records, evaluate
 
     class Parity(torch.nn.Module):
         def forward(self, attention_mask, **_):
@@ -72,7 +72,7 @@ def test_evaluate_batches_by_length_and_keeps_each_label_with_its_record(tmp_pat
             return SimpleNamespace(logits=torch.stack([n % 2 == 0, n % 2 == 1], 1).float())
 
     records = tsv_records(head_lines(SST2_TRAIN, tmp_path / "dev.tsv", 40), 1, 1)
-    n_tokens = np.array([int(_encode(bert_tokenizer, [r], 32)["attention_mask"].sum()) for r in records])
+    n_tokens = np.array([int(encode_records(bert_tokenizer, [r], 32)["attention_mask"].sum()) for r in records])
     assert len(set(n_tokens % 2)) == 2 and len(set(n_tokens)) > 5
     parity = n_tokens % 2
     for batch_size in (1, 7, 64):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.extract import _head_output
+from ..core.extract import head_output_pattern
 
 MODES = ("mean", "zero", "resample")
 
@@ -85,7 +85,7 @@ def resample_replacement(z: np.ndarray, lengths: np.ndarray, seed: int) -> Repla
 def layer_modules(model, n_layers: int) -> list | None:
     """Per layer, the transformer block that holds its attention output projection (the module
     named by the projection's path up to the layer index), or None where that is not found."""
-    pattern = _head_output(model.config.model_type, "")
+    pattern = head_output_pattern(model.config.model_type, "")
     found = {}
     for name, _ in model.named_modules():
         m = pattern.search(name)

@@ -23,7 +23,7 @@ from ..core.batching import length_batches, model_inputs, pad_token
 from ..core.corpora import tsv_records
 from ..core.device import job_device
 from ..core.extract import head_output_modules, tokenize_records
-from ..core.finetune import _encode
+from ..core.finetune import encode_records
 from ..core.models import decoder_bos, lm_head_model, model_kind, resolve
 from .patch import MODES, HeadPatch, Replacement, layer_modules, replacement, resample_replacement
 
@@ -439,7 +439,7 @@ def classification_evaluation(
     lengths = [len(tokenizer(" ".join(r.words), truncation=True, max_length=max_length)["input_ids"]) for r in dev]
     batches = []
     for pos in _bucketed(lengths, batch_size):
-        enc = {k: v.to(device) for k, v in _encode(tokenizer, [dev[p] for p in pos], max_length).items()}
+        enc = {k: v.to(device) for k, v in encode_records(tokenizer, [dev[p] for p in pos], max_length).items()}
         batches.append((enc, torch.as_tensor(y[pos], device=device), pos))
     L, H = int(model.config.num_hidden_layers), int(model.config.num_attention_heads)
     return Evaluation("classification", model, batches, len(dev), L, H), None

@@ -80,7 +80,7 @@ def tokenize_records(
     return out, counts
 
 
-def _head_output(model_type: str, name: str = "") -> re.Pattern:
+def head_output_pattern(model_type: str, name: str = "") -> re.Pattern:
     """The model type's head-output path (ARCHITECTURES) as a regex; group 1 = layer (or group) index."""
     path = architecture(model_type, name).head_output
     return re.compile(r"(?:^|\.)" + re.escape(path).replace(re.escape("{layer}"), r"(\d+)") + "$")
@@ -91,7 +91,7 @@ def head_output_modules(model, n_layers: int, name: str = "") -> list:
     the concatenated per-head context vectors sum_j A_ij v_j (heads in head-major order). A
     model whose layers share weights (ALBERT) gets the same module for every layer of a group."""
     mt = model.config.model_type
-    pattern = _head_output(mt, name)
+    pattern = head_output_pattern(mt, name)
     found = {}
     for mod_name, module in model.named_modules():
         m = pattern.search(mod_name)

@@ -40,7 +40,8 @@ def _texts(records: list[Record]) -> tuple[list[str], list[str] | None]:
     return first, [" ".join(p[1]) if len(p) > 1 else "" for p in parts]
 
 
-def _encode(tokenizer, records: list[Record], max_length: int):
+def encode_records(tokenizer, records: list[Record], max_length: int):
+    """The records' texts (one or a pair each) as a padded, truncated batch of the tokenizer."""
     a, b = _texts(records)
     return tokenizer(a, b, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
 
@@ -69,7 +70,7 @@ def evaluate(
     # batches of similar lengths pad little (in file order, most of a batch is padding)
     with torch.inference_mode():
         for idx in length_batches([len(r.words) for r in records], batch_size):
-            enc = _encode(tokenizer, [records[k] for k in idx], max_length).to(device)
+            enc = encode_records(tokenizer, [records[k] for k in idx], max_length).to(device)
             pred = model(**enc).logits.argmax(-1).cpu().numpy()
             correct += int((pred == label_ids[idx]).sum())
     return correct / len(records)
@@ -152,7 +153,7 @@ def finetune(
     batches = length_bucketed_batches(lengths, batch_size, steps, rng)
     losses = []
     for step, idx in enumerate(progress(batches, f"fine-tune {base_spec.name} on {name}", steps, "steps")):
-        enc = _encode(tokenizer, [train[i] for i in idx], max_length).to(model.device)
+        enc = encode_records(tokenizer, [train[i] for i in idx], max_length).to(model.device)
         out = model(**enc, labels=torch.as_tensor(y_train[idx], device=model.device))
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
