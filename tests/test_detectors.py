@@ -25,7 +25,8 @@ from headatlas.detectors.analysis import (
     sink_table,
     sinks_by_model,
 )
-from headatlas.detectors.reducers import DETECTORS, DetectorReducer, targets
+from headatlas.detectors.reducers import DetectorReducer, targets
+from headatlas.detectors.registry import REGISTRY, Detector, Targets
 from headatlas.detectors.sequences import (
     DetectorInputError,
     DetectorSettings,
@@ -34,7 +35,7 @@ from headatlas.detectors.sequences import (
     random_inputs,
 )
 
-D = {d: i for i, d in enumerate(DETECTORS)}
+D = {d: i for i, d in enumerate(REGISTRY)}
 
 
 def rows(pieces, special):
@@ -119,6 +120,31 @@ def test_prev_is_clarks_definition():
     np.testing.assert_allclose(res["scores"][0, 0, :, D["prev"]], clark, atol=1e-6)
 
 
+def test_a_new_detector_is_one_registry_entry(monkeypatch, tmp_path):
+    """A throwaway ``self`` detector (attention to the query's own token) added to the registry alone gets its
+    exact score from the reducer, its rows in the head table, a figure panel and an atlas column description."""
+    from headatlas.atlas.columns import describe
+    from headatlas.detectors.figures import detector_figure
+
+    def own(t: Targets):
+        return np.where(t.valid, t.idx[None, :], -1)
+
+    entry = Detector(
+        "self", own, True, "natural", "own token (natural text)", "self score: attention to the query itself"
+    )
+    monkeypatch.setitem(REGISTRY, "self", entry)
+    d = list(REGISTRY).index("self")
+    maps = np.stack([one_hot_maps(7, k, 7, 0.0) for k in (range(7), [0] * 7)])[None]  # head 0 on itself
+    res, _ = reduce_hand([DEC], maps, causal=True)
+    np.testing.assert_allclose(res["scores"][0, 0, :, d], [1.0, 1 / 7])  # query 0 on BOS is on itself too
+    t = head_table(synthetic_result(np.random.default_rng(0)), ["natural"] * 40, "m", 3, DetectorSettings(bootstrap=20))
+    assert set(t["detector"]) == set(REGISTRY) and t[(t["detector"] == "self")]["main"].all()
+    detector_figure(t, sink_table(synthetic_result(np.random.default_rng(0)), ["natural"] * 40, "m", 0.3), "m",
+                    tmp_path / "d.png", tmp_path / "d.svg")  # fmt: skip
+    assert (tmp_path / "d.png").stat().st_size > 0
+    assert describe("det_self").desc == "self score: attention to the query itself"
+
+
 # --- inputs ------------------------------------------------------------------------------------------------------
 
 
@@ -162,10 +188,10 @@ def test_null_draws_depend_on_the_sequence_not_the_batch():
 
 def synthetic_result(rng, n=40):
     """One layer, three heads: 0 on the pattern, 1 at chance (score = null in distribution), 2 below chance."""
-    null = rng.uniform(0.05, 0.15, (n, 1, 3, len(DETECTORS)))
+    null = rng.uniform(0.05, 0.15, (n, 1, 3, len(REGISTRY)))
     scores = null.copy()
     scores[:, :, 0] += 0.5
-    scores[:, :, 1] = rng.uniform(0.05, 0.15, (n, 1, len(DETECTORS)))
+    scores[:, :, 1] = rng.uniform(0.05, 0.15, (n, 1, len(REGISTRY)))
     scores[:, :, 2] -= 0.05
     return {"scores": scores, "null": null}
 
@@ -175,7 +201,7 @@ def test_head_table_tests_against_the_null_with_fdr():
     res = synthetic_result(rng)
     s = DetectorSettings(bootstrap=200, seed=0)
     t = head_table(res, ["natural"] * 40, "m", 3, s)
-    assert len(t) == 3 * len(DETECTORS)
+    assert len(t) == 3 * len(REGISTRY)
     sig = t.groupby("head")["significant"].all()
     assert sig[0] and not t[t["head"] == 1]["significant"].any() and not t[t["head"] == 2]["significant"].any()
     np.testing.assert_array_equal(t["p_adj"], adjust(t["p"].to_numpy(), 0.05, "fdr_bh")[0])
@@ -196,7 +222,7 @@ def test_pande_uses_the_one_fdr_function():
 
 
 def test_sink_shares_and_gu_table():
-    scores = np.zeros((2, 2, 2, len(DETECTORS)))
+    scores = np.zeros((2, 2, 2, len(REGISTRY)))
     scores[:, 0, 0, D["sink"]] = [0.9, 0.1]  # layer 0 head 0: mean 0.5 > 0.3, one of two sequences above
     scores[:, 1, :, D["sink"]] = 0.31  # layer 1: every head, every sequence
     t = sink_table({"scores": scores}, ["natural", "natural"], "m", 0.3)
@@ -283,7 +309,7 @@ def test_rules_end_to_end(tmp_path, tiny_models):
     )
     assert proc.returncode == 0, output_of(proc)[-4000:]
     heads = pd.read_csv(tmp_path / "results/detectors/llama/heads.tsv", sep="\t")
-    assert len(heads) == 2 * 4 * len(DETECTORS) * 4  # layers x heads x detectors x input kinds
+    assert len(heads) == 2 * 4 * len(REGISTRY) * 4  # layers x heads x detectors x input kinds
     assert sorted(heads["kv_group"].unique()) == [0, 1]  # 4 query heads over 2 key/value heads
     inputs = pd.read_csv(tmp_path / "results/detectors/bert/inputs.tsv", sep="\t")
     assert inputs["input"].value_counts().to_dict() == {"natural": 6, "random": 6, "repeated_token": 6, "repeated": 6}
@@ -305,7 +331,7 @@ def test_atlas_columns_and_second_panel(tmp_path):
     t = head_table(res, ["natural"] * 20 + ["repeated"] * 20, "m", 3, DetectorSettings(bootstrap=50))
     t = pd.read_csv(pd.io.common.StringIO(t.to_csv(sep="\t", index=False)), sep="\t")  # as the atlas reads it
     atlas = build_atlas("m", 2, 3, {"detectors": t})
-    for d in DETECTORS:
+    for d in REGISTRY:
         assert {f"det_{d}", f"det_{d}_ci_low", f"det_{d}_ci_high", f"det_{d}_sig"} <= set(atlas.columns)
     main = t[t["main"]].set_index(["detector", "layer", "head"])
     assert atlas.loc[4, "det_induction"] == main.loc[("induction", 1, 1), "mean"]  # read on the repeated input

@@ -15,7 +15,8 @@ from headatlas.clark.surface import SurfaceSettings
 from headatlas.core import config_checks
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from headatlas.detectors.analysis import run_detectors
-from headatlas.detectors.reducers import DETECTORS, other_occurrence
+from headatlas.detectors.reducers import other_occurrence
+from headatlas.detectors.registry import REGISTRY
 from headatlas.detectors.sequences import DetectorSettings, LongDetectorSettings, long_settings
 
 LONG = 96  # the tiny Llama's "long" corpus (its positions: 256)
@@ -146,7 +147,7 @@ def test_long_rules_end_to_end(tmp_path, tiny_models):
     )  # fmt: skip
     assert proc.returncode == 0, output_of(proc)[-4000:]
     heads = pd.read_csv(tmp_path / base / "heads.tsv", sep="\t")
-    assert len(heads) == 2 * 4 * len(DETECTORS) * 4  # layers x heads x detectors x input kinds
+    assert len(heads) == 2 * 4 * len(REGISTRY) * 4  # layers x heads x detectors x input kinds
     inputs = pd.read_csv(tmp_path / base / "inputs.tsv", sep="\t")
     assert inputs["input"].value_counts().to_dict() == {"natural": 3, "random": 3, "repeated_token": 3, "repeated": 3}
     assert set(inputs.loc[inputs["input"].isin(["random", "repeated_token"]), "length"]) == {LONG}

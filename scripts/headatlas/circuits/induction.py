@@ -30,7 +30,8 @@ from ..core.extract import head_output_modules
 from ..core.figures import head_label
 from ..core.reduce import fused_reduce
 from ..core.settings import Settings
-from ..detectors.reducers import DETECTORS, DetectorReducer
+from ..detectors.reducers import DetectorReducer
+from ..detectors.registry import column
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +102,7 @@ def induction_scores(model, tokenized, batch_size, kind, pad_id, name, patch=Non
             if patch is not None:
                 patch.reset()
             res = fused_reduce(model, tokenized, [DetectorReducer(0)], batch_size, kind, None, pad_id, name, "circuits")
-    return res[0]["scores"][..., DETECTORS.index("induction")]
+    return res[0]["scores"][..., column("induction")]
 
 
 def _mask(heads, n_layers: int, n_heads: int) -> np.ndarray:

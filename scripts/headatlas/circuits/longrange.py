@@ -30,7 +30,8 @@ import numpy as np
 
 from ..core.reduce import fused_reduce
 from ..core.settings import Settings
-from ..detectors.reducers import DETECTORS, DetectorReducer
+from ..detectors.reducers import DetectorReducer
+from ..detectors.registry import column
 from ..detectors.sequences import frame, ordinary_ids
 
 NEEDLE_KEYS = ("the cup", "the lighthouse", "the red door", "the old bridge", "the north tower", "the garden")
@@ -298,8 +299,8 @@ def long_range_scores(model, tokenizer, kind: str, bos: int | None, settings: Lo
         seqs = repeated_blocks(tokenizer, kind, bos, m, settings.blocks, settings.seed)
         res = fused_reduce(model, seqs, [DetectorReducer(settings.seed)], 1, kind, None, pad_id, name, "circuits")[0]
         out[m] = {
-            "echo": res["scores"][..., DETECTORS.index("duplicate")],
-            "induction": res["scores"][..., DETECTORS.index("induction")],
+            "echo": res["scores"][..., column("duplicate")],
+            "induction": res["scores"][..., column("induction")],
         }
     return out
 

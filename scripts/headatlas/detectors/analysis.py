@@ -22,7 +22,8 @@ from ..core.io import head_shape
 from ..core.models import architecture, decoder_bos, model_kind
 from ..core.multitest import adjust
 from ..core.reduce import fused_reduce
-from .reducers import DETECTORS, DetectorReducer
+from .reducers import DetectorReducer
+from .registry import REGISTRY, column
 from .sequences import (
     INPUT_KINDS,
     DetectorSettings,
@@ -34,8 +35,6 @@ from .sequences import (
     random_inputs,
 )
 
-# the input kind each detector is read on in the atlas, the group summary and the figure
-MAIN_INPUT = {"prev": "natural", "duplicate": "repeated", "induction": "repeated", "sink": "natural"}
 HEAD_COLUMNS = [
     "model", "layer", "head", "kv_group", "input", "detector", "n", "mean", "ci_low", "ci_high", "null_mean",
     "effect", "statistic", "p", "p_adj", "significant", "threshold", "above_threshold", "main",
@@ -86,7 +85,7 @@ def head_table(
     group = kv_groups(n_heads, n_kv)[head]
     frames = []
     for ki, kind in enumerate(k for k in INPUT_KINDS if k in set(inputs)):
-        for d, det in enumerate(DETECTORS):
+        for d, det in enumerate(REGISTRY):
             v = x[inputs == kind, :, :, d].reshape(-1, n_layers * n_heads)
             v0 = x0[inputs == kind, :, :, d].reshape(-1, n_layers * n_heads)
             rows = ~np.isnan(v).any(1)
@@ -122,7 +121,9 @@ def head_table(
             )
     out = pd.concat(frames, ignore_index=True)
     out["p_adj"], out["significant"] = adjust(out["p"].to_numpy(), s.alpha, s.fdr_method)
-    out["main"] = [MAIN_INPUT[d] == i for d, i in zip(out["detector"], out["input"])]  # the atlas reads these rows
+    out["main"] = [
+        REGISTRY[d].main_input == i for d, i in zip(out["detector"], out["input"])
+    ]  # the atlas reads these rows
     return out[HEAD_COLUMNS]
 
 
@@ -132,7 +133,7 @@ def sink_table(result: dict, inputs: list[str], model: str, epsilon: float) -> p
     ``sink_head_share``: heads whose mean alpha_1 over the sequences exceeds ``epsilon``;
     ``sink_share_gu``: Gu et al.'s Sink_1, the share of (sequence, head) pairs with alpha_1 > epsilon
     (their Table 1 reports it in percent)."""
-    alpha = result["scores"][..., DETECTORS.index("sink")]  # [N, L, H]
+    alpha = result["scores"][..., column("sink")]  # [N, L, H]
     inputs = np.asarray(inputs)
     rows = []
     for kind in (k for k in INPUT_KINDS if k in set(inputs)):
@@ -191,7 +192,7 @@ def kv_group_tables(
         n_groups = int(grp.max()) + 1
         trivial = n_permutations == 0 or n_groups == n_heads  # one head per group: nothing to share
         perm = np.argsort(rng.random((n_permutations, n_layers, n_heads)), -1)
-        row = {"model": model, "detector": det, "input": MAIN_INPUT[det], "n_groups": n_layers * n_groups,
+        row = {"model": model, "detector": det, "input": REGISTRY[det].main_input, "n_groups": n_layers * n_groups,
                "group_size": n_heads // n_groups}  # fmt: skip
         for col, tag in (("significant", ""), ("strong", "_strong")):
             sig = m[col].to_numpy(bool).reshape(n_layers, n_heads)

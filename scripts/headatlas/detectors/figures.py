@@ -13,19 +13,13 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from ..core.figures import save_figure  # noqa: E402
 from ..core.io import head_shape
-from .analysis import MAIN_INPUT  # noqa: E402
-
-TITLES = {
-    "prev": "previous token (natural text)",
-    "duplicate": "duplicate token (repeated random)",
-    "induction": "induction (repeated random)",
-    "sink": "first-token sink alpha_1 (natural text)",
-}
+from .registry import REGISTRY  # noqa: E402
 
 
 def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, svg) -> None:
     n_layers, n_heads = head_shape(heads)
-    dets = [d for d in MAIN_INPUT if ((heads["detector"] == d) & (heads["input"] == MAIN_INPUT[d])).any()]
+    main = {d: r.main_input for d, r in REGISTRY.items()}
+    dets = [d for d in main if ((heads["detector"] == d) & (heads["input"] == main[d])).any()]
     cell = 0.22 if n_layers > 12 else 0.35
     w = max(2.4, cell * n_heads + 1.2)
     fig, axes = plt.subplots(
@@ -37,7 +31,7 @@ def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, s
     )
     im, grouped = None, False
     for ax, det in zip(axes[0], dets):
-        t = heads[(heads["detector"] == det) & (heads["input"] == MAIN_INPUT[det])].sort_values(["layer", "head"])
+        t = heads[(heads["detector"] == det) & (heads["input"] == main[det])].sort_values(["layer", "head"])
         grid = t["mean"].to_numpy(float).reshape(n_layers, n_heads)
         im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, origin="upper", aspect="equal")
         sig = t["significant"].astype(str).eq("True").to_numpy().reshape(n_layers, n_heads)
@@ -48,7 +42,7 @@ def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, s
         if grouped:
             for x in np.flatnonzero(np.diff(groups)) + 0.5:
                 ax.axvline(x, color="red", linewidth=0.8)
-        ax.set_title(TITLES[det], fontsize=8)
+        ax.set_title(REGISTRY[det].title, fontsize=8)
         ax.set_xticks(range(n_heads), [str(h + 1) for h in range(n_heads)], fontsize=6)
         step = 1 if n_layers <= 16 else 3
         ax.set_yticks(range(0, n_layers, step), [str(la + 1) for la in range(0, n_layers, step)], fontsize=6)

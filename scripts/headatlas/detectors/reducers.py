@@ -27,8 +27,7 @@ from ..core.data import SPECIAL_NONE
 from ..core.mapfree import Needs, key_target, offset_target
 from ..core.patterns import prev_token_score
 from ..core.reduce import ReduceBatch, Reducer, clean_maps
-
-DETECTORS = ("prev", "duplicate", "induction", "sink")
+from .registry import REGISTRY, Targets, column
 
 
 def other_occurrence(piece: np.ndarray, special: np.ndarray, lengths: np.ndarray, causal: bool) -> np.ndarray:
@@ -57,26 +56,20 @@ def other_occurrence(piece: np.ndarray, special: np.ndarray, lengths: np.ndarray
 
 
 def targets(batch: ReduceBatch, causal: bool, seed: int) -> dict:
-    """Per detector, the [B, n] target key of each query (-1: none) and [B] denominators; ``null`` [B, n]
-    seeded random keys the query may attend to."""
+    """Per detector of :data:`REGISTRY`, the [B, n] target key of each query (-1: none) and [B] denominators;
+    ``null`` [B, n] seeded random keys the query may attend to."""
     lengths, n = batch.lengths, batch.n
     idx = np.arange(n)
-    valid = idx[None, :] < lengths[:, None]
-    dup = other_occurrence(batch.piece, batch.special, lengths, causal)
-    nxt = dup + 1
-    ok = (dup >= 0) & (nxt < lengths[:, None]) & (nxt != idx[None, :])
-    ok[ok] &= batch.special[np.nonzero(ok)[0], nxt[ok]] == SPECIAL_NONE
-    ind = np.where(ok, nxt, -1)
-    prev = np.where(valid & (idx[None, :] >= 1), idx[None, :] - 1, -1)
-    sink = np.where(valid, 0, -1)
+    shared = Targets(lengths, batch.special, other_occurrence(batch.piece, batch.special, lengths, causal))
     null = np.zeros((len(batch), n), dtype=np.int64)
     for r, (k, m) in enumerate(zip(batch.seq, lengths)):  # one draw per sequence, not per cell
         u = np.random.default_rng([seed, int(k)]).random(int(m))
         span = idx[:m] + 1 if causal else np.full(m, m)
         null[r, :m] = np.minimum((u * span).astype(np.int64), span - 1)
-    t = np.stack([prev, dup, ind, sink], 1)  # [B, D, n]
+    t = np.stack([d.target(shared) for d in REGISTRY.values()], 1)  # [B, D, n]
     count = (t >= 0).sum(-1).astype(np.float64)
-    den = np.where(np.array([True, False, False, True])[None, :], lengths[:, None].astype(np.float64), count)
+    every = np.array([d.every_query for d in REGISTRY.values()])
+    den = np.where(every[None, :], lengths[:, None].astype(np.float64), count)
     return {"target": t, "den": den, "null": null}
 
 
@@ -93,7 +86,7 @@ def _mass(a, target, den):
 
 
 class DetectorReducer(Reducer):
-    """Observed and null scores of :data:`DETECTORS` per sequence: ``result()`` is a dict of float64 arrays
+    """Observed and null scores of :data:`~headatlas.detectors.registry.REGISTRY` per sequence: ``result()`` is a dict of float64 arrays
     ``scores`` and ``null`` [N, L, H, D] (NaN where a sequence has no query for a detector)."""
 
     name = "detectors"
@@ -107,7 +100,7 @@ class DetectorReducer(Reducer):
 
     def start(self, info) -> None:
         super().start(info)
-        shape = (info.n_sequences, info.n_layers, info.n_heads, len(DETECTORS))
+        shape = (info.n_sequences, info.n_layers, info.n_heads, len(REGISTRY))
         self.scores = np.full(shape, np.nan)
         self.null = np.full(shape, np.nan)
 
@@ -118,7 +111,9 @@ class DetectorReducer(Reducer):
         t = self._targets(batch)
         a = clean_maps(attn, batch, causal)
         obs = _mass(a, t["target"], t["den"])
-        obs[..., 0] = prev_token_score(a, torch.as_tensor(batch.lengths, device=a.device)[:, None]).double()
+        # Clark's statistic, one function (core.patterns): the same cells as the target's sum
+        n = torch.as_tensor(batch.lengths, device=a.device)[:, None]
+        obs[..., column("prev")] = prev_token_score(a, n).double()
         nul = _mass(a, np.where(t["target"] >= 0, t["null"][:, None, :], -1), t["den"])
         self.scores[batch.seq, layer] = obs.cpu().numpy()
         self.null[batch.seq, layer] = nul.cpu().numpy()
@@ -126,15 +121,12 @@ class DetectorReducer(Reducer):
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
         """Every score is one key per query: the targets (shared by name with other reducers), q, k and LSE."""
         t = self._targets(batch)
-        return Needs(
-            targets={
-                "offset:-1": offset_target(batch, -1),
-                "detectors:duplicate": t["target"][:, 1],
-                "detectors:induction": t["target"][:, 2],
-                "key:0": key_target(batch, 0),
-                "detectors:null": t["null"],
-            }
-        )
+        shared = {"offset:-1": lambda: offset_target(batch, -1), "key:0": lambda: key_target(batch, 0)}
+        need = {
+            d.free_name: shared[d.free_name]() if d.free_name in shared else t["target"][:, i]
+            for i, d in enumerate(REGISTRY.values())
+        }
+        return Needs(targets={**need, "detectors:null": t["null"]})
 
     def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
         """The same scores without the maps: A[i, target] = exp(s_it - LSE_i) (:meth:`FreeLayer.target`)."""
@@ -143,8 +135,7 @@ class DetectorReducer(Reducer):
         t = self._targets(batch)
         dev = view.q.device
         den = torch.as_tensor(t["den"], device=dev)[:, None, :]
-        names = ("offset:-1", "detectors:duplicate", "detectors:induction", "key:0")
-        obs = torch.stack([view.target(k) for k in names], 2)  # [B, H, D, n]
+        obs = torch.stack([view.target(d.free_name) for d in REGISTRY.values()], 2)  # [B, H, D, n]
         has = torch.as_tensor(t["target"] >= 0, device=dev)[:, None]  # [B, 1, D, n]
         nul = view.target("detectors:null")[:, :, None] * has
         self.scores[batch.seq, layer] = (obs.sum(-1).double() / den).cpu().numpy()
