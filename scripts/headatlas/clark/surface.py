@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_NONE
-from ..core.io import head_shape
 from ..core.settings import Settings
 
 PUNCT = {".", ","}
@@ -228,7 +227,7 @@ def clark_headlines(
     early layers are taken at BERT-base's relative depth (see :func:`relative_layers`).
     """
     t = behaviour
-    n_layers = head_shape(t)[0]
+    n_layers = int(t["layer"].max()) + 1
     decoder = (t.get("model_kind", pd.Series(["encoder"])) == "decoder").any()
     by_layer = t.groupby("layer")
     rows = []
