@@ -1,7 +1,9 @@
 """The map-free statistics' attention pass: :func:`headatlas.core.cpu_pass.attention_pass` (attention_pass.c:
 the model's output, LSE and every statistic's sums from one pass over the scores) against torch's CPU flash
-kernel with the model's values only (what the SDPA forward spends) and against :func:`headatlas.core.mapfree.
-blocked_attention` (the same sums from torch products in row blocks: the path without a C compiler).
+kernel with the model's values only (what the SDPA forward spends), against :func:`headatlas.core.mapfree.
+layer_attention` (the one path of every device: one fused-kernel call with widened values) and against
+:func:`headatlas.core.mapfree.blocked_attention` (the same sums from torch products in row blocks: the last
+fallback).
 
 Run from the repository root with the project's environment (CPU, one thread)::
 
@@ -13,6 +15,8 @@ causal) and length, random q, k, v in the shape of the map-free benchmark's batc
 fastest (milliseconds):
 
 - ``model``: the flash kernel with the model's values only (A.V and LSE);
+- ``layer``: ``layer_attention`` (``extraction.cpu_pass: off``) for the same outputs as ``blocked``, and
+  ``layer_targets`` with the 9 targets of ``cpu_pass_targets`` added (``FreeLayer.at``, one dot product each);
 - ``blocked``: ``blocked_attention`` for the position statistics' outputs (A.V, LSE, A.pos, the entropy, an
   encoder's sums over keys j <= i), row blocks of about ``--cells`` cells;
 - ``cpu_pass_bare``: the CPU attention pass for A.V and LSE alone; ``cpu_pass_entropy`` adds the entropy,
@@ -33,11 +37,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from headatlas.core.cpu_pass import attention_pass  # noqa: E402
-from headatlas.core.mapfree import attention_lse, blocked_attention  # noqa: E402
+from headatlas.core.mapfree import FreeLayer, attention_lse, blocked_attention, layer_attention  # noqa: E402
+from headatlas.core.reducer import ReduceBatch  # noqa: E402
 
 SHAPES = {  # name -> (batch, query heads, key heads, head size, causal), with the map-free benchmark's batches
     "minilm": (12, 12, 32, False),
@@ -63,8 +70,22 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
     targets = torch.randint(0, n, (bsz, 9, n), dtype=torch.int32)
     low = None if lcols is None else lcols[:, 0]
     ours = lambda *extra: lambda: attention_pass(q, k, v, bias, causal, scale, *extra)  # noqa: E731
+    lengths = [n] * bsz if mask is None else [int(x) for x in torch.isfinite(mask[:, 0, 0]).sum(-1)]
+    rows = [{"word": np.arange(m), "special": np.zeros(m, dtype=np.int64), "segment": np.zeros(m, dtype=np.int64),
+             "piece": np.full(m, "", dtype=object)} for m in lengths]  # fmt: skip
+    batch = ReduceBatch.from_rows(np.arange(bsz), rows, np.arange(bsz), np.array(lengths))
+    layer = lambda: layer_attention(q, k, v, mask, causal, scale, pos, lcols, True)  # noqa: E731
+
+    def layer_targets():
+        out, lse, got = layer()
+        FreeLayer(q, k, lse, scale, batch, causal, {}, {}, got["entropy"]).at(targets.numpy())
+
+    ran = set()
+    layer_attention(q, k, v, mask, causal, scale, pos, lcols, True, ran=ran)
     variants = {  # the pass's variants add one kind of sum each to the one before
         "model": lambda: attention_lse(q, k, v, mask, causal, scale),
+        "layer": layer,
+        "layer_targets": layer_targets,
         "blocked": lambda: blocked_attention(q, k, v, mask, causal, scale, pos, lcols, True, False, cells),
         "cpu_pass_bare": ours(),
         "cpu_pass_entropy": ours(None, None, True),
@@ -83,6 +104,9 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
     row = {"model_type": model, "tokens": n, "batch": bsz, "heads": h, "key_heads": hk, "head_size": d}
     row |= {f"{name}_ms": round(t * 1e3, 2) for name, t in best.items()}
     row["cpu_pass_over_model"] = round(best["cpu_pass"] / best["model"], 3)
+    row["layer_kernel"] = ",".join(sorted(ran))
+    for name in ("layer", "layer_targets", "blocked"):
+        row[f"{name}_over_cpu_pass_columns"] = round(best[name] / best["cpu_pass_columns"], 3)
     return row
 
 
@@ -91,7 +115,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--runs", default="minilm:128:16,minilm:512:4,smollm2:128:16,smollm2:512:4,smollm2:2048:1,smollm2:8192:1"
+        "--runs",
+        default="minilm:128:16,minilm:512:4,minilm:2048:1,smollm2:128:16,smollm2:512:4,smollm2:2048:1,smollm2:8192:1",
     )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--cells", type=int, default=2**20)

@@ -283,12 +283,14 @@ def run_ladder(name: str, args, emit) -> None:
 def run_kernels(args, emit) -> None:
     """The one-path candidates on the device, one layer of Qwen2.5-1.5B's heads (12 on 2 KV heads of 128),
     causal, bf16: the SDPA kernel (no LSE), the memory-efficient kernel with its LSE (today's CUDA path, KV
-    expanded), the flash kernel with its LSE, FlexAttention with its LSE (compile time apart), and
-    blocked_attention with the entropy and one key column; the largest LSE difference from float64 rows."""
+    expanded), the flash kernel with its LSE, FlexAttention with its LSE (compile time apart),
+    blocked_attention with the entropy and one key column, the one path (``layer_attention``: the same outputs
+    from one float32 fused call with values widened to [V | K | column]) and that widened call in bf16
+    (``fused_attention``), each with the kernels that ran; the largest LSE difference from float64 rows."""
     import torch
     import torch.nn.functional as F
 
-    from headatlas.core.mapfree import blocked_attention
+    from headatlas.core.mapfree import blocked_attention, fused_attention, layer_attention
 
     dev = args.device
     cuda = dev.startswith("cuda")
@@ -320,7 +322,16 @@ def run_kernels(args, emit) -> None:
             "blocked_entropy_column": lambda: blocked_attention(q, k, v, None, True, scale, cols=cols, entropy=True)[
                 :2
             ],
+            # the one path (the feed's call: float32, values widened to [V | K | column]), and the same widened
+            # call in the inputs' dtype (a speed bound: the statistics would be rounded to bf16)
+            "layer_entropy_column": lambda: layer_attention(
+                q, k, v, None, True, scale, cols=cols, entropy=True, ran=ran
+            )[:2],
+            "widened_bf16": lambda: fused_attention(
+                q, k, torch.cat([v, k, cols.to(v.dtype).expand(B, 2, n, 1)], -1), None, True, scale, ran_bf16
+            ),
         }
+        ran, ran_bf16 = set(), set()
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -357,6 +368,8 @@ def run_kernels(args, emit) -> None:
                     row["lse_max_err"] = float((lse - ref).abs().max())
             except Exception as e:  # noqa: BLE001
                 row = {"error": f"{type(e).__name__}: {e}"[:1000]}
+            if name in ("layer_entropy_column", "widened_bf16"):
+                row["kernels"] = sorted(ran if name == "layer_entropy_column" else ran_bf16)
             out["rows"][name] = row
             print(f"[bench_gpu] kernels {B}x{n} {name}: {row}", file=sys.stderr, flush=True)
         emit(out)

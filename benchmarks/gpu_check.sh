@@ -33,8 +33,8 @@ fi
 cat "$OUT/gpu.txt"
 
 t0=$SECONDS
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m cuda -rs --junitxml="$OUT/pytest_cuda.xml" \
-    tests/test_device.py tests/test_extract.py tests/test_gradients.py tests/test_reduce.py > "$OUT/pytest_cuda.log" 2>&1
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m cuda -rs --junitxml="$OUT/pytest_cuda.xml" \
+    tests/test_device.py tests/test_extract.py tests/test_gradients.py tests/test_reduce.py tests/test_mapfree.py > "$OUT/pytest_cuda.log" 2>&1
 echo "pytest_rc=$? pytest_s=$((SECONDS - t0))" >> "$OUT/steps.txt"
 tail -3 "$OUT/pytest_cuda.log"
 

@@ -54,13 +54,15 @@ def corpus(ewt_records, n_single=6, n_pairs=5) -> list[Record]:
     return recs[:n_single] + pairs
 
 
-def run_both(model, tok, config, spec, recs, reducers, batch_size=4):
+def run_both(model, tok, config, spec, recs, reducers, batch_size=4, cpu_pass="auto"):
     kind = model_kind(config, spec)
     tokenized, _ = tokenize_records(recs, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     out = {}
     for path in ("eager", "mapfree"):
-        out[path] = fused_reduce(model, tokenized, reducers(), batch_size, kind, recs, pad, spec.name, "t", path=path)
+        out[path] = fused_reduce(
+            model, tokenized, reducers(), batch_size, kind, recs, pad, spec.name, "t", path=path, cpu_pass=cpu_pass
+        )
     return out["eager"], out["mapfree"]
 
 
@@ -73,14 +75,16 @@ def sieve_diff(e: dict, f: dict) -> float:
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])
-def test_tiny_sieves_mapfree_equal_eager(name, setting, tiny_loaded, ewt_records):
-    """Every role of the sieves, map-free, within 1e-5 of the eager path: pairs (block, with and without the
-    entropy factor), syntactic roles in every direction, windows 0..5, custom relations and labels."""
+@pytest.mark.parametrize("cpu_pass", ["auto", "off"])
+def test_tiny_sieves_mapfree_equal_eager(name, setting, cpu_pass, tiny_loaded, ewt_records):
+    """Every role of the sieves, map-free, within 1e-5 of the eager path, with the CPU attention pass and without
+    (off: the Python a GPU runs): pairs (block, with and without the entropy factor), syntactic roles in every
+    direction, windows 0..5, custom relations and labels."""
     spec, model, tok, config = tiny_loaded(name)
     st = SETTINGS[setting]
     recs = corpus(ewt_records)
     assert plan_feed(model, [SieveReducer(st)], 64)[0] == "mapfree"
-    (e,), (f,) = run_both(model, tok, config, spec, recs, lambda: [SieveReducer(st)])
+    (e,), (f,) = run_both(model, tok, config, spec, recs, lambda: [SieveReducer(st)], cpu_pass=cpu_pass)
     assert e["is_pair"].sum() == 5 and e["has_trees"].all()
     roles = e["roles"]
     present = ~np.isnan(e["scores"][:, 0, 0])  # [N, R]: the fixture exercises every role

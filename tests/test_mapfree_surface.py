@@ -20,10 +20,19 @@ from headatlas.core.models import decoder_bos, model_kind
 from headatlas.core.reduce import fused_reduce
 
 
-def compare_surface(model, tokenized, kind, records, pad, name, smoothing, batch_size=4):
-    """(eager table, map-free table, max difference over every statistic)."""
+def compare_surface(model, tokenized, kind, records, pad, name, smoothing, batch_size=4, cpu_pass="auto"):
+    """(eager table, map-free table, max difference over every statistic); ``cpu_pass``: the map-free feed's."""
     run = lambda path: fused_reduce(  # noqa: E731
-        model, tokenized, [SurfaceReducer(smoothing)], batch_size, kind, records, pad, name, path=path
+        model,
+        tokenized,
+        [SurfaceReducer(smoothing)],
+        batch_size,
+        kind,
+        records,
+        pad,
+        name,
+        path=path,
+        cpu_pass=cpu_pass,
     )[0]
     eager, free = run("eager"), run("mapfree")
     return eager, free, max_diff(eager[STATS], free[STATS])
@@ -31,15 +40,17 @@ def compare_surface(model, tokenized, kind, records, pad, name, smoothing, batch
 
 @pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])
 @pytest.mark.parametrize("smoothing", [1e-4, 0.05, 0.0])
-def test_tiny_surface_mapfree_equals_eager(name, smoothing, tiny_loaded, records):
-    """Every surface statistic map-free within 1e-5 of eager-fused (sentence pairs included: two [SEP]s);
-    a statistic undefined on one path (NaN) is undefined on the other."""
+@pytest.mark.parametrize("cpu_pass", ["auto", "off"])
+def test_tiny_surface_mapfree_equals_eager(name, smoothing, cpu_pass, tiny_loaded, records):
+    """Every surface statistic map-free within 1e-5 of eager-fused (sentence pairs included: two [SEP]s), with
+    the CPU attention pass and without (off: the Python a GPU runs); a statistic undefined on one path (NaN) is
+    undefined on the other."""
     spec, model, tok, config = tiny_loaded(name)
     kind = model_kind(config, spec)
     tokenized, _ = tokenize_records(records, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     assert plan_feed(model, [SurfaceReducer(smoothing)], 64)[0] == "mapfree"
-    eager, free, diff = compare_surface(model, tokenized, kind, records, pad, name, smoothing)
+    eager, free, diff = compare_surface(model, tokenized, kind, records, pad, name, smoothing, cpu_pass=cpu_pass)
     assert diff < TOL, (name, smoothing, diff)
     # the statistics are not trivially equal: the smoothed entropy differs from the unsmoothed one
     assert eager["entropy"].notna().all() and eager["punct"].gt(0).any()

@@ -135,18 +135,20 @@ def single_batch(tokenized, records):
     return lambda i: ReduceBatch.from_tokenized(tokenized, [i], records)
 
 
-def run_both(model, tokenized, reducers, kind, records, pad, name, batch_size=4):
+def run_both(model, tokenized, reducers, kind, records, pad, name, batch_size=4, cpu_pass="auto"):
     assert plan_feed(model, reducers(), max(len(t) for t in tokenized))[0] == "mapfree"
     eager = fused_reduce(model, tokenized, reducers(), batch_size, kind, records, pad, name, path="eager")
-    free = fused_reduce(model, tokenized, reducers(), batch_size, kind, records, pad, name, path="mapfree")
+    free = fused_reduce(
+        model, tokenized, reducers(), batch_size, kind, records, pad, name, path="mapfree", cpu_pass=cpu_pass
+    )
     return eager, free
 
 
-def check_syntax(model, tokenized, kind, records, pad, name, mode, batch_size=4):
+def check_syntax(model, tokenized, kind, records, pad, name, mode, batch_size=4, cpu_pass="auto"):
     """Table 1 and Table 3 inputs, eager vs map-free: word maps within TOL, predictions identical except ties.
     Returns (predictions, differing, ties eager, ties free, max word-map difference)."""
     reducers = lambda: [HeadPredictionReducer(mode), WordMapsReducer(mode)]  # noqa: E731
-    (eh, ew), (fh, fw) = run_both(model, tokenized, reducers, kind, records, pad, name, batch_size)
+    (eh, ew), (fh, fw) = run_both(model, tokenized, reducers, kind, records, pad, name, batch_size, cpu_pass)
     for key in ("record_index", "n_words", "unit_offset", "unit_word", "unit_special", "map_offset", "lower"):
         np.testing.assert_array_equal(getattr(ew, key), getattr(fw, key), err_msg=key)
     err = float(np.abs(ew.maps - fw.maps).max())
@@ -155,11 +157,19 @@ def check_syntax(model, tokenized, kind, records, pad, name, mode, batch_size=4)
     return eh.pred.size, differ, te, tf, err
 
 
-def check_coref(model, tokenized, kind, docs, pad, name, mode, batch_size=2):
+def check_coref(model, tokenized, kind, docs, pad, name, mode, batch_size=2, cpu_pass="auto"):
     """Table 2's input, eager vs map-free: identical except where the eager word maps' two candidates are
     within TOL. Returns (predictions, differing, ties eager, ties free)."""
     (ec, ew), (fc, _) = run_both(
-        model, tokenized, lambda: [CorefReducer(mode), WordMapsReducer(mode)], kind, docs, pad, name, batch_size
+        model,
+        tokenized,
+        lambda: [CorefReducer(mode), WordMapsReducer(mode)],
+        kind,
+        docs,
+        pad,
+        name,
+        batch_size,
+        cpu_pass,
     )
     for key in ("record_index", "n_words", "anaphor_offset", "head", "has_pieces"):
         np.testing.assert_array_equal(getattr(ec, key), getattr(fc, key), err_msg=key)
@@ -186,11 +196,13 @@ def _tiny(tiny_loaded, name, records, max_length=None):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", TINY_NAMES)
-def test_tiny_syntax_mapfree_equals_eager(name, mode, tiny_loaded, ewt_records):
-    """Head predictions (Table 1) and word maps (Table 3) on 12 EWT sentences, encoders and decoders."""
+@pytest.mark.parametrize("cpu_pass", ["auto", "off"])
+def test_tiny_syntax_mapfree_equals_eager(name, mode, cpu_pass, tiny_loaded, ewt_records):
+    """Head predictions (Table 1) and word maps (Table 3) on 12 EWT sentences, encoders and decoders, with the
+    CPU attention pass and without (off: the Python a GPU runs)."""
     recs = list(ewt_records[:12])
     model, tokenized, kind, pad = _tiny(tiny_loaded, name, recs)
-    total, differ, te, tf, err = check_syntax(model, tokenized, kind, recs, pad, name, mode)
+    total, differ, te, tf, err = check_syntax(model, tokenized, kind, recs, pad, name, mode, cpu_pass=cpu_pass)
     print(f"{name} {mode}: {total} predictions, {differ} differ, ties {te} eager / {tf} map-free, maps {err:.1e}")
     assert differ <= max(te, tf) + total // 1000, (differ, te, tf)  # near-ties only, checked one by one above
 

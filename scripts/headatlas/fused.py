@@ -133,7 +133,8 @@ def extract_shard(
     meta = {"corpus": corpus, "shard": shard, "n_shards": n_shards, "config_hash": config_hash(params)}
     # a fused corpus (maps: sample or none): the reducers of every analysis covering it, and the sample's records
     fused = params.get("fused")
-    reducers = sample = corpus_records = None
+    reducers = sample = None
+    corpus_records = list(records)  # the whole corpus: a shard whose every record is too long checks the others
     if fused:
         reducers = build_reducers(fused["reducers"])
         if fused["sample"]:
@@ -152,6 +153,7 @@ def extract_shard(
         reps=params["reps"],
         rep_position=params["rep_position"],
         attention=fused.get("attention", "auto") if fused else "auto",
+        cpu_pass=fused.get("cpu_pass", "auto") if fused else "auto",
     )
     counts = extract(
         records[part],

@@ -18,6 +18,7 @@
    last visible key are skipped. Float32 throughout; the vector type is GCC's generic vector extension (clang
    has it too), as wide as the compiler's -march allows (AVX-512, AVX2, else 4 floats: SSE, NEON). */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +123,18 @@ typedef struct {
   int T;
   int threads, thread; /* this call computes the blocks of ROWS rows whose number is thread modulo threads */
 } pass_args;
+
+/* the struct's layout as this compiler laid it out: [size, offset of scale, of smoothing, of T, of thread],
+   then the floats per vector W (headatlas.core.cpu_pass compares the layout with its ctypes copy before the
+   first call) */
+void pass_args_layout(int64_t *out) {
+  out[0] = (int64_t)sizeof(pass_args);
+  out[1] = (int64_t)offsetof(pass_args, scale);
+  out[2] = (int64_t)offsetof(pass_args, smoothing);
+  out[3] = (int64_t)offsetof(pass_args, T);
+  out[4] = (int64_t)offsetof(pass_args, thread);
+  out[5] = W;
+}
 
 static void *grab(size_t floats) {
   void *p = NULL;

@@ -2,16 +2,21 @@
 
 :func:`attention_pass` computes, in one pass over a layer's scores, the model's output A.V and each row's LSE (what
 the fused kernel returns) and every statistic's sums: the row entropy, the smoothed rows' entropy, value columns
-(A.m)_i, lower columns sum_{j <= i} A_ij m_j and the attention to each query's target keys. It is the CPU
-implementation of what :func:`headatlas.core.mapfree.blocked_attention` and :class:`~headatlas.core.mapfree.
-FreeLayer`'s targets and smoothed entropy compute with torch (on a GPU, and on a CPU where no C compiler is
-found); tests/test_mapfree.py checks both against an explicit softmax.
+(A.m)_i, lower columns sum_{j <= i} A_ij m_j and the attention to each query's target keys: what
+:func:`headatlas.core.mapfree.layer_attention` and :class:`~headatlas.core.mapfree.FreeLayer`'s targets and
+smoothed entropy compute with torch on every device, in one pass (2.6-4x faster on a CPU, docs/mapfree.md);
+tests/test_mapfree.py checks both against an explicit softmax.
 
-The library is built with the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) at ``-O3
--march=native`` into ``$HEADATLAS_KERNEL_CACHE`` (default ``~/.cache/headatlas``), named by a hash of the source,
-the flags and the CPU's instruction sets, so nodes of a cluster with other CPUs build their own. A build takes
-about a second, once; concurrent jobs each build and rename atomically. Without a compiler :func:`library`
-returns None and says why once in the log.
+Opt-in by ``extraction.cpu_pass`` (auto: used where it loads; off: never, every layer takes
+:func:`headatlas.core.mapfree.layer_attention`, the same Python a GPU runs). The library is built with the
+machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) at ``-O3 -march=native`` into
+``$HEADATLAS_KERNEL_CACHE`` (default ``~/.cache/headatlas``), named by a hash of the source, the flags and the
+CPU's instruction sets, so nodes of a cluster with other CPUs build their own; about a second, once. It is
+loaded only when (else a warning, once, and the torch path): the folder is this user's own and no other user
+can write it or a folder above it (:func:`private_dir`; no fallback folder), the library matches the SHA-256
+seal its builder wrote beside it (a damaged, truncated or replaced file is never opened), its argument struct
+has the layout of :class:`PassArgs`, and a self-test on small random inputs agrees with an explicit softmax
+(:func:`self_test`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -32,6 +39,10 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("attention_pass.c")
 FLAGS = (("-O3", "-march=native"), ("-O3",))  # the second where the compiler does not know -march=native
+
+MODES = ("auto", "off")  # extraction.cpu_pass
+NAME = "cpu_pass"  # its name among the kernels of a store's metadata (core.reduce.feed_record)
+TOLERANCE = 1e-4  # the self-test's largest difference from an explicit float64 softmax
 
 _F, _I, _L = ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int64
 
@@ -79,17 +90,55 @@ def compiler() -> str | None:
     return None
 
 
-def build(out: Path, cc: str) -> str | None:
-    """Compile the source into ``out`` (atomically); None, or why it failed."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+def private_dir(path: Path) -> str | None:
+    """Make ``path`` (mode 0700) if it is missing; None when code may be loaded from it, else why not: a real
+    folder of this user's that no other user can write, inside folders each owned by this user or root that no
+    other user can write (or sticky, as /tmp), so no one else can put a library there or swap the folder."""
+    uid = os.getuid()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a folder (a link?)"
+        if st.st_uid != uid:
+            return f"{path} belongs to user {st.st_uid}, not to this user ({uid})"
+        if st.st_mode & 0o022:
+            return f"{path} can be written by other users (mode {stat.filemode(st.st_mode)})"
+        for parent in path.resolve().parents:
+            ps = os.stat(parent)
+            if ps.st_uid not in (uid, 0):
+                return f"{parent} belongs to user {ps.st_uid}"
+            if ps.st_mode & 0o022 and not ps.st_mode & stat.S_ISVTX:
+                return f"{parent} can be written by other users (mode {stat.filemode(ps.st_mode)})"
+    except OSError as e:
+        return f"{path}: {e}"
+    return None
+
+
+def seal_of(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build(out: Path, cc: str, extra: tuple = ()) -> str | None:
+    """Compile the source into ``out`` and write its seal (:func:`seal_of`: the library's SHA-256) after it,
+    each atomically; None, or why it failed. ``extra``: flags after ours (e.g. ``-mno-avx``: a narrower vector)."""
     why = None
     for flags in FLAGS:
         fd, tmp = tempfile.mkstemp(prefix=out.stem, suffix=".so", dir=out.parent)
         os.close(fd)
-        cmd = [cc, *flags, "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"]
+        cmd = [cc, *flags, *extra, "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode == 0:
+            digest = _digest(Path(tmp))
             os.replace(tmp, out)
+            fd, tmp = tempfile.mkstemp(prefix=out.stem, suffix=".sha256", dir=out.parent)
+            with os.fdopen(fd, "w") as f:
+                f.write(digest + "\n")
+            os.replace(tmp, seal_of(out))
             return None
         os.unlink(tmp)
         why = f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}"
@@ -101,41 +150,107 @@ _LOCK = threading.Lock()
 
 
 def library():
-    """The loaded library (built first if this machine has none yet), or None without a working C compiler."""
+    """The loaded, checked library (built first if this machine has none yet), or None (said once in the
+    log: no compiler, an unsafe cache, a damaged library, a failed self-test)."""
     with _LOCK:
         if not _LIB:
             _LIB.append(_load())
         return _LIB[0]
 
 
+def _unused(why: str) -> None:
+    log.warning("map-free statistics: the CPU attention pass is not used (%s); the torch path computes every "
+                "layer instead (core.mapfree.layer_attention)", why)  # fmt: skip
+
+
 def _load():
     cc = compiler()
     if cc is None:
-        log.warning("map-free statistics: no C compiler ($CC, cc, gcc, clang) for the CPU attention pass; "
-                    "the torch products are used instead (slower)")  # fmt: skip
-        return None
+        return _unused("no C compiler: $CC, cc, gcc or clang")
+    folder = cache_dir()
+    why = private_dir(folder)
+    if why:
+        return _unused(f"its cache folder is not private: {why}; set $HEADATLAS_KERNEL_CACHE to a folder of your own")
     digest = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, cc, machine_key())).encode()).hexdigest()[:16]
-    path = cache_dir() / f"attention_pass-{digest}.so"
-    if not path.is_file():
+    path = folder / f"attention_pass-{digest}.so"
+    if not (path.is_file() and seal_of(path).is_file()):
         try:
             why = build(path, cc)
-        except OSError as e:  # an unwritable cache: build in the temporary folder
-            path = Path(tempfile.gettempdir()) / f"headatlas-{os.getuid()}" / path.name
-            why = None if path.is_file() else build(path, cc)
-            why = why and f"{why} (cache {cache_dir()}: {e})"
+        except OSError as e:
+            why = f"{folder}: {e}"
         if why:
-            log.warning("map-free statistics: the CPU attention pass did not build (%s); the torch products are "
-                        "used instead (slower)", why)  # fmt: skip
-            return None
+            return _unused(f"it did not build: {why}")
     try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:  # a library this machine cannot load: say so, and use the torch products
-        log.warning("map-free statistics: the CPU attention pass %s does not load (%s); the torch products are "
-                    "used instead (slower); delete it to rebuild", path, e)  # fmt: skip
-        return None
+        st = os.lstat(path)
+        sealed = seal_of(path).read_text().strip()
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return _unused(f"{path} is not a plain file of this user's that only this user can write")
+        if _digest(path) != sealed:  # checked before the loader ever maps it
+            return _unused(
+                f"{path} does not match its seal {seal_of(path).name} (damaged or replaced); delete both to rebuild"
+            )
+        lib, layout = open_library(path)
+    except (OSError, AttributeError, ValueError) as e:
+        return _unused(f"{path} does not load ({e}); delete it and its seal to rebuild")
+    want = [ctypes.sizeof(PassArgs), *(getattr(PassArgs, f).offset for f in ("scale", "smoothing", "T", "thread"))]
+    if layout[:5] != want:
+        return _unused(f"{path}: its argument struct's layout {layout[:5]} is not PassArgs' {want}")
+    err = self_test(lib)
+    if err > TOLERANCE:
+        return _unused(f"{path}: its self-test differs from an explicit softmax by {err:.3g}")
+    return lib
+
+
+def open_library(path: Path):
+    """(the library at ``path``, its :func:`pass_args_layout`: struct size, offsets, floats per vector): loaded
+    with no check (:func:`_load` checks it first)."""
+    lib = ctypes.CDLL(str(path))
     lib.attention_pass.argtypes = [ctypes.POINTER(PassArgs)]
     lib.attention_pass.restype = ctypes.c_int
-    return lib
+    layout = (ctypes.c_int64 * 6)()
+    lib.pass_args_layout(layout)
+    return lib, list(layout)
+
+
+def self_test(lib) -> float:
+    """The largest difference of the library's every output (A.V, LSE, entropy, smoothed entropy, value and
+    lower columns, targets) from an explicit float64 softmax, on small random inputs with grouped heads, a
+    hidden key and a causal mask."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for causal in (False, True):
+        bsz, h, hk, n, d = 2, 4, 2, 37, 16
+        q, k, v = (torch.randn(bsz, x, n, d, generator=g) for x in (h, hk, hk))
+        bias = torch.zeros(bsz, n)
+        bias[1, n - 5 :] = -math.inf
+        cols, lcols = torch.randn(bsz, n, 2, generator=g), torch.randn(bsz, n, 1, generator=g)
+        targets = torch.randint(-1, n, (bsz, 2, n), generator=g, dtype=torch.int32)
+        out, lse, got = attention_pass(q, k, v, bias, causal, 0.25, cols, lcols, True, targets, 0.01, lib=lib)
+        s = (
+            q.double() @ k.double().repeat_interleave(h // hk, 1).transpose(-1, -2) * 0.25
+            + bias.double()[:, None, None]
+        )
+        if causal:
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+        a = torch.softmax(s, -1)
+        seen = torch.isfinite(s)
+        p = 0.99 * a + 0.01 / seen.sum(-1, keepdim=True)
+        t = targets.long()
+        ok = (t >= 0) & ((t <= torch.arange(n)) if causal else True)
+        at = a.gather(3, t.clamp(min=0).transpose(1, 2)[:, None].expand(-1, h, -1, -1)).transpose(2, 3) * ok[:, None]
+        want = {
+            "entropy": torch.special.entr(a).sum(-1),
+            "smoothed_entropy": torch.where(seen, torch.special.entr(p), 0.0).sum(-1),
+            "values": a @ cols.double()[:, None],
+            "lower": a.tril() @ lcols.double()[:, None],
+            "targets": at,
+        }
+        pairs = [(out, (a @ v.double().repeat_interleave(h // hk, 1)).transpose(1, 2)), (lse, torch.logsumexp(s, -1))]
+        pairs += [(got[key], want[key]) for key in want]
+        worst = max(worst, *(float((x.double() - y).abs().max()) for x, y in pairs))
+    return worst if worst == worst else math.inf  # NaN: failed
 
 
 _POOL: list = []  # [(threads, executor)]
@@ -154,7 +269,18 @@ def _ptr(t, kind=_F):
 
 
 def attention_pass(
-    q, k, v, keybias, causal: bool, scale: float, cols=None, lcols=None, entropy=False, targets=None, smoothing=None
+    q,
+    k,
+    v,
+    keybias,
+    causal: bool,
+    scale: float,
+    cols=None,
+    lcols=None,
+    entropy=False,
+    targets=None,
+    smoothing=None,
+    lib=None,
 ):
     """(A.v [B, n, H, dv] (the layout a model's attention function returns), LSE [B, H, n], {"values": A.cols
     [B, H, n, C], "lower": sum_{j <= i} A_ij lcols_j [B, H, n, C'], "entropy": [B, H, n], "targets": A[i,
@@ -167,7 +293,7 @@ def attention_pass(
     64 query rows round-robin."""
     import torch
 
-    lib = library()
+    lib = library() if lib is None else lib
     if lib is None:
         raise RuntimeError("the CPU attention pass is not built (see the log)")
 

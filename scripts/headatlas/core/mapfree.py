@@ -10,12 +10,16 @@ as the model's mask) and A = softmax(s), the model's output A.V comes with LSE_i
 - the row entropy -sum_j A_ij ln A_ij (:attr:`Needs.entropy`), and that of the rows smoothed toward uniform
   (:attr:`Needs.smoothed_entropy`).
 
-On a CPU every layer runs :func:`headatlas.core.cpu_pass.attention_pass` (a C function built on first use): the
-model's output, LSE and all of the above from one pass over the scores. Elsewhere (CUDA, no C compiler, a mask
-that hides more than keys) a layer whose reducers need only targets runs the fused kernel (:func:`attention_lse`)
-and one dot product per target (:meth:`FreeLayer.at`); one that needs columns or the entropy runs
-:func:`blocked_attention` (the same sums from torch products per block of rows); the smoothed entropy comes from
-exact rows recomputed in blocks (:meth:`FreeLayer.smoothed_entropy`).
+Every layer runs :func:`layer_attention`, the same Python on every device: one fused-kernel call in float32
+with the values widened to [V | K | key columns] gives A.V, (A K)_i (so H_i = LSE_i - scale q_i . (A K)_i) and
+every value column from the kernel's own output and LSE (an encoder's lower columns from a second, causal call);
+targets are one dot product each (:meth:`FreeLayer.at`), the smoothed entropy comes from exact rows recomputed
+in blocks (:meth:`FreeLayer.smoothed_entropy`). The kernel underneath is chosen in one place
+(:func:`kernel_order`: the CPU flash kernel on a CPU; on CUDA the flash or memory-efficient kernel for A.V and
+LSE alone, the blocked products for widened values, as measured); one that fails falls back to the next, said once in the log, and :func:`blocked_attention` (torch products
+per block of rows) is the last. On a CPU with ``extraction.cpu_pass: auto`` a layer runs instead
+:func:`headatlas.core.cpu_pass.attention_pass` (a C function built and checked on first use), 2.6-4x faster
+there (docs/mapfree.md).
 
 No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
 (:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
@@ -30,6 +34,7 @@ bilinear (:func:`mapfree_support`), else the eager :class:`~headatlas.core.reduc
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -50,6 +55,8 @@ from .reducer import (  # noqa: F401  (Needs: importable from here as before)
     scratch,
     stop_all,
 )
+
+log = logging.getLogger(__name__)
 
 MAPFREE = "headatlas_mapfree"  # the attention implementation's name in transformers' registries
 
@@ -115,36 +122,253 @@ def key_only(mask, is_causal: bool):
     return (None if bool(keys.all()) else keys), is_causal
 
 
-def attention_lse(q, k, v, mask, causal: bool, scale: float):
-    """(A.v [B, H, n, dv], LSE [B, H, n] float32) of a fused kernel; ``k``, ``v`` may have fewer (grouped) heads.
-    ``mask``: additive float or None, with ``causal`` or without. A value width other than the head size
-    is padded with zeros or split into head-size passes (the kernels need equal widths)."""
+# The private aten ops (no public API returns a fused kernel's LSE beside its output), each with the torch
+# versions it was checked on. FlexAttention (torch.nn.attention.flex_attention) is public.
+ATEN_OPS = {
+    "flash_cpu": ("_scaled_dot_product_flash_attention_for_cpu", "2.11, 2.13 (CPU)"),
+    "flash_cuda": ("_scaled_dot_product_flash_attention", "2.11 (CUDA, H200)"),
+    "efficient_cuda": ("_scaled_dot_product_efficient_attention", "2.11 (CUDA, H200)"),
+}
+BLOCKED = "blocked"  # blocked_attention: torch products on any device, after every fused kernel failed
+
+
+def kernel_order(device_type: str, dtype, wide: bool = False) -> tuple[str, ...]:
+    """The fused kernels :func:`fused_attention` tries on ``device_type`` for inputs of ``dtype``, best first;
+    :data:`BLOCKED` after them all. ``wide``: the values are widened beyond the head size (the entropy, key
+    columns). The one place a kernel is chosen, by measurement (benchmarks/README.md "GPU")."""
     import torch
 
-    d, dv = q.shape[-1], v.shape[-1]
-    if dv != d:
-        parts = [v[..., i : i + d] for i in range(0, dv, d)]
-        outs = []
-        lse = None
-        for p in parts:
-            w = p.shape[-1]
-            p = torch.nn.functional.pad(p, (0, d - w)) if w < d else p
-            o, lse = attention_lse(q, k, p, mask, causal, scale)
-            outs.append(o[..., :w])
-        return torch.cat(outs, -1), lse
-    if q.device.type == "cuda":  # memory-efficient kernel: float bias, LSE padded to a multiple of 32 (untested here)
-        g = q.shape[1] // k.shape[1]
-        if g > 1:
-            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-        bias = None if mask is None else mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, bias, True, 0.0, causal, scale=scale
-        )[:2]
-        return out, lse[..., : q.shape[2]].float()
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v.contiguous(), 0.0, causal, attn_mask=mask, scale=scale
-    )
-    return out, lse.float()
+    if device_type == "cuda":
+        # Measured on an H200 (Qwen2.5-1.5B heads, 8 x 8192): every widened call was slower than the blocked
+        # products (128 ms a layer): FlexAttention took the 257-wide float32 values in slices (1,142 ms) and,
+        # past dynamo's recompile limit, ran unfused with the whole score matrix (out of memory at 32768
+        # tokens). The model's output and LSE alone: the flash kernel (half precision, 7 ms; no mask), then
+        # the memory-efficient kernel (14 ms).
+        if wide:
+            return ()
+        return ("flash_cuda", "efficient_cuda") if dtype in (torch.float16, torch.bfloat16) else ("efficient_cuda",)
+    if device_type == "cpu":  # compiled FlexAttention on a CPU returns no LSE (torch 2.13)
+        return ("flash_cpu",)
+    return ()
+
+
+_FAILED: dict = {}  # (kernel, device type, dtype) -> why it failed: said once in the log, not tried again
+_SPLIT: set = set()  # (kernel, device type, dtype) that failed on values wider than the head size: split them
+_FLEX: dict = {}  # "fn": the compiled flex_attention; "masks": [(mask object, causal, n, BlockMask, score_mod)]
+
+
+def _pad(x, width: int):
+    import torch
+
+    return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
+def _aten(name: str):
+    import torch
+
+    return getattr(torch.ops.aten, ATEN_OPS[name][0])
+
+
+def _expand(q, k, v):
+    """k, v with their grouped heads repeated to q's (kernels without grouped heads)."""
+    g = q.shape[1] // k.shape[1]
+    return (k, v) if g == 1 else (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
+
+
+def _flex_call(q, k, v, mask, causal: bool, scale: float):
+    import torch
+    from torch.nn.attention import flex_attention as fa
+
+    if "fn" not in _FLEX:  # compiled on a GPU (its first call per shape compiles); eager elsewhere (tests)
+        _FLEX["fn"] = torch.compile(fa.flex_attention) if q.device.type == "cuda" else fa.flex_attention
+    bsz, _, n, _ = q.shape
+    masks = _FLEX.setdefault("masks", [])  # the last few (a layer's full and causal calls), by the mask object
+    key = next((x for x in masks if x[0] is mask and x[1:3] == (causal, n)), None)
+    if key is None:
+        block, score = None, None
+        if mask is not None and mask.shape[-2] == 1:  # keys only: a block mask (skips padded blocks)
+            keys = torch.isfinite(mask[:, 0, 0]) if mask.dtype != torch.bool else mask[:, 0, 0]
+
+            def visible(b, h, qi, kv):
+                return keys[b, kv] & (qi >= kv) if causal else keys[b, kv]
+
+            block = fa.create_block_mask(visible, bsz, None, n, n, device=q.device)
+        elif causal:
+            block = fa.create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, n, n, device=q.device)
+        if mask is not None and mask.shape[-2] != 1:  # any other additive mask: added to the scores
+            per_head = mask.shape[1] != 1
+            bias = _additive(mask, q.dtype).expand(bsz, mask.shape[1], n, n)
+
+            def score(s, b, h, qi, kv):
+                return s + bias[b, h if per_head else 0, qi, kv]
+
+        key = (mask, causal, n, block, score)
+        masks[:] = [key, *masks[:3]]
+    kw = {"score_mod": key[4], "block_mask": key[3], "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if hasattr(fa, "AuxRequest"):
+        out, aux = _FLEX["fn"](q, k, v, return_aux=fa.AuxRequest(lse=True), **kw)
+        return out, aux.lse
+    return _FLEX["fn"](q, k, v, return_lse=True, **kw)
+
+
+def _kernel_call(name: str, q, k, v, mask, causal: bool, scale: float):
+    """(out [B, H, n, w], LSE [B, H, n]) of kernel ``name``; the value width w equal to the head size unless
+    the kernel takes others. ``mask``: additive float or boolean (True = attend), None; ``causal``."""
+    import torch
+
+    if name == "flex":
+        return _flex_call(q, k, v, mask, causal, scale)
+    additive = _additive(mask, q.dtype)
+    if name == "flash_cpu":
+        return _aten(name)(q, k, v, 0.0, causal, attn_mask=additive, scale=scale)[:2]
+    k, v = _expand(q, k, v)
+    if name == "flash_cuda":
+        if additive is not None:
+            raise NotImplementedError("the flash kernel takes no mask")
+        return _aten(name)(q, k, v, 0.0, causal, False, scale=scale)[:2]
+    if name != "efficient_cuda":
+        raise NotImplementedError(f"no kernel {name!r}")
+    # the efficient kernel: a float bias whose rows are 16-aligned (expanded, not copied), LSE padded to 32 rows
+    bias = None
+    if additive is not None:
+        n = additive.shape[-1]
+        if n % 16:  # every stride of the bias a multiple of 16 (it checks the batch stride too)
+            additive = torch.nn.functional.pad(additive, (0, 16 - n % 16))[..., :n]
+        bias = additive.expand(q.shape[0], q.shape[1], q.shape[2], n)
+    out, lse = _aten(name)(q, k, v, bias, True, 0.0, causal, scale=scale)[:2]
+    return out, lse[..., : q.shape[2]]
+
+
+def _run(name: str, q, k, v, mask, causal: bool, scale: float, split: bool):
+    """:func:`_kernel_call` for a value width w of any size: one call with q, k zero-padded to w (the CPU flash
+    kernel: a wider product, one pass), with v as it is (FlexAttention, the efficient kernel), or, ``split``
+    (the flash kernel; a kernel that failed on wide values), one call per head-size slice of v."""
+    d, w = q.shape[-1], v.shape[-1]
+    if w == d:
+        out, lse = _kernel_call(name, q, k, v, mask, causal, scale)
+    elif name == "flash_cpu":
+        width = max(d, -(-w // 8) * 8)
+        out, lse = _kernel_call(name, _pad(q, width), _pad(k, width), _pad(v, width), mask, causal, scale)
+    elif split or name == "flash_cuda":
+        import torch
+
+        parts = [_kernel_call(name, q, k, _pad(v[..., i : i + d], d), mask, causal, scale) for i in range(0, w, d)]
+        out, lse = torch.cat([p[0] for p in parts], -1), parts[0][1]
+    else:
+        out, lse = _kernel_call(name, q, k, v, mask, causal, scale)
+    return out[..., :w], lse.float()
+
+
+def fused_attention(q, k, v, mask, causal: bool, scale: float, ran: set | None = None):
+    """(A.v [B, H, n, w], LSE [B, H, n] float32) from the first fused kernel of :func:`kernel_order` that
+    works here, or None when none does (the caller falls back to :func:`blocked_attention`). q [B, H, n, d], k
+    [B, Hkv, n, d], v [B, Hkv, n, w] (grouped heads not expanded; any value width); ``mask``: additive float,
+    boolean or None, with ``causal`` or without. A kernel that fails (missing on this torch build or device,
+    or refusing the shapes) is said once in the log and not tried again; ``ran`` gets the name of the one that
+    ran."""
+
+    for name in kernel_order(q.device.type, q.dtype, v.shape[-1] > q.shape[-1]):
+        key = (name, q.device.type, q.dtype)
+        if key in _FAILED:
+            continue
+        out, why = _try(name, q, k, v, mask, causal, scale, key in _SPLIT)
+        if out is None and v.shape[-1] > q.shape[-1] and key not in _SPLIT and name != "flash_cpu":
+            out, _ = _try(name, q, k, v, mask, causal, scale, True)  # wide values refused: head-size slices
+            if out is not None:
+                _SPLIT.add(key)
+                log.warning("map-free attention: kernel %s refused values %d wide (%s); it takes them in slices "
+                            "of %d from now on", name, v.shape[-1], why, q.shape[-1])  # fmt: skip
+        if out is None:
+            _FAILED[key] = why
+            log.warning("map-free attention: kernel %s (%s, %s) failed: %s; the next one is used from now on",
+                        name, q.device.type, str(q.dtype).removeprefix("torch."), why)  # fmt: skip
+            continue
+        if ran is not None:
+            ran.add(name)
+        return out
+    return None
+
+
+def _try(name: str, q, k, v, mask, causal: bool, scale: float, split: bool):
+    """(:func:`_run`'s result, None) or (None, why it failed); running out of memory is raised."""
+    import torch
+
+    try:
+        return _run(name, q, k, v, mask, causal, scale, split), None
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 (a kernel missing or refusing the shapes: the caller tries the next)
+        return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+
+
+def attention_lse(q, k, v, mask, causal: bool, scale: float, ran: set | None = None):
+    """(A.v [B, H, n, dv] in v's dtype, LSE [B, H, n] float32): :func:`layer_attention` without statistics
+    (in q's dtype: the model's own call when no feed is open); ``k``, ``v`` may have fewer (grouped) heads."""
+    got = fused_attention(q, k, v, mask, causal, scale, ran)
+    if got is None:
+        if ran is not None:
+            ran.add(BLOCKED)
+        return blocked_attention(q, k, v, _additive(mask, q.dtype), causal, scale)[:2]
+    return got[0].to(v.dtype), got[1]
+
+
+def layer_attention(
+    q,
+    k,
+    v,
+    mask,
+    causal: bool,
+    scale: float,
+    cols=None,
+    lcols=None,
+    entropy: bool = False,
+    later_masked: bool = False,
+    ran: set | None = None,
+):
+    """One map-free layer on any device: (A.v [B, H, n, dv] in v's dtype, LSE [B, H, n], {"values": A.cols
+    [B, H, n, C], "lower": sum_{j <= i} A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n]},
+    the asked ones), float32, from one :func:`fused_attention` call in float32 with the values widened to
+    [v | k | cols]: its output gives A.v, (A k)_i and the value columns, and the row entropy is
+    H_i = LSE_i - sum_j A_ij s_ij = LSE_i - scale q_i . (A k)_i. An encoder's lower columns come from a second,
+    causal call over them, rescaled by exp(LSE_causal - LSE) (the causal rows' mass of the full row); under a
+    causal mask they are value columns. q [B, H, n, d], k [B, Hkv, n, d], v [B, Hkv, n, dv] (grouped heads
+    not expanded); ``cols``, ``lcols``: [B, 1, n, C] key columns; ``mask``: additive float (0 or -inf) or
+    None, with ``causal`` or without. Where no fused kernel works: :func:`blocked_attention` (``later_masked``:
+    its row trimming). ``ran`` gets the name of each kernel that ran."""
+    import torch
+
+    f32 = torch.float32
+    bsz, h, n, d = q.shape
+    hk, dv = k.shape[1], v.shape[-1]
+    wide = [] if cols is None else [cols]
+    if causal and lcols is not None:  # every visible key is j <= i: lower columns are value columns
+        wide.append(lcols)
+    parts = [v, k] if entropy else [v]
+    parts += [c.expand(bsz, hk, n, -1) for c in wide]
+    qf, kf = q.to(f32), k.to(f32)
+    got = fused_attention(qf, kf, torch.cat([p.to(f32) for p in parts], -1), mask, causal, scale, ran)
+    low = None
+    if got is not None and lcols is not None and not causal:  # the causal rows' sums, then their share
+        cmask, ccausal = mask, True
+        if mask is not None and mask.shape[-2] != 1:  # a 4-D mask: the causal triangle put into it
+            later = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+            cmask, ccausal = _additive(mask, f32).masked_fill(later, -math.inf), False
+        low = fused_attention(qf, kf, lcols.to(f32).expand(bsz, hk, n, -1), cmask, ccausal, scale, ran)
+    if got is None or (lcols is not None and not causal and low is None):
+        if ran is not None:
+            ran.add(BLOCKED)
+        return blocked_attention(q, k, v, _additive(mask, f32), causal, scale, cols, lcols, entropy, later_masked)
+    out, lse = got
+    res, at = {}, dv
+    if entropy:
+        res["entropy"] = lse - scale * torch.linalg.vecdot(qf, out[..., dv : dv + d])
+        at += d
+    for name, c in zip(("values", "lower"), wide):
+        res[name] = out[..., at : at + c.shape[-1]]
+        at += c.shape[-1]
+    if low is not None:
+        res["lower"] = low[0] * torch.exp(low[1] - lse)[..., None]
+    return out[..., :dv].to(v.dtype), lse, res
 
 
 LOG2E = 1.0 / math.log(2.0)
@@ -320,7 +544,8 @@ def key_positions(batch: ReduceBatch, device):
 
 
 class FreeLayer:
-    """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded),
+    """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded;
+    kept in float32),
     lse [B, H, n], ``scale``, and the declared passes. ``targets``: name -> [B, n] key of each query (-1: none);
     ``attended``: name -> [B, H, n] their attention, and ``smoothed``: (eps, [B, H, n]) the smoothed rows'
     entropy, when the attention pass computed them; else they are computed here from q, k and LSE. Every method
@@ -329,7 +554,8 @@ class FreeLayer:
     def __init__(
         self, q, k, lse, scale, batch, causal, values, lower, entropy, targets=None, attended=None, smoothed=None
     ):
-        self.q, self.k, self.lse, self.scale, self.batch, self.causal = q, k, lse, scale, batch, causal
+        # float32 whatever the model's dtype: every score and sum of the statistics is taken in float32
+        self.q, self.k, self.lse, self.scale, self.batch, self.causal = q.float(), k.float(), lse, scale, batch, causal
         self._values, self._lower, self._entropy, self._smoothed = values, lower, entropy, smoothed
         self._flat = None
         self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
@@ -613,9 +839,12 @@ class MapFreeFeed:
     open, the model runs :data:`MAPFREE` attention and every layer's q, k, LSE and declared passes go to the
     reducers' ``update_free``."""
 
-    def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo):
-        self.model, self.reducers, self.info = model, list(reducers), info
+    def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo, cpu_pass_mode: str = "auto"):
+        if cpu_pass_mode not in cpu_pass.MODES:
+            raise ValueError(f"cpu_pass must be one of {cpu_pass.MODES}, not {cpu_pass_mode!r}")
+        self.model, self.reducers, self.info, self.cpu_pass_mode = model, list(reducers), info, cpu_pass_mode
         self.batch, self.calls, self.plan, self._mask = None, 0, None, None
+        self.kernels: set = set()  # every kernel that computed a layer (the store's metadata)
         self.previous = None
         self.forward_kwargs = {"output_hidden_states": True} if any(r.needs_outputs for r in self.reducers) else {}
 
@@ -671,30 +900,30 @@ class MapFreeFeed:
         return self._mask[1:]
 
     def attend(self, q, k, v, mask, causal: bool, scale: float):
-        """The layer's attention output [B, n, H, dv] (the layout the model takes back) from the cheapest path that
-        gives its reducers' passes, and the layer handed to them (:meth:`layer`). On a CPU with a key mask or none
-        and no gradient to keep: :func:`~headatlas.core.cpu_pass.attention_pass` (the output, LSE, every pass and
-        the targets in one pass over the scores); else :func:`blocked_attention` for value or lower columns or the entropy, or the fused
-        kernel (:func:`attention_lse`) for targets alone."""
+        """The layer's attention output [B, n, H, dv] (the layout the model takes back) and the layer handed to
+        the reducers (:meth:`layer`): from :func:`layer_attention` (the same Python on every device), or on a
+        CPU with ``cpu_pass`` auto, a key mask or none and no gradient to keep, from
+        :func:`~headatlas.core.cpu_pass.attention_pass` (the output, LSE, every pass and the targets in one C
+        pass over the scores)."""
         p = self.plan
         ours = k.shape[2] == self.batch.n  # (another length: not this batch's sequences, layer() raises)
         keys = mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)
         grad = any(x.requires_grad for x in (q, k, v))  # the C pass has no backward: torch's paths do
-        if ours and keys and not grad and q.device.type == "cpu" and cpu_pass.library() is not None:
+        use_c = self.cpu_pass_mode == "auto" and q.device.type == "cpu" and ours and keys and not grad
+        # the columns on the layer's device (a model split over devices has its layers on several)
+        values, lower = (None if x is None or not ours else x.to(q.device) for x in (p.values, p.lower))
+        if use_c and cpu_pass.library() is not None:
             bias = None if mask is None else mask[:, 0, 0, :]
             targets = p.target_index(self.batch)
             out, lse, got = cpu_pass.attention_pass(
-                q, k, v, bias, causal, scale, p.values, p.lower, p.entropy, targets, p.smoothing
+                q, k, v, bias, causal, scale, values, lower, p.entropy, targets, p.smoothing
             )
+            self.kernels.add(cpu_pass.NAME)
         else:
-            if ours and (p.entropy or p.values is not None or p.lower is not None):
-                cols = None if p.values is None else p.values[:, None]
-                lcols = None if p.lower is None else p.lower[:, None]
-                out, lse, got = blocked_attention(
-                    q, k, v, mask, causal, scale, cols, lcols, p.entropy, self.info.causal
-                )
-            else:
-                out, lse, got = *attention_lse(q, k, v, mask, causal, scale), {}
+            cols, lcols = (None if x is None else x[:, None] for x in (values, lower))
+            out, lse, got = layer_attention(
+                q, k, v, mask, causal, scale, cols, lcols, p.entropy and ours, self.info.causal, self.kernels
+            )
             out = out.transpose(1, 2).contiguous()
         self.layer(q, k, lse, scale, got)
         return out

@@ -442,10 +442,13 @@ class SampleMaps(Reducer):
         return Needs()
 
     def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """The kept sequences' maps recomputed from q, k and LSE (:meth:`~headatlas.core.mapfree.FreeLayer.rows`)."""
+        """The kept sequences' maps recomputed from q, k and LSE (:meth:`~headatlas.core.mapfree.FreeLayer.rows`),
+        each row divided by its sum: with scores near 1e4 (Qwen2.5-1.5B's biased q and k), exp(s - LSE) in float32
+        lost 1.6e-3 of a row's mass to cancellation; the divided rows are the softmax of the float32 scores."""
         for b, i in self._kept(batch):
             n = int(batch.lengths[b])
-            self._write(layer, b, i, view.rows(0, n, [b])[0, :, :, :n].cpu().numpy(), batch)
+            rows = view.rows(0, n, [b])[0, :, :, :n]
+            self._write(layer, b, i, (rows / rows.sum(-1, keepdim=True)).cpu().numpy(), batch)
 
     def _kept(self, batch: ReduceBatch):
         """(batch index, sample index) of the batch's kept sequences."""
@@ -481,12 +484,28 @@ class LayerMaps(Reducer):
         return None
 
 
-def open_feed(model, reducers: Sequence[Reducer], info: FeedInfo, longest: int = 0, path: str = "auto"):
+def open_feed(
+    model, reducers: Sequence[Reducer], info: FeedInfo, longest: int = 0, path: str = "auto", cpu_pass: str = "auto"
+):
     """The feed :func:`~headatlas.core.mapfree.plan_feed` picks (:class:`FusedFeed` or
-    :class:`~headatlas.core.mapfree.MapFreeFeed`), as a context manager; the choice and its reason go to the log once."""
+    :class:`~headatlas.core.mapfree.MapFreeFeed`, with the CPU attention pass ``cpu_pass``: auto | off), as a
+    context manager; the choice and its reason go to the log once (and to :func:`feed_record`)."""
     kind, why = plan_feed(model, reducers, longest, path)
     log.info("model %s, corpus %s: %s attention (%s)", info.model or "?", info.corpus or "?", kind, why)
-    return (MapFreeFeed if kind == "mapfree" else FusedFeed)(model, reducers, info)
+    feed = MapFreeFeed(model, reducers, info, cpu_pass) if kind == "mapfree" else FusedFeed(model, reducers, info)
+    feed.why = why
+    return feed
+
+
+def feed_record(feed) -> dict:
+    """What computed a feed's statistics, for the store's metadata: the path (eager | mapfree), why, and the
+    kernels that ran (:data:`~headatlas.core.mapfree.kernel_order`'s names, ``cpu_pass``, ``blocked``)."""
+    free = isinstance(feed, MapFreeFeed)
+    return {
+        "path": "mapfree" if free else "eager",
+        "why": getattr(feed, "why", None),
+        "kernels": sorted(feed.kernels) if free else ["eager"],
+    }
 
 
 def forward_loop(
@@ -529,6 +548,7 @@ def fused_reduce(
     record_id: Sequence[str] | None = None,
     first_index: int = 0,
     path: str = "auto",
+    cpu_pass: str = "auto",
 ) -> list:
     """Run ``model`` (loaded by :func:`headatlas.core.models.load`: eager attention, eval mode) over
     ``tokenized`` in length-bucketed batches (:func:`forward_loop`) and reduce each layer's attention as soon as
@@ -540,7 +560,7 @@ def fused_reduce(
     rid = None if record_id is None else np.asarray(record_id)
     info = FeedInfo(len(tokenized), n_layers, n_heads, name, model_kind, corpus, rid, first_index)
     batches = length_batches([len(t) for t in tokenized], batch_size)
-    with open_feed(model, reducers, info, longest_of(tokenized), path) as feed:
+    with open_feed(model, reducers, info, longest_of(tokenized), path, cpu_pass) as feed:
         for _ in forward_loop(model, tokenized, batches, feed, records, pad_id):
             pass
         return feed.results()
