@@ -1,5 +1,6 @@
 """core.runner.setup: torch's thread count is pinned without importing torch up front."""
 
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,53 @@ def test_export_library_path_prepends_once(monkeypatch):
     export_library_path("/w/scripts")
     export_library_path("/w/scripts")  # the Snakefile is parsed again in each job
     assert os.environ["PYTHONPATH"] == os.pathsep.join(["/w/scripts", "/a", "/b"])
+
+
+COST = """
+import sys, types
+from headatlas.core.runner import setup
+out = sys.argv[2]
+setup(types.SimpleNamespace(log=[sys.argv[1]], threads=1, rule="demo", wildcards={"model": "m", "corpus": "c"},
+                            input=[], output=[out]))
+import numpy as np
+a = np.ones((2000, 2000))  # about 32 MB resident
+(a @ a).sum()
+open(out, "wb").write(b"x" * 12345)
+if len(sys.argv) > 3:
+    raise ValueError("the job fails")
+"""
+
+
+def test_setup_writes_a_cost_record_at_exit(tmp_path):
+    """Every job leaves ``<log>.cost.json``: rule, wildcards, threads, wall and CPU seconds, peak RSS and its
+    outputs' bytes; a failing job's record says why it ended, and the job still fails as it would."""
+    from headatlas.core.runner import cost_record_path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "scripts"))
+    log, out = tmp_path / "logs" / "demo.log", tmp_path / "out.bin"
+    subprocess.run([sys.executable, "-c", COST, str(log), str(out)], env=env, check=True, capture_output=True)
+    record = json.loads(Path(cost_record_path(str(log))).read_text())
+    assert record["rule"] == "demo" and record["wildcards"] == {"model": "m", "corpus": "c"}
+    assert record["threads"] == 1 and record["output_bytes"] == 12345 and record["failed"] is None
+    assert record["peak_rss_bytes"] > 32e6 and record["cpu_s"] > 0 and record["wall_s"] >= record["cpu_s"] * 0.5
+    failed = subprocess.run([sys.executable, "-c", COST, str(log), str(out), "fail"], env=env, capture_output=True)
+    assert failed.returncode == 1
+    assert json.loads(Path(cost_record_path(str(log))).read_text())["failed"] == "ValueError"
+
+
+def test_cost_record_failure_never_fails_the_job(tmp_path):
+    """A record that cannot be written (its directory is a file) is a warning in the log, not an error."""
+    import logging
+    import types
+
+    from headatlas.core.runner import write_cost_record
+
+    (tmp_path / "blocked").write_text("")
+    job = types.SimpleNamespace(log=[str(tmp_path / "j.log")], threads=1, rule="r", output=[], input=[])
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("test_cost")
+    log.addHandler(handler)
+    write_cost_record(job, str(tmp_path / "blocked" / "j.log.cost.json"), log)
+    assert records and "no cost record" in records[0].getMessage()

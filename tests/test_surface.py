@@ -217,6 +217,23 @@ def test_headlines_flag_middle_layer_sep_share():
     assert h.loc["from layer 5 on, gradients for attention to [SEP] are small", "holds"] == "not applicable"
 
 
+def test_headlines_skip_the_bos_gradient_claim_for_a_decoder_without_bos():
+    """Qwen2 gets no BOS token: its gradients have no sep_bos key type, and the claim is skipped, not a KeyError."""
+    t = pd.DataFrame(
+        [dict({s: 0.1 for s in STATS}, layer=i // 4, head=i % 4, model="m", model_kind="decoder") for i in range(24)]
+    )
+    grads = pd.DataFrame(
+        [
+            {"layer": layer, "key_type": kt, "mean_abs_grad": 1.0, "status": "ok"}
+            for layer in range(6)
+            for kt in ("other", "punct")
+        ]
+    )
+    h = clark_headlines(t, None, grads).set_index("claim")
+    row = h.loc["from layer 5 on, gradients for attention to BOS are small"]
+    assert row["holds"] == "not applicable" and "no BOS token" in row["measure"]
+
+
 def test_surface_figures_render(tmp_path):
     from headatlas.clark.figures import fig2_surface, fig4_entropy
     from headatlas.core.figures import save_figure

@@ -319,9 +319,21 @@ def clark_headlines(
         f"broad heads of {len(t)} ({n_low} in the lower half of the layers)",
         None if n_broad == 0 else n_low >= n_broad / 2,
     )
-    if gradients is not None and not gradients.empty and (gradients["status"] == "ok").any():
-        g = gradients[gradients["status"] == "ok"]
-        piv = g.pivot_table(index="layer", columns="key_type", values="mean_abs_grad")
+    ok = gradients is not None and not gradients.empty and (gradients["status"] == "ok").any()
+    piv = (
+        gradients[gradients["status"] == "ok"].pivot_table(index="layer", columns="key_type", values="mean_abs_grad")
+        if ok
+        else None
+    )
+    if ok and "sep_bos" not in piv:  # a decoder that gets no BOS token (Qwen2): nothing to compare
+        add(
+            "from layer 5 on, gradients for attention to BOS are small",
+            "very small from layer 5 (Fig. 3)",
+            float("nan"),
+            "skipped: the model gets no BOS token (config key bos_token)",
+            None,
+        )
+    elif ok:
         ratio = piv["sep_bos"] / piv["other"]
         from_5 = relative_layers(n_layers, 5, 12)
         before = np.setdiff1d(np.arange(n_layers), from_5)

