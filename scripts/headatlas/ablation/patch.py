@@ -153,7 +153,8 @@ class HeadPatch:
         if self.plan:
             self.blocks = [-1]
 
-    def _values(self, layer: int, x):
+    def patched_values(self, layer: int, x):
+        """The values a patched head of ``layer`` takes, for the layer's input ``x`` (a subclass may override)."""
         v = self.values[layer].to(device=x.device, dtype=x.dtype)
         if v.ndim == 4 and v.shape[0] != x.shape[0]:  # per row: one copy per block
             v = v.repeat(x.shape[0] // v.shape[0], 1, 1, 1)
@@ -168,7 +169,7 @@ class HeadPatch:
         if self.blocks is not None:
             hit = [(b, f % self.n_heads) for b, f in enumerate(self.blocks) if f >= 0 and f // self.n_heads == layer]
             if hit and self.alpha is not None:
-                out = self._path(heads, self._values(layer, x), [b for b, _ in hit])
+                out = self._path(heads, self.patched_values(layer, x), [b for b, _ in hit])
             elif hit:
                 import torch
 
@@ -176,10 +177,10 @@ class HeadPatch:
                 for b, h in hit:
                     m[b, h] = True
                 m = m.repeat_interleave(self.rows, 0).to(x.device)[:, None, :, None]  # [B', 1, H, 1]
-                out = heads.where(~m, self._values(layer, x))
+                out = heads.where(~m, self.patched_values(layer, x))
         elif self.mask is not None and bool(self.mask[layer].any()):
             m = self.mask[layer].to(x.device)[:, None]
-            out = heads.where(~m, self._values(layer, x))
+            out = heads.where(~m, self.patched_values(layer, x))
         if out is not None:
             out = out.reshape(x.shape)
         if self.capture:

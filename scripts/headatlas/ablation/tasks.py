@@ -214,10 +214,10 @@ class Evaluation:
                     self.patch.reset()
                     lo, _ = self._metrics(self.model(**inputs), targets)
                     grads = torch.autograd.grad(lo.sum(), self.patch.captured)
-                    z0 = _stack([t.detach() for t in self.patch.captured], B, n, H)
+                    z0 = stack_layers([t.detach() for t in self.patch.captured], B, n, H)
                     vb = v[None, :, None] if v.ndim == 3 else v.permute(1, 0, 2, 3, 4)  # [1|B, L, 1|n, H, d]
                     w = inputs["attention_mask"].bool()[:, None, :, None, None]
-                    d = ((vb.float() - z0) * _stack(grads, B, n, H)) * w
+                    d = ((vb.float() - z0) * stack_layers(grads, B, n, H)) * w
                     est[pos] = d.sum((2, 4)).reshape(B, L * H).double().cpu().numpy()
             finally:
                 self.patch.capture = False
@@ -335,14 +335,14 @@ def _graddrop_estimate(ev: Evaluation, values: Replacement) -> np.ndarray:
                 ev.patch.reset()
                 calls[0] = 0
                 lo, _ = ev._metrics(ev.model(**inputs), targets)
-                z0 = _stack([t.detach() for t in ev.patch.captured], B, n, H)
+                z0 = stack_layers([t.detach() for t in ev.patch.captured], B, n, H)
                 vb = v[None, :, None] if v.ndim == 3 else v.permute(1, 0, 2, 3, 4)
                 dz = (vb.float() - z0) * inputs["attention_mask"].bool()[:, None, :, None, None]
                 atp = magnitude = None
                 for d in range(-1, L):  # -1: plain attribution patching (the sign)
                     drop[0] = d
                     grads = torch.autograd.grad(lo.sum(), ev.patch.captured, retain_graph=d < L - 1)
-                    e = (dz * _stack(grads, B, n, H)).sum((2, 4)).reshape(B, L * H).double()
+                    e = (dz * stack_layers(grads, B, n, H)).sum((2, 4)).reshape(B, L * H).double()
                     if d < 0:
                         atp = e
                     else:
@@ -357,7 +357,7 @@ def _graddrop_estimate(ev: Evaluation, values: Replacement) -> np.ndarray:
     return est
 
 
-def _stack(tensors, B: int, n: int, H: int):
+def stack_layers(tensors, B: int, n: int, H: int):
     """Per-layer [B, n, H * d] tensors as one [B, L, n, H, d] float tensor."""
     import torch
 

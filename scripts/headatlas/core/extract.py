@@ -36,6 +36,7 @@ from .reduce import (  # noqa: F401  (check_attentions: importable here)
     Reducer,
     SampleMaps,
     check_attentions,
+    feed_record,
     forward_loop,
     open_feed,
     save_reduced,
@@ -115,29 +116,31 @@ def rep_positions(lengths: np.ndarray, kind: str, position: str) -> np.ndarray:
     return lengths if position == "past_last" else lengths - 1
 
 
-class HeadReps(Reducer):
-    """Not a statistic: each sequence's per-head context vectors (the input of every layer's attention output
-    projection, :func:`head_output_modules`, read by forward pre-hooks) and hidden states (the model's output)
-    at its representation position (:func:`rep_positions`), handed per batch to ``sink(batch, heads, hidden)``:
-    per layer [B, H, d] and [B, D] float32 numpy. Served by either feed (the hooks read whatever attention ran)."""
+class HeadOutputHooks(Reducer):
+    """Not a statistic by itself: the base of reducers that read every layer's head outputs (the input of the
+    attention output projection, :func:`head_output_modules`, by forward pre-hooks) and the model's outputs.
+    Served by either feed (the hooks read whatever attention ran); :meth:`take` hands over one batch's layers,
+    each ``capture(x)`` of the projection's input ``x`` [B, n, H * d]."""
 
-    name = "head_reps"
     needs_outputs = True
     needs_maps = False
 
-    def __init__(self, model, kind: str, rep_position: str, sink):
-        self.model, self.kind, self.rep_position, self.sink = model, kind, rep_position, sink
+    def __init__(self, model):
+        self.model = model
         self.hooks: list = []
         self.captured: list = []
+
+    def capture(self, x):
+        return x
 
     def start(self, info: FeedInfo) -> None:
         super().start(info)
         modules = head_output_modules(self.model, info.n_layers, info.model)
         # called in layer order; a module shared by several layers (ALBERT) once per layer
-        self.hooks = [m.register_forward_pre_hook(self._capture) for m in dict.fromkeys(modules)]
+        self.hooks = [m.register_forward_pre_hook(self._hook) for m in dict.fromkeys(modules)]
 
-    def _capture(self, module, args) -> None:
-        self.captured.append(args[0])
+    def _hook(self, module, args) -> None:
+        self.captured.append(self.capture(args[0]))
 
     def stop(self) -> None:
         for h in self.hooks:
@@ -153,15 +156,32 @@ class HeadReps(Reducer):
     def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
         pass
 
+    def take(self) -> list:
+        """The layers captured since the last call, one per layer (else a ModelError)."""
+        captured, self.captured = self.captured, []
+        if len(captured) != self.info.n_layers:
+            raise ModelError(
+                f"model {self.info.model!r}: the attention output projection ran {len(captured)} times, "
+                f"expected {self.info.n_layers}"
+            )
+        return captured
+
+
+class HeadReps(HeadOutputHooks):
+    """Not a statistic: each sequence's per-head context vectors (:class:`HeadOutputHooks`) and hidden states
+    (the model's output) at its representation position (:func:`rep_positions`), handed per batch to
+    ``sink(batch, heads, hidden)``: per layer [B, H, d] and [B, D] float32 numpy."""
+
+    name = "head_reps"
+
+    def __init__(self, model, kind: str, rep_position: str, sink):
+        super().__init__(model)
+        self.kind, self.rep_position, self.sink = kind, rep_position, sink
+
     def update_outputs(self, outputs, batch: ReduceBatch) -> None:
         import torch
 
-        captured, self.captured = self.captured, []
-        info = self.info
-        if len(captured) != info.n_layers:
-            raise ModelError(
-                f"model {info.model!r}: the attention output projection ran {len(captured)} times, expected {info.n_layers}"
-            )
+        captured, info = self.take(), self.info
         device = captured[0].device
         at = torch.as_tensor(rep_positions(batch.lengths, self.kind, self.rep_position), device=device)
         rows = torch.arange(len(batch), device=device)
@@ -265,12 +285,15 @@ class ExtractSettings:
     rep_position: str = "last"
     buffer_bytes: int = 64 * 2**20
     attention: str = "auto"
+    cpu_pass: str = "auto"
 
     def __post_init__(self):
         if self.rep_position not in ("last", "past_last"):
             raise ValueError(f"rep_position must be 'last' or 'past_last', not {self.rep_position!r}")
         if self.attention not in PATHS:
             raise ValueError(f"attention path must be one of {PATHS}, not {self.attention!r}")
+        if self.cpu_pass not in ("auto", "off"):
+            raise ValueError(f"cpu_pass must be auto or off, not {self.cpu_pass!r}")
 
 
 def store_meta(
@@ -343,8 +366,21 @@ def extract(
         counts["truncated"],
     )
     if records and not tokenized:
-        raise ModelError(
-            f"model {spec.name!r}: every record is longer than max_length {spec.max_length}; nothing to extract"
+        # the corpus fails only when none of its records fits, whatever its shard count: a shard whose every
+        # record is skipped is an empty store when a record of another shard fits (stops at the first)
+        shard = range(first_index, first_index + len(records))
+        rest = (r for i, r in enumerate(corpus_records or ()) if r is not None and i not in shard)
+        if not any(encode_record(r, tokenizer, kind, spec.max_length, s.overflow, bos) is not None for r in rest):
+            how = "not even the first word of any record fits" if s.overflow == "truncate" else "overflow: skip"
+            raise ModelError(
+                f"model {spec.name!r}: every record is longer than max_length {spec.max_length} ({how}); nothing to "
+                "extract"
+            )
+        log.warning(
+            "model %s: every record of this shard (%d) is longer than %d tokens and skipped; writing an empty store",
+            spec.name,
+            len(records),
+            spec.max_length,
         )
     if not records:  # a shard of a corpus split in more shards than it has records: a valid empty store
         log.warning("model %s: no record in this shard; writing an empty store", spec.name)
@@ -404,7 +440,9 @@ def extract(
         window = StoreWindow(writer, spec.name, ids, tol)
         writers = window.reducers(model, kind, s.rep_position)  # the stored maps and representations
         if fused:  # the statistics on the cheapest path that serves them (plan_feed)
-            feed = open_feed(model, writers + list(reducers) + keep, info, longest_of(tokenized), s.attention)
+            feed = open_feed(
+                model, writers + list(reducers) + keep, info, longest_of(tokenized), s.attention, s.cpu_pass
+            )
         else:  # the model as loaded; the stored maps from its output, as transformers returns them for every type
             feed = FusedFeed(model, writers, info, source="outputs")
         stack.enter_context(feed)
@@ -424,9 +462,14 @@ def extract(
             pending = io.submit(window.write, window.take())
         if pending is not None:
             pending.result()
+        if fused:  # what computed the statistics: the path and the kernels that ran
+            writer.meta["attention"] = feed_record(feed)
         for r in reducers or []:
             save_reduced(
-                writer.tmp, r, r.result(), {"model": spec.name, "corpus": info.corpus, "shard": m.get("shard")}
+                writer.tmp,
+                r,
+                r.result(),
+                {"model": spec.name, "corpus": info.corpus, "shard": m.get("shard"), "attention": feed_record(feed)},
             )
     n_tok = int(lengths.sum())
     dt = time.perf_counter() - t0

@@ -1,0 +1,1 @@
+"""Function-vector heads (Todd et al. 2024): ICL tasks, exact and checked-estimate patching, tables, figures."""

@@ -1,0 +1,19 @@
+"""Rule quiet_heads: the quiet-heads statistics joined to the detectors' sink heads and the exact ablation."""
+
+import pandas as pd
+
+from headatlas.core.io import write_tsv
+from headatlas.core.runner import setup
+from headatlas.quiet.analysis import QuietSettings, heads_table, summary_table
+from headatlas.report.html import write_tables_html
+
+sm = snakemake
+log = setup(sm)
+settings = QuietSettings.from_config(sm.params.quiet)
+get = lambda key: pd.read_csv(sm.input[key], sep="\t") if key in sm.input.keys() else None  # noqa: E731
+heads = heads_table(get("stats"), get("detectors"), get("ablation"), settings)
+summary = summary_table(heads, settings)
+write_tsv(heads, sm.output.heads)
+write_tsv(summary, sm.output.summary)
+log.info("summary:\n%s", summary.T.to_string())
+write_tables_html(sm)

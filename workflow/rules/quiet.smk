@@ -1,0 +1,127 @@
+from headatlas.core.settings import settings_params
+from headatlas.quiet.analysis import QuietSettings
+
+QUIET = analysis_section("quiet", "../schemas/quiet.schema.yaml")
+
+register_targets(
+    "quiet",
+    lambda: [
+        f"results/quiet/{m}/{f}"
+        for m in analysis_models("quiet")
+        for f in ("heads.tsv", "summary.tsv", "massive.tsv", "quiet.png")
+    ],
+)
+
+
+def quiet_heads_inputs(wildcards):
+    """The model's own statistics, and the detectors' and ablation's heads.tsv where they cover the model."""
+    m = wildcards.model
+    out = {"stats": f"results/quiet/{m}/stats.tsv"}
+    if m in analysis_models("detectors"):
+        out["detectors"] = f"results/detectors/{m}/heads.tsv"
+    if m in analysis_models("ablation"):
+        out["ablation"] = f"results/ablation/{m}/heads.tsv"
+    return out
+
+
+rule quiet:
+    input:
+        corpora=lambda wc: [
+            f"results/corpora/{c}.jsonl.gz"
+            for c in analysis_corpora("quiet", wc.model)
+        ],
+        model=model_cache,
+    output:
+        stats="results/quiet/{model}/stats.tsv",
+        massive="results/quiet/{model}/massive.tsv",
+        massive_html=report(
+            "results/quiet/{model}/massive.html",
+            caption="../report/quiet_massive.rst",
+            category="Quiet heads",
+            subcategory="{model}",
+            labels={"item": "Massive activations by layer, channel and token (table)"},
+        ),
+        layers="results/quiet/{model}/massive_layers.tsv",
+    log:
+        "logs/quiet/{model}.log",
+    benchmark:
+        "results/benchmarks/quiet/{model}.tsv"
+    priority: 5
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: QUIET["threads"]
+    resources:
+        mem_mb=4000,
+        runtime=30,
+        gpu=lambda wc: uses_gpu(wc.model),
+    params:
+        quiet=settings_params(QuietSettings, QUIET),
+        model=lambda wc: MODELS[wc.model],
+        corpora=lambda wc: analysis_corpora("quiet", wc.model),
+    script:
+        "../../scripts/quiet.py"
+
+
+rule quiet_heads:
+    input:
+        unpack(quiet_heads_inputs),
+    output:
+        heads="results/quiet/{model}/heads.tsv",
+        heads_html=report(
+            "results/quiet/{model}/heads.html",
+            caption="../report/quiet_heads.rst",
+            category="Quiet heads",
+            subcategory="{model}",
+            labels={"item": "Positional, dormant and rigid heads (table)"},
+        ),
+        summary="results/quiet/{model}/summary.tsv",
+        summary_html=report(
+            "results/quiet/{model}/summary.html",
+            caption="../report/quiet_summary.rst",
+            category="Quiet heads",
+            subcategory="{model}",
+            labels={"item": "Quiet heads in numbers (table)"},
+        ),
+    log:
+        "logs/quiet_heads/{model}.log",
+    benchmark:
+        "results/benchmarks/quiet_heads/{model}.tsv"
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        quiet=settings_params(QuietSettings, QUIET),
+    script:
+        "../../scripts/quiet_heads.py"
+
+
+rule quiet_figure:
+    input:
+        heads="results/quiet/{model}/heads.tsv",
+        layers="results/quiet/{model}/massive_layers.tsv",
+    output:
+        png=report(
+            "results/quiet/{model}/quiet.png",
+            caption="../report/quiet_figure.rst",
+            category="Quiet heads",
+            subcategory="{model}",
+            labels={
+                "item": "Positional, dormant and rigid heads, massive activations (figure)"
+            },
+        ),
+        svg="results/quiet/{model}/quiet.svg",
+    log:
+        "logs/quiet_figure/{model}.log",
+    benchmark:
+        "results/benchmarks/quiet_figure/{model}.tsv"
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../../scripts/quiet_figure.py"
