@@ -9,8 +9,10 @@ _scripts = str(Path(workflow.basedir) / "scripts")
 sys.path.insert(0, _scripts)
 from headatlas.core.inputs import check_yaml
 from headatlas.core.runner import export_library_path
+from headatlas.core.terminal import one_line_jobs
 
 export_library_path(_scripts)
+one_line_jobs()  # the terminal: one line per started job; the run's log file keeps the details
 
 min_version("9.0")
 
@@ -42,6 +44,8 @@ include: "workflow/rules/atlas.smk"
 include: "workflow/rules/ablation.smk"
 include: "workflow/rules/position.smk"
 include: "workflow/rules/circuits.smk"
+include: "workflow/rules/icl.smk"
+include: "workflow/rules/quiet.smk"
 
 
 rule all:

@@ -12,7 +12,7 @@ settings = CircuitSettings.from_config(sm.params.circuits)
 get = lambda key: read_table(sm.input[key]) if key in sm.input.keys() else None
 weights, long, detectors = get("weights"), get("long"), get("detectors")
 model = str(weights["model"].iloc[0])
-notes = [] if long is None else list(long.pop("circ_note").fillna("").astype(str).unique())
+notes = [] if long is None else list(long.pop("circ_note").astype(object).fillna("").astype(str).unique())
 summary = get("induction")
 if summary is not None and "status" in summary and summary["status"].iloc[0] == "skipped":
     notes.append(f"induction check: skipped: {summary['reason'].iloc[0]}")

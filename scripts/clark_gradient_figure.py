@@ -9,6 +9,6 @@ from headatlas.core.runner import setup
 sm = snakemake
 log = setup(sm)
 table = pd.read_csv(sm.input[0], sep="\t", keep_default_na=True)
-table["reason"] = table["reason"].fillna("")
+table["reason"] = table["reason"].astype(object).fillna("")  # all-empty reads as float: no fill warning
 save_figure(fig3_gradients(table, sm.wildcards.model, sm.wildcards.corpus), sm.output.png, sm.output.svg)
 log.info("status %s", table["status"].iloc[0])

@@ -187,6 +187,8 @@ def test_registry_declares_every_table_once_and_in_join_order():
         "detectors",
         "ablation",
         "circuits",
+        "fv_heads",
+        "quiet",
     ]
     assert {s.analysis for s in at.ATLAS_SOURCES} == {
         "clark_surface",
@@ -196,6 +198,8 @@ def test_registry_declares_every_table_once_and_in_join_order():
         "detectors",
         "ablation",
         "circuits",
+        "icl",
+        "quiet",
     }
     settings = {"surface_corpus": "wiki"}
     behaviour = at.ATLAS_SOURCES[0]

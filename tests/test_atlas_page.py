@@ -345,6 +345,22 @@ def drive_page(html_path: Path, atlas_paths: dict[str, Path], shots: str) -> Non
         card = page.locator("#card")
         assert card.is_visible()
         assert f"head {atlas['label'][i]} " in page.locator("#card-title").inner_text()
+        # the card opens with the roles, the rank with the colour column's value, then the typical map; every
+        # value is folded by family
+        body = page.locator("#card-body > *")
+        assert body.nth(0).inner_text().startswith("Roles held (FDR): ")
+        families = card.locator("details.family")
+        is_open = [families.nth(j).evaluate("d => d.open") for j in range(families.count())]
+        chosen = page.locator("#colour-by").input_value()
+        assert is_open and not any(is_open) and card.locator(f'details.family tr[data-col="{chosen}"]').count() == 1
+        assert "; value " in card.locator("p.rank").inner_text()
+        if card.locator("figure.example.typical").count():
+            assert card.locator("figure.example.typical").is_visible()
+            assert not card.locator("details.more-examples").evaluate("d => d.open")
+        page.screenshot(path=str(out / f"{shots}_card_folded.png"))
+        for j in range(families.count()):
+            if not is_open[j]:
+                families.nth(j).locator("summary").click()
         rows = card.locator("tr[data-col]")
         shown = {rows.nth(j).get_attribute("data-col"): rows.nth(j) for j in range(rows.count())}
         ci_of = {c: registry.ci_columns(c, atlas.columns) for c in atlas.columns}
@@ -414,6 +430,110 @@ def test_page_in_chromium_hand_made_run(run):
     sources["m2"] = dict(sources["m"], atlas=str(second), stores=[], scores=None)
     pg.build_page(sources, str(run["corpus"]), SETTINGS, out)
     drive_page(out, {"m": run["atlas"]}, "hand_made")
+
+
+def _chromium_page(html_path: Path, width: int, height: int, script: str, shot: str):
+    """Open a page in headless Chromium at width x height, run ``script`` (a function body) and return what
+    it returns, with a screenshot."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install -y chromium); CI installs it in .ci/run")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (dev extra)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": width, "height": height})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(html_path.resolve().as_uri())
+        facts = page.evaluate("() => {" + script + "}")
+        page.screenshot(path=str(_artifacts() / shot))
+        browser.close()
+    assert errors == []
+    return facts
+
+
+def test_two_models_fit_a_1280_px_window(run):
+    """Both panels, their grids and agreement tables lie inside a 1,280 px window: no sideways scroll, nothing cut."""
+    out = run["tmp"] / "index.html"
+    sources = _sources(run, models=("m", "m2"))
+    pg.build_page(sources, str(run["corpus"]), SETTINGS, out)
+    facts = _chromium_page(out, 1280, 800, """
+      const w = document.documentElement.clientWidth;
+      const right = (sel) => [...document.querySelectorAll(sel)].map((e) => e.getBoundingClientRect().right);
+      const cut = [...document.querySelectorAll('.panel')].flatMap((p) => [...p.querySelectorAll('.agreement, .grid')]
+        .filter((e) => e.getBoundingClientRect().right > p.getBoundingClientRect().right + 0.5).map((e) => e.className));
+      return {w: w, scroll: document.documentElement.scrollWidth, panels: right('.panel'), agreements: right('.agreement'),
+              rows: document.querySelectorAll('.agreement tbody tr').length, cut: cut};
+    """, "hand_made_1280.png")  # fmt: skip
+    assert facts["scroll"] <= facts["w"] == 1280, facts
+    assert len(facts["panels"]) == 2 and max(facts["panels"] + facts["agreements"]) <= 1280, facts
+    assert facts["rows"] == 4 and facts["cut"] == [], facts
+
+
+BIDI_WORDS = ("abc\u202edef", "tail", "\u2067x\u2069", "\u200fy", "end", "z")
+
+
+def test_bidi_controls_in_corpus_text_and_ids_are_escaped_and_isolated(tmp_path):
+    """U+202E (right-to-left override) and the other bidi controls in a corpus's words or record ids are shown
+    escaped ([U+202E]) and isolated: they cannot reverse the rest of the card's text."""
+    rng = np.random.default_rng(1)
+    records = [Record(id=f"r\u202e{i}", words=BIDI_WORDS, segment=(0,) * len(BIDI_WORDS)) for i in range(2)]
+    corpus = tmp_path / "corpus.jsonl.gz"
+    write_records(records, corpus)
+    tok = [_tokenized(r.words, i) for i, r in enumerate(records)]
+    store = tmp_path / "store"
+    with AttentionWriter(store, tok, [r.id for r in records], L, H, meta={"model": "m", "corpus": "c"}) as w:
+        for k in range(len(tok)):
+            for layer in range(L):
+                w.write(k, layer, _maps(rng, len(tok[k])))
+    atlas = tmp_path / "atlas.tsv"
+    _atlas().assign(clark_behaviour="next\u202eprev").to_csv(atlas, sep="\t", index=False)
+    out = tmp_path / "index.html"
+    sources = {"m": {"atlas": str(atlas), "agreement": None, "stores": [str(store)], "scores": None}}
+    pg.build_page(sources, str(corpus), dataclasses.replace(SETTINGS, examples=2), out)
+    facts = _chromium_page(out, 1280, 800, """
+      document.querySelector('.panel .cell').click();
+      const card = document.getElementById('card');
+      card.querySelectorAll('details').forEach((d) => { d.open = true; });
+      const text = document.body.innerText + [...document.querySelectorAll('[aria-label]')].map((e) => e.getAttribute('aria-label')).join(' ');
+      return {controls: [...text].filter((c) => /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/.test(c)).length,
+              caption: card.querySelector('figcaption').textContent,
+              labels: [...card.querySelectorAll('figure svg text')].map((t) => t.textContent),
+              value: card.querySelector('tr[data-col="clark_behaviour"] td.value').textContent,
+              isolated: getComputedStyle(card.querySelector('figcaption bdi')).unicodeBidi};
+    """, "bidi_card.png")  # fmt: skip
+    assert facts["controls"] == 0, facts
+    assert facts["caption"] == "Example: record r[U+202E]0" and facts["isolated"] == "isolate", facts
+    assert "abc[U+202E]def" in facts["labels"] and "[U+2067]x[U+2069]" in facts["labels"], facts["labels"]
+    assert facts["value"] == "next[U+202E]prev"
+
+
+def test_damaged_sample_maps_are_logged_and_counted_on_the_page(run, caplog):
+    """A pool sentence whose stored maps are damaged is left out with a warning naming the store and the
+    record, and the page shows how many were left out (not a silent 3 -> 2 examples)."""
+    from headatlas.core.store import layer_file
+
+    with AttentionStore(run["store"]) as st:
+        a, b = int(st.stored_offsets[2]), int(st.stored_offsets[3])  # record r2 (in the pool)
+    with h5py.File(layer_file(run["store"], 1), "r+") as f:
+        f["attn"][:, a:b] = 0.9  # rows no longer sum to 1
+    atlas = pd.read_csv(run["atlas"], sep="\t")
+    settings = dataclasses.replace(SETTINGS, examples=3)
+    with caplog.at_level("WARNING", logger="headatlas"):
+        ex = pg.examples_data([str(run["store"])], str(run["corpus"]), str(run["scores"]), atlas, settings)
+    assert [s["record_id"] for s in ex["sentences"]] == ["r0", "r3"] and ex["dropped"] == ["r2"]
+    warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warning) == 1 and str(run["store"]) in warning[0] and "records r2 " in warning[0], warning
+    assert "invalid attention map" in warning[0]
+    out = run["tmp"] / "index.html"
+    pg.build_page(_sources(run), str(run["corpus"]), settings, out)
+    assert pg.read_embedded(out.read_text(encoding="utf-8"))["models"][0]["examples"]["dropped"] == ["r2"]
+    facts = _chromium_page(out, 1280, 800, """
+      const panel = document.querySelector('.panel .note.dropped');
+      document.querySelector('.panel .cell').click();
+      return {panel: panel && panel.textContent, card: (document.querySelector('#card .note.dropped') || {}).textContent};
+    """, "dropped_card.png")  # fmt: skip
+    assert facts["panel"].startswith("1 example sentence left out: stored maps damaged (record r2)"), facts
+    assert facts["card"].startswith("1 example sentence left out"), facts
 
 
 @pytest.mark.slow
@@ -716,6 +836,7 @@ def _hostile_page(sample_run, run=None) -> Path:
 # runs in the page: the facts the browser tests check (both browsers)
 PAGE_FACTS = """
 const card = document.getElementById('card'), box = card.getBoundingClientRect();
+card.querySelectorAll('details').forEach((d) => { d.open = true; });  // the folded families and examples
 const inside = (e) => { const r = e.getBoundingClientRect(); return r.left >= box.left - 0.5 && r.right <= box.right + 0.5 && r.width > 0; };
 const table = card.querySelector('table.values');
 const cells = [...card.querySelectorAll('tr[data-col] td.value, tr[data-col] td.ci')];

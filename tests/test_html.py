@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from headatlas.report.html import table_html, with_head_label, write_table_html
+from headatlas.report.html import short_number, table_html, with_head_label, write_table_html, write_tables_html
 
 
 def test_head_label_column_is_1_based_and_first():
@@ -60,6 +60,58 @@ def test_column_notes_become_header_tooltips_and_a_list():
     df = pd.DataFrame({"layer": [0], "head": [1], "clark_entropy": [2.5], "det_prev": [0.25]})
     notes = {c: columns.describe(c).text() for c in ("clark_entropy", "det_prev", "absent")}
     page = table_html(df, "atlas", notes=notes)
-    assert '<th title="mean smoothed row entropy of the attention (nats)">clark_entropy</th>' in page
+    assert '<th title="mean smoothed row entropy of the attention (nats)">clark_<wbr>entropy</th>' in page
     assert "<dt>det_prev</dt><dd>previous-token score" in page and "absent" not in page
     assert "<dl" not in table_html(df, "atlas")
+
+
+def _headers(page: str) -> list[str]:
+    return [h.replace("<wbr>", "") for h in re.findall(r"<th(?: [^>]*)?>(.*?)</th>", page)]
+
+
+def test_label_key_statistic_and_ci_lead_join_columns_last():
+    df = pd.DataFrame({"model": ["m", "m"], "layer": [0, 1], "head": [2, 0], "n": [5, 6], "note": ["a", "b"],
+                       "det_prev": [0.5, 0.25], "det_prev_ci_low": [0.25, 0.0], "det_prev_ci_high": [0.75, 0.5]})  # fmt: skip
+    assert _headers(table_html(df, "t")) == [
+        "label", "det_prev", "det_prev_ci_low", "det_prev_ci_high", "n", "note", "model", "layer", "head"
+    ]  # fmt: skip
+    # a plain ci_low/ci_high pair belongs to the column before it; a model column that varies is not a join
+    df = pd.DataFrame({"model": ["a", "b"], "method": ["x", "y"], "spearman": [0.5, 0.1], "ci_low": [0.1, 0.0],
+                       "ci_high": [0.9, 0.2], "p": [0.01, 0.5]})  # fmt: skip
+    assert _headers(table_html(df, "t")) == ["spearman", "ci_low", "ci_high", "model", "method", "p"]
+    # an ablation effect's CI is <base>_ci_low/high
+    df = pd.DataFrame({"layer": [0], "head": [0], "status": ["ok"], "ablation_lm_loss_effect": [0.5],
+                       "ablation_lm_loss_ci_low": [0.25], "ablation_lm_loss_ci_high": [0.75]})  # fmt: skip
+    assert _headers(table_html(df, "t"))[:4] == [
+        "label", "ablation_lm_loss_effect", "ablation_lm_loss_ci_low", "ablation_lm_loss_ci_high"
+    ]  # fmt: skip
+
+
+def test_numbers_are_shown_to_4_significant_digits():
+    assert [short_number(t) for t in ("0.123456", "12.3456", "0.50", "12", "1234567.89", "1.23456e-07", "nan", "x")] == [
+        "0.1235", "12.35", "0.50", "12", "1234568", "1.235e-07", "nan", "x"
+    ]  # fmt: skip
+    page = table_html(pd.DataFrame({"acc": [0.123456789], "n": [123456]}), "t")
+    assert '<td class="num">0.1235</td>' in page and '<td class="num">123456</td>' in page
+    assert "0.123456789" not in page
+
+
+def test_clark_table1_leads_with_relation_head_accuracy_and_ci(tmp_path):
+    from headatlas.clark.syntax import table1
+
+    best = pd.DataFrame({"model": ["m"], "relation": ["det"], "n": [120], "layer": [7], "head": [10], "label": ["8-11"],
+                         "direction": [">"], "accuracy": [0.9431234], "ci_low": [0.91], "ci_high": [0.97],
+                         "baseline_offset": [1], "baseline_accuracy": [0.5]})  # fmt: skip
+    tsv = tmp_path / "results" / "clark" / "m" / "syntax" / "table1.tsv"
+    tsv.parent.mkdir(parents=True)
+    table1(best).to_csv(tsv, sep="\t", index=False)
+    out = str(tsv)[:-4] + ".html"
+
+    class Rule:  # what a rule script's snakemake object gives write_tables_html
+        output = [str(tsv), out]
+
+    assert write_tables_html(Rule()) == [out]
+    page = open(out, encoding="utf-8").read()
+    assert _headers(page)[:7] == ["paper_relation", "relation", "label", "direction", "accuracy", "ci_low", "ci_high"]
+    assert _headers(page)[-2:] == ["layer", "head"]
+    assert '<td>det</td><td>8-11</td><td>&gt;</td><td class="num">0.9431</td>' in page

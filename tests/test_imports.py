@@ -124,9 +124,11 @@ def test_no_function_local_import_of_a_project_module():
 MAY_IMPORT = {
     "core": set(),
     **{paper: {"core"} for paper in ("clark", "pande", "jomyaeng", "detectors", "position", "ablation")},
-    "atlas": {"core"},  # reads the papers only through their TSVs
-    "report": {"core"},
+    "atlas": {"core", "detectors"},  # reads the papers through their TSVs; the detectors' registry names its columns
+    "report": {"core", "atlas"},  # the atlas column registry: which columns are CI pairs
     "circuits": {"core", "detectors", "ablation"},  # reuses the detectors' reducers and the ablation's patching
+    "quiet": {"core", "detectors"},  # reads the detectors' natural inputs (the sinks it joins come from them)
+    "icl": {"core", "ablation"},  # function-vector heads: the ablation's patch, batched passes and layer check
 }
 
 

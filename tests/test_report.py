@@ -69,3 +69,24 @@ def test_dry_run_lists_each_reported_table_beside_its_tsv(tmp_path, tiny_models)
             if o.endswith(".html") and o not in PAGES:
                 assert o[:-5] + ".tsv" in outs, line
     assert "results/pande/bert/heads.html" in text and "results/atlas/bert/atlas.html" in text
+
+
+def test_the_start_page_counts_models_and_derived_models_apart():
+    """The report's start page (workflow/report/workflow.rst, rendered by Snakemake with Jinja2): the default
+    config's 2 models and 2 derived ones, not "4 models"."""
+    import jinja2
+    import yaml
+
+    template = jinja2.Template((ROOT / "workflow" / "report" / "workflow.rst").read_text())
+
+    def render(models) -> str:
+        class Snakemake:
+            config = {"models": models}
+
+        return " ".join(template.render(snakemake=Snakemake).split())
+
+    models = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["models"]
+    text = render(models)
+    assert "(2 models and 2 derived from them: minilm-sst2 fine-tuned, minilm-random re-initialised)" in text, text
+    assert "4 models" not in text
+    assert "(1 model) on" in render(models[:1])

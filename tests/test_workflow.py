@@ -61,6 +61,10 @@ def parse_jobs(text: str) -> list[tuple[str, dict[str, str]]]:
         if m:
             jobs.append((m.group(1), {}))
             continue
+        m = re.match(r"^rule (\w+)(?: \((.*)\))?: jobid \d+$", line)  # one line a job (headatlas.core.terminal)
+        if m:
+            jobs.append((m.group(1), dict(kv.split("=", 1) for kv in m.group(2).split(", ")) if m.group(2) else {}))
+            continue
         m = re.match(r"^\s+wildcards: (.*)$", line)
         if m and jobs:
             jobs[-1][1].update(kv.split("=", 1) for kv in m.group(1).split(", "))
@@ -154,8 +158,8 @@ def test_dry_run_shards(tmp_path, tiny_models):
     "breakage, needle",
     [
         ("model without source", "'source' is a required property"),
-        ("unknown model key", "'colour' was unexpected"),
-        ("unknown corpus key", "'lmit' was unexpected"),
+        ("unknown model key", "config key models[gpt2].colour: unknown key"),
+        ("unknown corpus key", "config key corpora.ewt.lmit: unknown key; did you mean limit?"),
         ("wikitext without seed", "'seed' is a required property"),
         ("surface on an unknown corpus", "nosuchcorpus"),
     ],

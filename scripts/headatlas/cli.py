@@ -8,10 +8,12 @@ Each subcommand is a function ``add_<name>(subparsers)`` that adds its parser an
                                      Clark surface statistic (the analysis's own reducer) and, when
                                      results/atlas/MODEL exists, each head's roles
     headatlas atlas MODEL            the atlas summary of a finished run, every family (results/atlas/MODEL)
-    headatlas export headvis RUN OUT the run's atlases as HeadVis's static data/ layout
+    headatlas export headvis RUN OUT the run's atlases as HeadVis's static data/ layout (OUT/MODEL/data each
+                                     when the run has several)
     headatlas store DIR...           describe a store (its shards, in order)
     headatlas store verify DIR...    check stores (manifest, checksums, every value), shard sets and every sealed
                                      file below DIR (results/: the whole run); exit 1 on any fault
+    headatlas plan --configfile X    every rule's predicted CPU time, peak memory and disk, before a run
 """
 
 from __future__ import annotations
@@ -23,20 +25,21 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .atlas.headvis import ExportError, export_headvis
+from .atlas.headvis import ExportError, atlas_names, export_run
+from .core import plan
 from .core.inputs import bos_warning
 from .core.models import ModelError, load
 from .core.store import MANIFEST, StoreError, describe_store, run_faults, store_dirs, verify_store
 from .look import (
     PATTERNS,
     LookError,
-    atlas_names,
     atlas_summary,
     head_roles,
     input_record,
     load_config,
     look_spec,
     maps_figure,
+    quiet_libraries,
     sentence_maps,
     strongest_heads,
     surface_patterns,
@@ -118,22 +121,24 @@ def _look(args) -> int:
         else:
             cfg = load_config(args.config) if args.config else {}
         spec, cache_dir = look_spec(args.model, cfg, args.max_length, args.bos_token)
+        quiet_libraries()
         model, tokenizer, config = load(spec, cache_dir, device="cpu")
+        warning = bos_warning(spec, config.to_dict())
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        tok, kind, cut = tokenize_input(record, tokenizer, config, spec)
     except (ModelError, LookError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # a config that does not parse: its file and line
         print(f"error: {e}", file=sys.stderr)
         return 1
-    warning = bos_warning(spec, config.to_dict())
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
-    tok, kind, cut = tokenize_input(record, tokenizer, config, spec)
     if cut:
         print(f"warning: {cut}", file=sys.stderr)
     maps = sentence_maps(model, tokenizer, config, spec, tok, kind)
     scores = surface_patterns(model, tokenizer, spec, tok, kind, surface_settings(cfg))
-    out = Path(args.out or f"look_{spec.name}.png")
+    out = Path(args.out or Path(args.results) / "look" / f"{spec.name}.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
     title = f"{spec.name}: every head's attention on one input ({maps.shape[0]} layers x {maps.shape[1]} heads)"
     maps_figure(maps, tok.pieces, title, out, out.with_suffix(".svg"))
     print(
@@ -183,13 +188,17 @@ def add_look(subparsers) -> None:
         help=f"config naming the models (default: {DEFAULT_CONFIG} when it exists; '' for none)",
     )
     look.add_argument("--results", default="results", help="results directory of a run (default: %(default)s)")
-    look.add_argument("--out", help="PNG to write (an SVG beside it; default: look_MODEL.png)")
+    look.add_argument("--out", help="PNG to write (an SVG beside it; default: RESULTS/look/MODEL.png)")
     look.add_argument(
         "--tsv", help="also write every head's statistics and label to this TSV (behaviour.tsv's columns)"
     )
     look.add_argument("--top", type=int, default=3, help="heads listed per pattern (default: %(default)s)")
     look.add_argument(
-        "--max-length", type=int, default=512, help="longest input in tokens for a model not in the config"
+        "--max-length",
+        type=int,
+        default=512,
+        help="longest input in tokens for a model not in the config (default: %(default)s, or the model's position "
+        "limit when lower)",
     )
     look.add_argument(
         "--bos-token",
@@ -233,13 +242,13 @@ def add_atlas(subparsers) -> None:
 
 def _export_headvis(args) -> int:
     try:
-        data = export_headvis(args.run_dir, args.out, args.model, args.corpus, args.sequences)
+        written = export_run(args.run_dir, args.out, args.model, args.corpus, args.sequences)
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(
-        f"HeadVis data: {data} (config.json, scatter_data.json, heads/L{{l}}H{{h}}.json); serve HeadVis's dist/ beside it"
-    )
+    for model, data in written:
+        print(f"HeadVis data: {data} ({model}: config.json, scatter_data.json, heads/L{{l}}H{{h}}.json)")
+    print("serve HeadVis's dist/ beside a data/ directory to view it")
     return 0
 
 
@@ -255,8 +264,10 @@ def add_export(subparsers) -> None:
         "atlas value per head, and the token-level maps of sequences with stored maps.",
     )
     hv.add_argument("run_dir", metavar="RUN_DIR", help="a run's results directory (or one model's results/atlas/MODEL)")
-    hv.add_argument("out", metavar="OUT", help="directory to write data/ into")
-    hv.add_argument("--model", help="the model to export when the run has several atlases")
+    hv.add_argument(
+        "out", metavar="OUT", help="directory to write data/ into (a run with several atlases: OUT/MODEL/data each)"
+    )
+    hv.add_argument("--model", help="export this model only (default: every model of the run)")
     hv.add_argument(
         "--corpus", default="ewt_dev", help="corpus whose stored maps give the sequences (default: %(default)s)"
     )
@@ -264,7 +275,49 @@ def add_export(subparsers) -> None:
     hv.set_defaults(func=_export_headvis)
 
 
-COMMANDS = [add_look, add_atlas, add_store, add_export]
+def _plan(args) -> int:
+
+    try:
+        hints = dict(plan.parse_model_shape(s) for s in args.shape)
+        cfg = plan.load_config(args.configfile)
+        model = plan.load_model(args.cost_model)
+        jobs = plan.dry_run_jobs(args.configfile, args.directory, every=not args.remaining)
+        planned = plan.plan_jobs(jobs, cfg, model, args.directory, hints, args.device_tflops)
+    except (plan.PlanError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    summary = plan.summarize(planned)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    fitted = ", ".join(sorted({m for run in model.get("runs", []) for m in run.get("models", [])}))
+    print(f"plan for {args.configfile}: {len(jobs)} jobs (cost model {args.cost_model}, fitted on {fitted})")
+    print("\n".join(plan.report(summary, args.cores, args.memory, args.device_tflops)))
+    return 0
+
+
+def add_plan(subparsers) -> None:
+
+    p = subparsers.add_parser(
+        "plan",
+        help="every rule's predicted CPU time, peak memory and disk, before a run",
+        description="List every job the workflow would run for a config (snakemake's dry run) and print each "
+        "rule's predicted CPU-seconds, peak memory and disk from the fitted cost model (docs/plan.md), the totals "
+        "and which settings dominate.",
+    )
+    p.add_argument("--configfile", default=DEFAULT_CONFIG, help="the run's config (default: %(default)s)")
+    p.add_argument("--directory", default=".", help="the run directory (default: %(default)s)")
+    p.add_argument("--cores", type=int, default=1, help="cores of the machine, for the wall-time bound")
+    p.add_argument("--memory", type=float, help="memory of a node in GB: rules predicted above it are marked")
+    p.add_argument("--device-tflops", type=float, help="achieved TFLOP/s of a GPU: the forward passes' device time")
+    p.add_argument("--shape", action="append", default=[], help="MODEL=L,H,KV,d,P for a model not downloaded yet")
+    p.add_argument("--remaining", action="store_true", help="only the jobs not run yet (default: every job)")
+    p.add_argument("--cost-model", default=str(plan.COST_MODEL), help="the fitted cost model (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the per-rule summary as JSON")
+    p.set_defaults(func=_plan)
+
+
+COMMANDS = [add_look, add_atlas, add_store, add_export, add_plan]
 _DEFAULT_SUB = {"store": ("describe", {"describe", "verify", "-h", "--help"})}
 
 

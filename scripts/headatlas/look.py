@@ -11,7 +11,7 @@ does not define (the next token for a decoder, [SEP] without one) is left out, n
 - :func:`look_spec`: a config model name, a local ``save_pretrained`` directory or a hub id -> ModelSpec;
 - :func:`input_record` / :func:`tokenize_input`: the input as a record and as extraction tokenises it;
 - :func:`sentence_maps`, :func:`surface_patterns`, :func:`strongest_heads`, :func:`maps_figure`;
-- :func:`head_roles` / :func:`atlas_summary` / :func:`atlas_names`: a finished ``results/atlas/{model}/atlas.tsv``.
+- :func:`head_roles` / :func:`atlas_summary`: a finished ``results/atlas/{model}/atlas.tsv``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .core.config_checks import rule_model_dir
 from .core.data import Record
 from .core.figures import head_label, save_figure
 from .core.inputs import check_yaml, config_bases, merge_config
-from .core.models import ModelError, ModelSpec, decoder_bos, model_kind
+from .core.models import ModelError, ModelSpec, decoder_bos, model_kind, position_limit
 from .core.reduce import LayerMaps, fused_reduce
 
 # Clark et al.'s surface statistics that look prints (clark/surface.py STATS), with what each measures
@@ -49,6 +49,16 @@ HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 class LookError(ValueError):
     """Bad input to ``headatlas look`` / ``atlas`` (one line, printed as the error)."""
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' progress bars (transformers' weight loading, the hub's downloads) off the terminal:
+    look prints its own lines only (warnings and errors still show)."""
+    import huggingface_hub.utils
+    import transformers.utils.logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
 
 
 def load_config(path: str | Path) -> dict:
@@ -104,9 +114,26 @@ def look_spec(
     raise ModelError(f"{model!r} is not a model of the config ({known}), a local directory, or a hub id (owner/name)")
 
 
+def check_text(text: str, what: str) -> str:
+    """``text`` if it is Unicode text; a LookError naming the first byte that is not UTF-8 (Python gives such
+    bytes of a command line as lone surrogates, U+DC80..U+DCFF)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"U+{ord(bad):04X}"
+        raise LookError(
+            f"the {what} is not UTF-8 text ({byte} at character {e.start + 1}): give it in UTF-8 (check the "
+            "terminal's encoding, or convert it with iconv)"
+        ) from None
+    return text
+
+
 def input_record(text: str, pair: str | None = None) -> Record:
-    """The input (and second segment) as one record of whitespace-separated words; an empty input is a LookError."""
-    a, b = text.split(), (pair.split() if pair else [])
+    """The input (and second segment) as one record of whitespace-separated words; an empty input or one that is
+    not UTF-8 text is a LookError."""
+    a = check_text(text, "sentence").split()
+    b = check_text(pair, "second sentence (--pair)").split() if pair else []
     if not a:
         raise LookError('the sentence is empty: give at least one word, e.g. headatlas look MODEL "the cat sat"')
     return Record(id="look", words=tuple(a + b), segment=(0,) * len(a) + (1,) * len(b))
@@ -114,14 +141,25 @@ def input_record(text: str, pair: str | None = None) -> Record:
 
 def tokenize_input(record: Record, tokenizer, config, spec: ModelSpec):
     """(TokenizedRecord, model kind, note): the record tokenised exactly as extraction does (overflow
-    'truncate': the longest word prefix that fits ``max_length``); the note says when it was cut."""
+    'truncate': the longest word prefix that fits ``max_length``, or the model's position limit when that is
+    lower); the note says when it was cut. A first word that alone does not fit is a LookError."""
     kind = model_kind(config, spec)
-    tok = encode_record(record, tokenizer, kind, spec.max_length, "truncate", decoder_bos(tokenizer, config, spec))
+    n, why = spec.max_length, "max_length"
+    limit = position_limit(config.to_dict())
+    if limit is not None and limit[1] < n:
+        n, why = limit[1], f"its position limit, {limit[0]} in config.json"
+    tok = encode_record(record, tokenizer, kind, n, "truncate", decoder_bos(tokenizer, config, spec))
+    if tok is None:
+        first = record.words[0]
+        raise LookError(
+            f"the first word alone ({len(first):,} characters, {first[:20]!r}...) is longer than the {n} tokens "
+            f"{spec.name} takes ({why}): split it into shorter words"
+        )
     note = ""
     if tok.truncated:
         note = (
             f"the input is cut to its first {tok.n_words} of {len(record.words)} words: {spec.name} takes at most "
-            f"{spec.max_length} tokens (max_length)"
+            f"{n} tokens ({why})"
         )
     return tok, kind, note
 
@@ -196,12 +234,6 @@ def maps_figure(maps: np.ndarray, pieces, title: str, png, svg) -> None:
 
 
 # --- a finished atlas ---------------------------------------------------------------------------------------
-
-
-def atlas_names(results: str | Path) -> list[str]:
-    """The models with an atlas under ``results/atlas/``."""
-    root = Path(results) / "atlas"
-    return sorted(p.parent.name for p in root.glob("*/atlas.tsv")) if root.is_dir() else []
 
 
 def _true(v) -> bool:

@@ -1,8 +1,10 @@
 # The Snakefile puts scripts/ on sys.path and PYTHONPATH: the workflow and its jobs import the headatlas library.
+import json
 import os
 import re
 from pathlib import Path
 
+import yaml
 from snakemake.logging import logger
 from snakemake.utils import validate
 
@@ -12,52 +14,94 @@ from headatlas.core.inputs import (
     corpus_build_spec,
     check_yaml,
     config_bases,
-    merge_config,
+    config_chain,
+    extend_config,
     map_setting,
     model_files,
     next_steps,
+    other_run_warning,
     uncached_hub_warning,
 )
 from headatlas.core.integrity import damaged
-from headatlas.core.models import ModelSpec
+from headatlas.core.models import ModelError, ModelSpec
 from headatlas.core.store import store_problem
 from headatlas.fused import PLANS, reducer_specs
+
+
+def config_error(message):
+    """Stop the parse with ``message`` alone: a config error is one to three lines naming its key path (a raised
+    exception would add Snakemake's traceback of this file)."""
+    logger.error(message)
+    raise SystemExit(1)
+
 
 # Snakemake has loaded the --configfile files already (a syntax error stops it before this
 # line; its message names no line, `--verbose` shows the parser's): catch duplicate keys.
 for _f in workflow.overwrite_configfiles or []:
-    check_yaml(_f)
+    try:
+        check_yaml(_f)
+    except ValueError as e:
+        config_error(str(e))
 
-# `extends:` in a --configfile: the configs it names go under it (config/README.md); nothing else
-# is merged in (the Snakefile reads config/config.yaml only when no --configfile is given).
-_bases = config_bases(workflow.overwrite_configfiles or [])
-if _bases:
-    _merged = merge_config(_bases, config)
-    config.clear()
-    config.update(_merged)
+SCHEMAS = Path(workflow.basedir) / "workflow" / "schemas"
+
+
+def validated(data, schema, where=""):
+    """Validate (and fill the defaults of) ``data`` against a schema of workflow/schemas/: a config error is
+    one line naming its key path (config_checks.schema_problem); Snakemake's own message, with the whole schema
+    and config, when HEADATLAS_SCHEMA_DUMP=1."""
+    if not os.environ.get(config_checks.SCHEMA_DUMP_ENV):
+        schema_dict = yaml.safe_load((SCHEMAS / Path(schema).name).read_text())
+        problem = config_checks.schema_problem(data, schema_dict, where)
+        if problem:
+            config_error(
+                f"config key {problem}\n(every detail: {config_checks.SCHEMA_DUMP_ENV}=1 snakemake ...)"
+            )
+    validate(data, schema)
+
+
+# `extends:` in a --configfile: the configs it names go under it, and its `add_models:` / `add_corpora:` are
+# added to theirs (config/README.md); nothing else is merged in (the Snakefile reads config/config.yaml only
+# when no --configfile is given).
+_files = [str(f) for f in workflow.overwrite_configfiles or []]
+try:
+    _merged = extend_config(
+        config_bases(_files), dict(config), ", ".join(_files) or "config"
+    )
+except ValueError as e:
+    config_error(str(e))
+config.clear()
+config.update(_merged)
 config.pop("extends", None)
-validate(config, "../schemas/config.schema.yaml")
+validated(config, "../schemas/config.schema.yaml")
 # every dict in sorted key order: the same config in any key order plans nothing (docs/integrity.md)
 _canonical = canonical(dict(config))
 config.clear()
 config.update(_canonical)
 
 
-# names and cross-references, then models (headatlas.core.config_checks: each check's message names the key)
-config_checks.check_config(config)
-
-# maps: full | sample | none per corpus (docs/reduction.md): checked here, by key
-CORPUS_MAPS = {
-    c: map_setting(spec, f"corpora.{c}") for c, spec in config["corpora"].items()
-}
-
-
-MODELS = config_checks.resolve_models(
-    config
-)  # by name; a derived model with its base's settings
-config_checks.check_packages(MODELS)
-for _warning in config_checks.check_models(config, MODELS):
+# names and cross-references, then every input file, then models (headatlas.core.config_checks: each check's
+# message names the key); on every run, whatever results/ holds already
+try:
+    config_checks.check_config(config)
+    config_checks.check_input_paths(config)
+    # maps: full | sample | none per corpus (docs/reduction.md): checked here, by key
+    CORPUS_MAPS = {
+        c: map_setting(spec, f"corpora.{c}") for c, spec in config["corpora"].items()
+    }
+    MODELS = config_checks.resolve_models(
+        config
+    )  # by name; a derived model with its base's settings
+    config_checks.check_packages(MODELS)
+    _model_warnings = config_checks.check_models(config, MODELS)
+except (ValueError, ModelError) as e:
+    config_error(str(e))
+for _warning in _model_warnings:
     logger.warning(_warning)
+# a model no analysis or no atlas covers (a `models:` list leaves it out)
+if workflow.is_main_process:
+    for _warning in config_checks.coverage_warnings(config, MODELS):
+        logger.warning(_warning)
 
 # hub-id models not in the local cache (config/paper.yaml offline): said once, by the main process
 if workflow.is_main_process:
@@ -68,7 +112,20 @@ if workflow.is_main_process:
         logger.warning(_uncached)
 
 
+# the config files of this run, recorded when it succeeds: a later run of a config that does not extend them
+# is warned that it rebuilds what they differ in (README "Add a model")
+RUN_RECORD = ".snakemake/headatlas_last_run.json"
+RUN_CONFIGS = config_chain(_files or ["config/config.yaml"])
+if workflow.is_main_process and Path("results").is_dir():
+    _other = other_run_warning(RUN_RECORD, RUN_CONFIGS)
+    if _other:
+        logger.warning(_other)
+
+
 onsuccess:
+    if Path(".snakemake").is_dir():
+        Path(RUN_RECORD + ".tmp").write_text(json.dumps({"configs": RUN_CONFIGS}))
+        os.replace(RUN_RECORD + ".tmp", RUN_RECORD)
     for _line in next_steps(
         workflow.overwrite_configfiles or [], "results/atlas/index.html"
     ):
@@ -194,6 +251,7 @@ def extraction_params(model, corpus_name):
             "sample": k,
             "seed": int(corpus.get("seed", 0)),
             "attention": EXTRACTION["attention"],
+            "cpu_pass": EXTRACTION["cpu_pass"] or "off",  # YAML: a bare off is false
         }
     return out
 
@@ -285,11 +343,21 @@ ANALYSES = {}
 def analysis_section(key, schema):
     """Validate (and fill defaults of) config['analysis'][key] against its own schema file."""
     section = config["analysis"].setdefault(key, {})
-    validate(section, schema)
+    # the atlas's surface corpus: wiki, else the first of Clark's surface corpora
+    if key == "atlas":
+        section = config_checks.surface_corpus_default(config, section)
+    # as written (the schema fills defaults in place)
+    given = json.loads(json.dumps(section))
+    validated(section, schema, f"analysis.{key}")
     config["analysis"][key] = section = canonical(
         section
     )  # its defaults in sorted key order too
     ANALYSES[key] = section
+    if analysis_active(key):  # every corpus and model it names, its defaults included
+        try:
+            config_checks.check_section(config, key, section, given, _GIVEN_SECTIONS)
+        except ValueError as e:
+            config_error(str(e))
     return section
 
 
@@ -303,12 +371,8 @@ def analysis_models(key):
     """The models an analysis covers: its `models` list (default all), never a helper model."""
     if not analysis_active(key):
         return []
+    # its names are checked by analysis_section
     listed = ANALYSES[key].get("models") or list(MODELS)
-    unknown = sorted(set(listed) - set(MODELS))
-    if unknown:
-        raise ValueError(
-            f"config key analysis.{key}.models: unknown models {unknown}; known: {sorted(MODELS)}"
-        )
     helpers = helper_models()
     return [m for m in listed if m not in helpers]
 
@@ -373,3 +437,10 @@ def _rerun_damaged_outputs():
 
 
 _rerun_damaged_outputs()
+
+# predicted peak memory of the model-running rules against this machine's or --resources mem_mb (docs/plan.md)
+from headatlas.core.plan import memory_warnings
+
+if workflow.is_main_process:
+    for _w in memory_warnings(config, MODELS, workflow.global_resources.get("mem_mb")):
+        logger.warning(_w)

@@ -191,6 +191,25 @@ def circuit_columns(circuits: pd.DataFrame) -> pd.DataFrame:
     return circuits[KEY + cols]
 
 
+def quiet_columns(quiet: pd.DataFrame) -> pd.DataFrame:
+    """The quiet-heads table's ``quiet_*`` columns as they are (docs/quiet_heads.md)."""
+    return quiet[KEY + [c for c in quiet.columns if c.startswith("quiet_")]]
+
+
+def icl_columns(heads: pd.DataFrame) -> pd.DataFrame:
+    """The atlas's ``icl_*`` columns from ``fv_heads.tsv`` (docs/icl.md): the AIE with its CI and kind (only exact
+    and checked values are given; an unreliable or skipped head keeps its kind), the null quantile, above_null, top."""
+    shown = heads["kind"].isin(["exact", "estimated (checked)"])
+    out = heads[["layer", "head"]].copy()
+    for src, dst in (("aie", "icl_aie"), ("ci_low", "icl_aie_ci_low"), ("ci_high", "icl_aie_ci_high"),
+                     ("null_quantile", "icl_null_quantile")):  # fmt: skip
+        out[dst] = heads[src].where(shown)
+    out["icl_aie_kind"] = heads["kind"]
+    for c in ("above_null", "top"):
+        out[f"icl_{c}"] = heads[c].where(shown)
+    return out
+
+
 @dataclass(frozen=True)
 class AtlasSource:
     """What one analysis adds to the atlas: which TSVs, which columns, how they are joined.
@@ -236,6 +255,8 @@ ATLAS_SOURCES = (
     AtlasSource("detectors", "detectors", {"detectors": "results/detectors/{model}/heads.tsv"}, detector_columns),
     AtlasSource("ablation", "ablation", {"ablation": "results/ablation/{model}/heads.tsv"}, ablation_columns),
     AtlasSource("circuits", "circuits", {"circuits": "results/circuits/{model}/heads.tsv"}, circuit_columns),
+    AtlasSource("icl", "icl", {"fv_heads": "results/icl/{model}/fv_heads.tsv"}, icl_columns),
+    AtlasSource("quiet", "quiet", {"quiet": "results/quiet/{model}/heads.tsv"}, quiet_columns),
 )
 TABLE_NAMES = [k for source in ATLAS_SOURCES for k in source.tables]
 
@@ -276,6 +297,7 @@ def build_atlas(model: str, n_layers: int, n_heads: int, tables: dict[str, pd.Da
         if df.duplicated(KEY).any():
             raise ValueError(f"{source.name}: more than one row per head")
         atlas = atlas.merge(df, on=KEY, how="left")
+    atlas = atlas.copy()  # consolidated: an insert into the merged frame (200+ blocks) warns "highly fragmented"
     atlas.insert(0, "model", model)
     return atlas
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..detectors import registry as detectors
+
 KIND_SUFFIX = "_kind"  # <value column>_kind: how the value was obtained (see KINDS)
 # the kinds a value column's kind column may hold; "skipped: <reason>" carries its reason
 KINDS = {
@@ -58,7 +60,9 @@ FAMILIES = {
     "probe": "Jo & Myaeng (probing)",
     "det": "detectors",
     "ablation": "ablation",
+    "icl": "ICL (function vectors)",
     "circ": "circuits",
+    "quiet": "quiet heads (positional, dormant, rigid; massive activations)",
 }
 
 FRACTION = "fraction of the row's attention, 0-1"
@@ -124,18 +128,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(r"probe_(.+)_selectivity", "probe accuracy on {0} minus control-task accuracy", "difference of fractions"),
     # detectors (detectors/reducers.py, detectors/analysis.py), on each detector's main input kind
-    Column(r"det_prev", "previous-token score: mean attention to the previous token (natural text)", FRACTION),
-    Column(
-        r"det_duplicate",
-        "duplicate-token score: attention to the other occurrence of the query's token (repeated random tokens)",
-        FRACTION,
-    ),  # fmt: skip
-    Column(
-        r"det_induction",
-        "induction score: attention to the token after the earlier occurrence (repeated random tokens)",
-        FRACTION,
-    ),  # fmt: skip
-    Column(r"det_sink", "sink score: mean attention to the first token, every query (Gu et al.'s alpha_1)", FRACTION),
+    # det_<name>: each detector's own description, from its registry entry (describe)
     Column(r"det_(.+)_ci_(low|high)", "{1} end of the bootstrap CI of the {0} score", FRACTION),
     Column(
         r"det_(.+)_sig", "{0} score above its shuffled-position null: one-sided t-test, Benjamini-Hochberg FDR"
@@ -161,6 +154,11 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         r"ablation_(.+)_method", "how the {0} effect was measured: exact, atp, ig, none or skipped: <reason>", "label"
     ),
+    # function-vector heads (icl/analysis.py, docs/icl.md): patched at the last position of label-shuffled prompts
+    Column(r"icl_aie", "function-vector AIE: p(target), head's task mean patched in, minus corrupted", "probability"),
+    Column(r"icl_null_quantile", "share of null AIEs (another head's mean patched in) below this AIE", "0-1"),
+    Column(r"icl_above_null", "the AIE's CI lies above the null's 95% quantile"),
+    Column(r"icl_top", "among the top-k heads by AIE (function-vector heads)"),
     # circuits (circuits/analysis.py): composition from the weights, copying, successor, long inputs
     Column(
         r"circ_(q|k|v)_in_z",
@@ -212,6 +210,38 @@ COLUMNS: tuple[Column, ...] = (
     Column(r"circ_prev_ablated", "one of the previous-token heads ablated in the induction check"),
     Column(r"circ_(.+)_sig", "{0} above chance: binomial test, Benjamini-Hochberg FDR"),
     Column(r"circ_note", "what was skipped for this model, and why", "label"),
+    # quiet heads (quiet/analysis.py; docs/quiet_heads.md), natural text, means over sequences with bootstrap CIs
+    Column(
+        r"quiet_prev",
+        "share of rows whose unique largest weight is on the previous token (Voita et al.)",
+        "share of rows, 0-1",
+    ),
+    Column(
+        r"quiet_next", "share of rows whose unique largest weight is on the next token (encoders)", "share of rows, 0-1"
+    ),
+    Column(r"quiet_positional", "positional share: the larger of quiet_prev and quiet_next", "share of rows, 0-1"),
+    Column(r"quiet_positional_offset", "the offset of that share (-1 previous, +1 next token)", "tokens"),
+    Column(
+        r"quiet_positional_head", "positional head: positional share at least analysis.quiet.positional_share (0.9)"
+    ),
+    Column(r"quiet_max_weight", "mean largest weight of a row", FRACTION),
+    Column(r"quiet_entropy", "mean row entropy of the attention (unsmoothed)", "nats"),
+    Column(r"quiet_entropy_var", "variance over sequences of the head's mean row entropy (0: rigid)", "nats squared"),
+    Column(
+        r"quiet_norm", "mean L2 norm of the head's output per token, before the output projection", "activation units"
+    ),
+    Column(r"quiet_norm_rel", "output norm over the mean output norm of the heads of its layer", "ratio"),
+    Column(
+        r"quiet_massive_first",
+        "share of sequences whose residual stream entering this layer has a massive activation at the first token",
+        "share of sequences, 0-1",
+    ),
+    Column(
+        r"quiet_sink_after_massive",
+        "sink head (det_sink_head) whose layer input holds a massive activation at the first token (NA: no sink head)",
+    ),
+    Column(r"quiet_ablation_null", "the exact ablation's loss effect has a CI that holds 0 (dormant by ablation)"),
+    Column(r"quiet_ablation_mode", "the ablation's mode behind quiet_ablation_null (zero, mean or resample)", "label"),
     Column(
         r"(.+)_kind", "how {0} was obtained: exact, estimated (checked), unreliable or skipped: <reason>", "label"
     ),  # fmt: skip
@@ -227,6 +257,9 @@ def family(name: str) -> str:
 
 def describe(name: str) -> ColumnDoc:
     """What an atlas column holds, its unit and family (the name itself and no unit when unknown)."""
+    det = detectors.REGISTRY.get(name.removeprefix("det_")) if name.startswith("det_") else None
+    if det is not None:
+        return ColumnDoc(name, det.describe, FRACTION, family(name), True)
     for col in COLUMNS:
         m = re.fullmatch(col.pattern, name)
         if m:

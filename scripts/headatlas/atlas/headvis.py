@@ -20,7 +20,8 @@ them as JSON Schema:
 - ``data/server_config.json`` ``{}`` (static-only mode) and ``data/attributions/manifest.json`` ``{}``.
 
 Layers and heads are 0-based, as in the atlas TSV (HeadVis displays them as given). The tree is written to
-a temporary directory and moved into place whole.
+a temporary directory and moved into place whole. :func:`export_run` writes every model of a run: ``OUT/data``
+for a run with one atlas (or the model chosen), ``OUT/<model>/data`` for each model of a run with several.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ DISTANCE_EDGES = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 
 class ExportError(ValueError):
     """The run cannot be exported (no atlas, an unknown model); one line."""
+
+
+def atlas_names(results: str | Path) -> list[str]:
+    """The models with an atlas under ``results/atlas/``."""
+    root = Path(results) / "atlas"
+    return sorted(p.parent.name for p in root.glob("*/atlas.tsv")) if root.is_dir() else []
 
 
 def _number(v) -> float | None:
@@ -167,7 +174,7 @@ def find_atlas(run_dir: str | Path, model: str | None) -> tuple[str, Path]:
     run = Path(run_dir)
     if (run / "atlas.tsv").is_file():
         return model or run.name, run / "atlas.tsv"
-    have = sorted(p.parent.name for p in (run / "atlas").glob("*/atlas.tsv"))
+    have = atlas_names(run)
     if not have:
         raise ExportError(
             f"{run}: no atlas (expected {run / 'atlas' / '<model>' / 'atlas.tsv'}): run the workflow first"
@@ -179,6 +186,20 @@ def find_atlas(run_dir: str | Path, model: str | None) -> tuple[str, Path]:
     if model not in have:
         raise ExportError(f"{run}: no atlas of model {model!r} (atlases: {', '.join(have)})")
     return model, run / "atlas" / model / "atlas.tsv"
+
+
+def export_run(
+    run_dir: str | Path, out: str | Path, model: str | None = None, corpus: str = "ewt_dev", n_sequences: int = 40
+) -> list[tuple[str, Path]]:
+    """Every model of a run, [(model, data directory)]: ``OUT/<model>/data`` for each model of a run with
+    several atlases, ``OUT/data`` for a run with one atlas, a model's atlas directory, or ``model`` chosen."""
+    run = Path(run_dir)
+    if model is None and not (run / "atlas.tsv").is_file():
+        have = atlas_names(run)
+        if len(have) > 1:
+            return [(m, export_headvis(run, Path(out) / m, m, corpus, n_sequences)) for m in have]
+    model, _ = find_atlas(run, model)
+    return [(model, export_headvis(run, out, model, corpus, n_sequences))]
 
 
 def export_headvis(

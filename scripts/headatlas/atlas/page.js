@@ -5,6 +5,11 @@
 (function () {
   const DATA = JSON.parse(document.getElementById("atlas-data").textContent);
   const MODELS = DATA.models;
+  // bidirectional-text controls (U+202E right-to-left override ...) in corpus text or ids would reorder the text
+  // after them: every text the page writes shows them escaped, as [U+202E]
+  const BIDI = /[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+  function safe(s) { return String(s).replace(BIDI, (c) => "[U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "]"); }
+  MODELS.forEach((m) => ((m.examples || {}).sentences || []).forEach((x) => { x.record_id = safe(x.record_id); x.units = x.units.map(safe); }));
   const byName = {};
   MODELS.forEach((m) => { byName[m.model] = m; });
   const GRID_H = 480, GRID_W = 280;
@@ -18,11 +23,11 @@
   function el(tag, attrs, children) {
     const e = document.createElement(tag);
     for (const k in attrs || {}) {
-      if (k === "text") e.textContent = attrs[k];
+      if (k === "text") e.textContent = safe(attrs[k]);
       else if (k === "class") e.className = attrs[k];
-      else e.setAttribute(k, attrs[k]);
+      else e.setAttribute(k, k === "aria-label" || k === "title" ? safe(attrs[k]) : attrs[k]);
     }
-    (children || []).forEach((c) => e.appendChild(typeof c === "string" ? document.createTextNode(c) : c));
+    (children || []).forEach((c) => e.appendChild(typeof c === "string" ? document.createTextNode(safe(c)) : c));
     return e;
   }
   function svgEl(tag, attrs) {
@@ -170,6 +175,8 @@
     for (let i = 0; i < n; i++) if (matches(m, i)) count += 1;
     panel.appendChild(el("p", { class: "status", "data-model": m.model, "aria-live": "polite",
       text: filterActive() ? count + " of " + n + " heads match the filters" : n + " heads; no filter" }));
+    const dropped = (m.examples || {}).dropped || [];
+    if (dropped.length) panel.appendChild(el("p", { class: "note dropped", text: droppedText(m) }));
     const body = el("div", { class: "panel-body" });
     const gw = el("div", { class: "gridcol" });
     const heads = el("div", { class: "heads", "aria-hidden": "true" });
@@ -290,41 +297,59 @@
     }
   }
   function group(c) { return c.family || ("other: " + c.name.split("_")[0]); }  // the registry's family
+  function droppedText(m) {
+    const d = (m.examples || {}).dropped || [];
+    return d.length + " example sentence" + (d.length === 1 ? "" : "s") + " left out: stored maps damaged (record" + (d.length === 1 ? " " : "s ") +
+      d.join(", ") + "); the atlas_page log names the store";
+  }
+  // the card: roles, rank and the typical map first; the other examples and every atlas value folded (by family)
   function fillCard(model, i) {
     const m = byName[model], body = document.getElementById("card-body");
     body.textContent = "";
-    document.getElementById("card-title").textContent = model + " head " + m.labels[i] + " (layer " + (Math.floor(i / m.n_heads) + 1) + ", head " + ((i % m.n_heads) + 1) + ")";
-    const r = rankOf(m, state.column, i);
-    body.appendChild(el("p", { class: "rank", "data-column": state.column,
-      text: "Rank on " + state.column + ": " + (r ? r.rank + " of " + r.n + " heads (1 = highest)" : "no rank (no value or not numeric)") }));
+    document.getElementById("card-title").textContent = safe(model) + " head " + m.labels[i] + " (layer " + (Math.floor(i / m.n_heads) + 1) + ", head " + ((i % m.n_heads) + 1) + ")";
     const held = m.roles.filter((x) => x.fdr && m.values[x.fdr][i] === true).map((x) => x.role);
-    body.appendChild(el("p", { text: "Roles held (FDR): " + (held.length ? held.join(", ") : "none") }));
+    body.appendChild(el("p", { class: "roles", text: "Roles held (FDR): " + (held.length ? held.join(", ") : "none") }));
+    const r = rankOf(m, state.column, i), cc = colInfo(m, state.column);
+    const v = cc ? m.values[cc.name][i] : null, ci = cc && cc.ci ? " [" + fmt(m.values[cc.ci[0]][i]) + ", " + fmt(m.values[cc.ci[1]][i]) + "]" : "";
+    body.appendChild(el("p", { class: "rank", "data-column": state.column,
+      text: "Rank on " + state.column + ": " + (r ? r.rank + " of " + r.n + " heads (1 = highest)" : "no rank (no value or not numeric)") +
+        (cc ? "; value " + fmt(v, cc.kind) + ci : "") }));
     body.appendChild(renderExamples(m, i));
-    body.appendChild(el("h3", { text: "Every atlas value" }));
-    // three columns that fit the card (table-layout fixed): the column with what it is and its unit, the value, its CI
+    body.appendChild(el("h3", { text: "Every atlas value, by family (click a family to open it)" }));
+    const families = [];
+    m.columns.forEach((c) => {
+      if (c.ci_of || c.kinds_of) return;  // shown in the row of their column
+      const g = group(c);
+      let f = families.find((x) => x.name === g);
+      if (!f) { f = { name: g, cols: [] }; families.push(f); }
+      f.cols.push(c);
+    });
+    families.forEach((f) => {  // all folded: the colour column's value is in the rank line above
+      const d = el("details", { class: "family", "data-family": f.name }, [el("summary", { text: f.name + " (" + f.cols.length + " value" + (f.cols.length === 1 ? "" : "s") + ")" })]);
+      d.appendChild(valueTable(m, i, f.cols));
+      body.appendChild(d);
+    });
+  }
+  // three columns that fit the card (table-layout fixed): the column with what it is and its unit, the value, its CI
+  function valueTable(m, i, cols) {
     const t = el("table", { class: "values" });
     t.appendChild(el("colgroup", {}, ["name", "value", "ci"].map((x) => el("col", { class: "c-" + x }))));
     t.appendChild(el("thead", {}, [el("tr", {}, ["column: what it is (unit)", "value", "CI"].map((h) => el("th", { scope: "col", text: h })))]));
     const tb = el("tbody", {});
-    let last = null;
-    m.columns.forEach((c) => {
-      if (c.ci_of || c.kinds_of) return;  // shown in the row of their column
-      const g = group(c);
-      if (g !== last) { tb.appendChild(el("tr", { class: "group" }, [el("th", { colspan: "3", scope: "colgroup", text: g })])); last = g; }
+    cols.forEach((c) => {
       const v = m.values[c.name][i];
       const ci = c.ci ? "[" + fmt(m.values[c.ci[0]][i]) + ", " + fmt(m.values[c.ci[1]][i]) + "]" : "";
       const k = c.kinds ? kindOf(m, c.name, i) : "", kc = kindClass(k);
       const name = el("th", { scope: "row" }, [el("span", { class: "name", text: c.name }), el("span", { class: "desc", text: withUnit(c) })]);
       if (k) name.appendChild(el("span", { class: "kind kind-" + (kc || "other"), text: "value: " + k + (isEffect(k) ? "" : " (not an effect)") }));
-      const tr = el("tr", { "data-col": c.name, "data-kind": k, class: (c.name === state.column ? "chosen" : "") + (kc ? " kind-" + kc : "") }, [
+      tb.appendChild(el("tr", { "data-col": c.name, "data-kind": k, class: (c.name === state.column ? "chosen" : "") + (kc ? " kind-" + kc : "") }, [
         name,
         el("td", { class: "value" + (c.kind === "text" ? " text" : ""), "data-value": JSON.stringify(v === undefined ? null : v), text: fmt(v, c.kind) }),
         el("td", { class: "ci", text: ci }),
-      ]);
-      tb.appendChild(tr);
+      ]));
     });
     t.appendChild(tb);
-    body.appendChild(t);
+    return t;
   }
 
   function decode(b64) {
@@ -335,43 +360,54 @@
   function renderExamples(m, i) {
     const ex = m.examples || {}, box = el("section", { class: "examples", "aria-label": "example attention maps" });
     box.appendChild(el("h3", { text: "Attention on example sentences (" + (ex.corpus || DATA.corpus) + ", word level)" }));
+    if ((ex.dropped || []).length) box.appendChild(el("p", { class: "note dropped", text: droppedText(m) + "." }));
     const maps = (ex.maps || [])[i] || [];
     if (!maps.length) {
       box.appendChild(el("p", { class: "note", text: "No example maps for this model" + (ex.note ? ": " + ex.note : "") + "." }));
       return box;
     }
     const typ = (ex.typical || [])[i];
-    const order = maps.slice().sort((a, b) => (typ && a.s === typ.s ? -1 : 0) - (typ && b.s === typ.s ? -1 : 0));
-    order.forEach((mp) => {
+    const first = typ ? maps.filter((mp) => mp.s === typ.s) : [];
+    const rest = maps.filter((mp) => !first.includes(mp));
+    const caption = (mp) => {
       const sent = ex.sentences[mp.s];
-      let title = "Example: record " + sent.record_id;
       if (typ && mp.s === typ.s) {
-        title = "Most typical of its role " + typ.role + (typ.held ? "" : " (not held under FDR: its strongest role with a score)") + ": record " + sent.record_id + ", sentence score " + fmt(typ.score);
+        return ["Most typical of its role " + typ.role + (typ.held ? "" : " (not held under FDR: its strongest role with a score)") + ": record ",
+          el("bdi", { text: sent.record_id }), ", sentence score " + fmt(typ.score)];
       }
-      box.appendChild(heatmap(sent, decode(mp.m), title, typ && mp.s === typ.s));
-    });
+      return ["Example: record ", el("bdi", { text: sent.record_id })];
+    };
+    first.forEach((mp) => box.appendChild(heatmap(ex.sentences[mp.s], decode(mp.m), caption(mp), true)));
     if (!typ) box.appendChild(el("p", { class: "note", text: "No typical sentence: " + (ex.note || "no Pande sentence score for this head") + "." }));
-    box.appendChild(el("p", { class: "note", text: DATA.typical_definition }));
+    const more = el("details", { class: "more-examples" }, [el("summary", { text: rest.length + " more example sentence" + (rest.length === 1 ? "" : "s") + "; how the typical one is chosen" })]);
+    rest.forEach((mp) => more.appendChild(heatmap(ex.sentences[mp.s], decode(mp.m), caption(mp), false)));
+    more.appendChild(el("p", { class: "note", text: DATA.typical_definition }));
+    if (!typ) more.open = true;  // nothing above: the examples are the map to see
+    box.appendChild(more);
     return box;
   }
   function heatmap(sent, vals, title, typical) {
     const units = sent.units, U = units.length;
     const fig = el("figure", { class: "example" + (typical ? " typical" : "") });
-    fig.appendChild(el("figcaption", { text: title }));
-    const c = Math.max(9, Math.min(18, Math.floor(380 / U))), left = 84, top = 78;
+    fig.appendChild(el("figcaption", {}, title));
+    // axis labels: a word cut to 40 characters, the margins as wide as the longest label needs (11 px text)
+    const label = (u) => u.length > 40 ? u.slice(0, 39) + "…" : u;
+    const longest = Math.max(...units.map((u) => label(u).length));
+    const c = Math.max(9, Math.min(18, Math.floor(380 / U))), left = 12 + Math.ceil(6.2 * longest), top = 14 + Math.ceil(5.4 * longest);
     const w = left + U * c + 70, h = top + U * c + 4;
     // top links for the text summary (and screen readers)
     const links = [];
     for (let a = 0; a < U; a++) for (let b = 0; b < U; b++) links.push([vals[a * U + b], a, b]);
     links.sort((x, y) => y[0] - x[0]);
-    const summary = links.slice(0, 5).map((x) => units[x[1]] + " → " + units[x[2]] + " " + x[0].toFixed(2)).join("; ");
+    const top5 = links.slice(0, 5);
+    const summary = top5.map((x) => units[x[1]] + " → " + units[x[2]] + " " + x[0].toFixed(2)).join("; ");
     const svg = svgEl("svg", { width: w, height: h, viewBox: "0 0 " + w + " " + h, role: "img",
       "aria-label": "word-level attention map of \u201c" + units.join(" ") + "\u201d; rows attend from, columns attend to; strongest: " + summary });
     for (let a = 0; a < U; a++) {
       const t = svgEl("text", { x: left - 4, y: top + a * c + c * 0.75, "text-anchor": "end" });
-      t.textContent = units[a]; svg.appendChild(t);
+      t.textContent = label(units[a]); svg.appendChild(t);
       const t2 = svgEl("text", { transform: "translate(" + (left + a * c + c * 0.7) + "," + (top - 4) + ") rotate(-60)" });
-      t2.textContent = units[a]; svg.appendChild(t2);
+      t2.textContent = label(units[a]); svg.appendChild(t2);
     }
     for (let a = 0; a < U; a++) for (let b = 0; b < U; b++) {
       const v = vals[a * U + b];
@@ -380,7 +416,10 @@
       svg.appendChild(r);
     }
     fig.appendChild(svg);
-    fig.appendChild(el("p", { class: "links", text: "Rows attend from, columns to; white 0 to dark blue 1 (word-level attention, rows sum to 1). Strongest: " + summary }));
+    // each word isolated (<bdi>): a right-to-left word does not reorder the text around it
+    const strongest = [];
+    top5.forEach((x, j) => strongest.push(j ? "; " : "", el("bdi", { text: units[x[1]] }), " → ", el("bdi", { text: units[x[2]] }), " " + x[0].toFixed(2)));
+    fig.appendChild(el("p", { class: "links" }, ["Rows attend from, columns to; white 0 to dark blue 1 (word-level attention, rows sum to 1). Strongest: "].concat(strongest)));
     return fig;
   }
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from ..core.store import AttentionStore, StoreError, word_level
 from . import columns as registry
 
 HERE = Path(__file__).resolve().parent
+log = logging.getLogger(__name__)
 ID_COLUMNS = ("model", "layer", "head", "label")
 ROLE_COLUMN = re.compile(r"^(?P<role>.+)_sig_(?P<mode>faithful|fdr)$")
 KV_COLUMN = "det_kv_group"  # detectors: the key/value head a query head reads
@@ -150,27 +152,35 @@ def rank_desc(values: np.ndarray) -> np.ndarray:
 # --- example sentences -------------------------------------------------------------------
 
 
-def map_sequences(store: AttentionStore, eligible: np.ndarray, want: int, probe: int) -> tuple[list[int], str]:
-    """Up to ``want`` of the ``eligible`` sequences whose maps the store holds, and a note saying
-    why there are none. A store whose manifest says it holds no maps gives none; any other store is
-    probed sequence by sequence, at most ``probe`` tries: a read that fails counts as no map. (A
-    ``maps: sample`` corpus is read through its ``sample/`` stores: :func:`examples_data`.)"""
+def map_sequences(
+    store: AttentionStore, eligible: np.ndarray, want: int, probe: int
+) -> tuple[list[int], str, list[tuple[str, str]]]:
+    """Up to ``want`` of the ``eligible`` sequences whose maps the store holds and reads back intact
+    (every layer), a note saying why there are none, and the sequences left out because their maps
+    are damaged, as (record id, the store's error). A store whose manifest says it holds no maps gives
+    none; any other store is probed sequence by sequence, at most ``probe`` tries. (A ``maps: sample``
+    corpus is read through its ``sample/`` stores: :func:`examples_data`.)"""
     if not all(m.get("maps", True) for m in store.manifests):  # what is on disk, not the meta's claim
-        return [], f"the store of {store.meta.get('corpus', '?')} keeps no maps (maps: false)"
+        return [], f"the store of {store.meta.get('corpus', '?')} keeps no maps (maps: false)", []
     found: list[int] = []
+    damaged: list[tuple[str, str]] = []
     for k in eligible[:probe]:
         try:
-            store.maps(0, int(k), heads=0)
-        except (StoreError, KeyError, IndexError):
+            for layer in range(store.n_layers):
+                store.maps(layer, int(k))
+        except (StoreError, KeyError, IndexError) as e:
+            if "no maps stored" in str(e):  # a store written without maps (no manifest says so): none, not damage
+                return [], f"the store of {store.meta.get('corpus', '?')} keeps no maps", []
+            damaged.append((str(store.record_id[int(k)]), str(e)))
             continue
         found.append(int(k))
         if len(found) == want:
             break
     if found:
-        return found, ""
+        return found, "", damaged
     if not len(eligible):
-        return [], "no sentence of the configured length in the store"
-    return [], f"no stored maps among the {min(probe, len(eligible))} sentences tried"
+        return [], "no sentence of the configured length in the store", damaged
+    return [], f"no readable maps among the {min(probe, len(eligible))} sentences tried", damaged
 
 
 def unit_labels(words: tuple[str, ...], unit_word: np.ndarray, unit_special: np.ndarray) -> list[str]:
@@ -272,9 +282,10 @@ def examples_data(
     settings: PageSettings,
 ) -> dict:
     """The example sentences of one model: ``sentences`` (record id, unit labels), per head
-    (layer-major) its maps (``maps``: list of {s, m}) and its ``typical`` sentence, and a
-    ``note`` saying why there are fewer or none."""
-    out = {"corpus": settings.corpus, "sentences": [], "maps": [], "typical": [], "note": ""}
+    (layer-major) its maps (``maps``: list of {s, m}) and its ``typical`` sentence, a ``note`` saying
+    why there are fewer or none, and ``dropped``: the record ids left out because their maps are
+    damaged (logged as a warning)."""
+    out = {"corpus": settings.corpus, "sentences": [], "maps": [], "typical": [], "note": "", "dropped": []}
     if not store_dirs:
         out["note"] = f"corpus {settings.corpus} is not extracted for this model"
         return out
@@ -290,8 +301,19 @@ def examples_data(
     with AttentionStore(store_dirs) as store:
         L, H = store.n_layers, store.n_heads
         eligible = np.flatnonzero((store.n_words >= settings.min_words) & (store.n_words <= settings.max_words))
-        pool, note = map_sequences(store, eligible, settings.pool, settings.probe)
+        pool, note, damaged = map_sequences(store, eligible, settings.pool, settings.probe)
         out["note"] = note
+        if damaged:  # never silently: the log names the store and the records, the page shows the count
+            ids = [r for r, _ in damaged]
+            log.warning(
+                "atlas page: %d example sentence(s) of %s left out, their stored maps are damaged: records %s "
+                "(first error: %s)",
+                len(ids),
+                ", ".join(map(str, store_dirs)),
+                ", ".join(ids),
+                damaged[0][1],
+            )
+            out["dropped"] = ids
         if not pool:
             out["maps"] = [[] for _ in range(L * H)]
             out["typical"] = [None] * (L * H)

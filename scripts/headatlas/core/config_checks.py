@@ -4,7 +4,10 @@ Functions of the validated config dict (after the schema filled its defaults) an
 look at (a model's directory, package or ``config.json``; a model directory a rule has written, under the
 working directory's ``results/``). Every failure names the config key.
 
+- :func:`schema_problem`: a schema error as one line naming the key path, with the nearest known key;
 - :func:`check_config`: model and corpus names, and every cross-reference between models, corpora and analyses;
+  :func:`check_section`: an analysis section's own (its defaults filled); :func:`check_input_paths`: every input
+  file the config names exists (on every run); :func:`coverage_warnings`: models no analysis or no atlas covers;
 - :func:`resolve_models`: the model entries by name, a derived (fine-tuned, random-init) model with its base's
   settings; :func:`rule_model_dir`: the directory a rule writes a model to;
 - :func:`model_corpora`, :func:`corpus_model`, :func:`helper_models`: who extracts what, with which settings;
@@ -29,8 +32,8 @@ RULE_DIRS = {"gguf": "gguf", "zip_parts": "assembled", "finetuned": "finetuned",
 
 def check_config(config: dict) -> None:
     """Model and corpus names are plain file-name parts, model names unique; every corpus a model, a corpus's
-    ``models`` or an analysis names exists (its ``corpora``, ``long_corpora``, ``long.corpora``); no corpus is in
-    both an analysis's ``corpora`` and its ``long_corpora``."""
+    ``models`` or an analysis names as written exists (:func:`check_section` checks an active section again with
+    its defaults); no corpus is in both an analysis's ``corpora`` and its ``long_corpora``."""
     names = [check_name(m["name"], "models[].name") for m in config["models"]]
     for corpus in config["corpora"]:
         check_name(corpus, "corpora")
@@ -49,15 +52,10 @@ def check_config(config: dict) -> None:
         if unknown:
             raise ValueError(f"config key corpora.{corpus}.models: unknown models {unknown}; known: {sorted(names)}")
     for key, spec in config["analysis"].items():
+        for at, corpus in _corpus_refs(spec, f"analysis.{key}"):
+            if corpus not in config["corpora"]:
+                raise ValueError(f"config key {at}: unknown corpus {corpus!r}; known: {sorted(config['corpora'])}")
         lists = {"corpora": spec.get("corpora", []), "long_corpora": spec.get("long_corpora", [])}
-        if isinstance(spec.get("long"), dict):  # analysis.detectors.long
-            lists["long.corpora"] = spec["long"].get("corpora", [])
-        for name, corpora in lists.items():
-            for corpus in corpora:
-                if corpus not in config["corpora"]:
-                    raise ValueError(
-                        f"config key analysis.{key}.{name}: unknown corpus {corpus!r}; known: {sorted(config['corpora'])}"
-                    )
         both = sorted(set(lists["corpora"]) & set(lists["long_corpora"]))
         if both:
             raise ValueError(
@@ -176,3 +174,158 @@ def check_corpus_lengths(config: dict, models: dict[str, dict]) -> None:
             if found:
                 spec = ModelSpec.from_config(corpus_model(config, models, name, corpus))
                 check_max_length(spec, found[0], found[1], past_last)
+
+
+# --- the schema's verdict, short --------------------------------------------------------------------------------
+SCHEMA_DUMP_ENV = "HEADATLAS_SCHEMA_DUMP"  # set to 1: Snakemake's own message, with the whole schema and config
+
+
+def _key_path(where: str, path, instance) -> str:
+    """``models[bert].max_length`` for the jsonschema path ``models/0/max_length`` (a list item by its name)."""
+    out, node = where, instance
+    for part in path:
+        if isinstance(part, int):
+            name = node[part].get("name") if isinstance(node[part], dict) else None
+            out += f"[{name if isinstance(name, str) else part}]"
+        else:
+            out += f".{part}" if out else str(part)
+        node = node[part]
+    return out
+
+
+def schema_problem(data: dict, schema: dict, where: str = "") -> str | None:
+    """The first thing ``data`` breaks in ``schema`` as one line naming its key path (``where`` is the path of
+    ``data`` itself, e.g. ``analysis.pande``), with the nearest known key for an unknown one; None when valid."""
+    import difflib
+
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is None:
+        return None
+    at = _key_path(where, error.absolute_path, data)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {})
+        extra = sorted(k for k in error.instance if k not in known)
+        if extra:
+            key = f"{at}.{extra[0]}" if at else str(extra[0])
+            close = difflib.get_close_matches(str(extra[0]), list(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(sorted(known))}"
+            return f"{key}: unknown key; {hint}"
+    message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
+    return f"{at or 'config'}: {message}"
+
+
+# --- inputs and cross-references that must hold on every run ----------------------------------------------------
+def _is_rule_output(path: str) -> bool:
+    """A path under results/: another rule writes it (a generated corpus), so it need not exist before the run."""
+    return Path(path).parts[:1] == ("results",)
+
+
+def check_input_paths(config: dict) -> None:
+    """Every input file the config names exists now (on every run, not only when its job is planned): each corpus's
+    ``path`` / ``paths`` (except files another rule writes, under results/), each fine-tuning task's ``train`` and
+    ``dev``, and Jo & Myaeng's downstream task files. A missing one is an error naming its key path."""
+    named = []
+    for corpus, spec in config["corpora"].items():
+        if "path" in spec:
+            named.append((f"corpora.{corpus}.path", spec["path"]))
+        for i, p in enumerate(spec.get("paths", [])):
+            named.append((f"corpora.{corpus}.paths[{i}]", p))
+    for task, spec in config.get("finetune_tasks", {}).items():
+        named += [(f"finetune_tasks.{task}.{k}", spec[k]) for k in ("train", "dev") if k in spec]
+    jm = config["analysis"].get("jomyaeng") or {}
+    if jm.get("activate", True):
+        for task, spec in (jm.get("downstream") or {}).items():
+            named += [
+                (f"analysis.jomyaeng.downstream.{task}.{k}", spec[k]) for k in ("train", "dev", "test") if k in spec
+            ]
+    for key, path in named:
+        if isinstance(path, str) and not _is_rule_output(path) and not Path(path).is_file():
+            raise ValueError(f"config key {key}: no such file {path} (relative paths start at {Path.cwd()})")
+
+
+def section_active(config: dict, key: str, given=None, on_when_absent=("atlas",)) -> bool:
+    """An analysis runs when its section is present (the atlas also when absent) and ``activate`` is not false;
+    ``given``: the sections the user wrote (default: those in the config now; the workflow fills absent ones)."""
+    section = config["analysis"].get(key)
+    if section is None or (given is not None and key not in given):
+        return key in on_when_absent
+    return bool(section.get("activate", True))
+
+
+def _corpus_refs(section: dict, path: str):
+    """(key path, corpus name) of every corpus an analysis section names: ``corpus`` / ``*_corpus`` /
+    ``probe_train`` strings, ``corpora`` / ``*_corpora`` lists and ``*_corpora`` / ``probe_eval`` mappings."""
+    for key, value in section.items():
+        at = f"{path}.{key}"
+        if key in ("corpus", "probe_train") or key.endswith("_corpus"):
+            if isinstance(value, str):
+                yield at, value
+        elif key in ("corpora", "probe_eval") or key.endswith("_corpora"):
+            items = value.items() if isinstance(value, dict) else enumerate(value or [])
+            for k, v in items:
+                if isinstance(v, str):
+                    yield f"{at}.{k}" if isinstance(value, dict) else at, v
+        elif isinstance(value, dict) and key != "downstream":
+            yield from _corpus_refs(value, at)
+
+
+def surface_corpus_default(config: dict, given: dict) -> dict:
+    """The atlas section as given, with ``surface_corpus`` set to the first of ``analysis.clark_surface.corpora``
+    when it is not given and the schema's default (wiki) is not one of them."""
+    surface = (config["analysis"].get("clark_surface") or {}).get("corpora") or []
+    if "surface_corpus" in given or not surface or "wiki" in surface:
+        return given
+    return dict(given, surface_corpus=surface[0])
+
+
+def check_section(config: dict, key: str, section: dict, given: dict | None = None, sections=None) -> None:
+    """The cross-references of one active analysis section (``section`` with its defaults, ``given`` as the user
+    wrote it): every corpus it names is a corpus of the config (the atlas's as given: it runs when absent, and a
+    page corpus the config lacks only leaves the page without examples), every model of its ``models`` list a
+    model; the atlas's ``surface_corpus`` is one of Clark's surface corpora when that analysis runs (else the atlas
+    would get no surface columns). ``sections``: the analysis sections the user wrote."""
+    corpora = config["corpora"]
+    refs = given if key == "atlas" and given is not None else section
+    for at, corpus in _corpus_refs(refs, f"analysis.{key}"):
+        if corpus not in corpora:
+            raise ValueError(f"config key {at}: unknown corpus {corpus!r}; known: {sorted(corpora)}")
+    names = [m["name"] for m in config["models"]]
+    unknown = [m for m in section.get("models") or [] if m not in names]
+    if unknown:
+        raise ValueError(f"config key analysis.{key}.models: unknown models {unknown}; known: {sorted(names)}")
+    if key == "atlas" and section_active(config, "clark_surface", sections):
+        surface = (config["analysis"].get("clark_surface") or {}).get("corpora") or []
+        if section["surface_corpus"] not in surface:
+            raise ValueError(
+                f"config key analysis.atlas.surface_corpus: {section['surface_corpus']!r} is not one of "
+                f"analysis.clark_surface.corpora {surface}; the atlas's surface columns come from one of them"
+            )
+
+
+def coverage_warnings(config: dict, models: dict[str, dict]) -> list[str]:
+    """One warning per model (not a helper) that no analysis covers, and per model the atlas leaves out, naming
+    the ``models`` lists that leave it out."""
+    helpers = helper_models(models)
+    active = [k for k in config["analysis"] if section_active(config, k)]
+    if "atlas" not in active and section_active(config, "atlas"):
+        active.append("atlas")
+
+    def covers(key: str, name: str) -> bool:
+        listed = (config["analysis"].get(key) or {}).get("models") or []
+        return not listed or name in listed
+
+    out = []
+    for name in models:
+        if name in helpers:
+            continue
+        left_out = [f"analysis.{k}.models" for k in active if not covers(k, name)]
+        others = [k for k in active if k != "atlas"]
+        if others and not any(covers(k, name) for k in others):
+            verb = "leaves" if len(left_out) == 1 else "leave"
+            out.append(f"model {name!r} is in no analysis: {', '.join(left_out)} {verb} it out; add it there")
+        elif "atlas" in active and not covers("atlas", name):
+            out.append(f"model {name!r} is not in the atlas page and tables: analysis.atlas.models leaves it out")
+    return out

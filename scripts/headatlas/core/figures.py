@@ -57,6 +57,12 @@ def save_figure(fig, png: str | Path, svg: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     try:
+        # the layout first, then frozen: a constrained layout moves the axes only when the figure is drawn (a box
+        # taken before cuts what it moves out) and moves them again at each draw (equal-aspect panels: a box taken
+        # after one draw misses the next, savefig's); at the PNG's resolution, which text sizes depend on
+        fig.set_dpi(DPI)
+        fig.draw_without_rendering()
+        fig.set_layout_engine("none")
         # the tight box (a full layout pass over every text) once, for both files: bbox_inches="tight" takes it
         # again in each savefig (half of a figure job's CPU time on many-panel figures)
         bbox = fig.get_tightbbox(fig.canvas.get_renderer()).padded(plt.rcParams["savefig.pad_inches"])

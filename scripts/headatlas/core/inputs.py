@@ -2,7 +2,8 @@
 
 - :func:`check_yaml`: a config file's YAML syntax errors and duplicate keys, as ``file:line:column``
   (Snakemake's own message for a bad ``--configfile`` names neither).
-- :func:`merge_config` / :func:`config_bases`: a config's ``extends:`` key (configs merged under it).
+- :func:`merge_config` / :func:`config_bases` / :func:`extend_config`: a config's ``extends:`` key (configs merged
+  under it) and its ``add_models:`` / ``add_corpora:`` keys (added to the base's).
 - :func:`model_files`: the local files a model loads from (rule inputs: new weights re-extract);
   :func:`bos_warning`: a decoder that gets no BOS (its [CLS]/BOS columns would be empty).
 - :func:`local_model_config`: a model's ``config.json`` when it is readable without a network (the position
@@ -21,7 +22,7 @@ import yaml
 from .data import CorpusError, read_lines
 from .models import ModelError, ModelSpec, architecture, gguf_file, model_kind, resolve
 
-MAP_MODES = ("full", "sample", "none")  # what an extraction keeps of the n x n maps (README: Fused reduction)
+MAP_MODES = ("full", "sample", "none")  # what an extraction keeps of the n x n maps (docs/reduction.md)
 DEFAULT_SAMPLE = 32  # sequences whose maps a `maps: sample` corpus keeps
 
 
@@ -141,6 +142,50 @@ def merge_config(base: dict, over: dict) -> dict:
     return out
 
 
+# keys that add to the base config instead of replacing: key -> the key it adds to (config/README.md)
+ADDITIONS = {"add_models": "models", "add_corpora": "corpora"}
+
+
+def extend_config(base: dict, over: dict, where: str = "config") -> dict:
+    """``over`` merged onto ``base`` (:func:`merge_config`), then its ``add_models`` entries appended to the models
+    and its ``add_corpora`` entries added to the corpora. An added model also joins every ``models`` list of the
+    base (a corpus's, an analysis's) that ``over`` does not restate, so it is extracted and analysed as the base's
+    own models are. A name the config has already raises ConfigError naming ``where`` and the key."""
+    out = merge_config(base, {k: v for k, v in over.items() if k not in ADDITIONS})
+    added = over.get("add_models") or []
+    if not isinstance(added, list) or not all(isinstance(m, dict) and "name" in m for m in added):
+        raise ConfigError(f"{where}: config key add_models: a list of model entries (each with a name), not {added!r}")
+    names = [m.get("name") for m in out.get("models", [])]
+    clash = sorted({m["name"] for m in added} & set(names))
+    if clash:
+        raise ConfigError(
+            f"{where}: config key add_models: {clash} already in models; change an entry under models: "
+            "(restating the list) or give the new model another name"
+        )
+    if added:
+        out["models"] = list(out.get("models", [])) + added
+        new = [m["name"] for m in added]
+        restated = over.get("corpora", {}), over.get("analysis", {})
+        for group, mine in zip(("corpora", "analysis"), restated):
+            out[group] = dict(out.get(group, {}))  # a copy: the base's mappings stay as they are
+            for key, spec in out[group].items():
+                own = (mine or {}).get(key)
+                if isinstance(spec, dict) and spec.get("models") and not (isinstance(own, dict) and "models" in own):
+                    out[group][key] = dict(spec, models=list(spec["models"]) + new)
+    corpora = over.get("add_corpora") or {}
+    if not isinstance(corpora, dict):
+        raise ConfigError(f"{where}: config key add_corpora: a mapping of corpus name -> entry, not {corpora!r}")
+    clash = sorted(set(corpora) & set(out.get("corpora", {})))
+    if clash:
+        raise ConfigError(
+            f"{where}: config key add_corpora: {clash} already in corpora; change it under corpora: "
+            "or give the new corpus another name"
+        )
+    if corpora:
+        out["corpora"] = {**out.get("corpora", {}), **corpora}
+    return out
+
+
 def config_bases(paths, _chain: tuple[Path, ...] = ()) -> dict:
     """The configs that the ``extends:`` keys of ``paths`` name, merged in order (each file's own
     bases under it), without the files themselves; {} when none extends anything.
@@ -163,10 +208,63 @@ def config_bases(paths, _chain: tuple[Path, ...] = ()) -> dict:
             if not base.is_file():
                 raise ConfigError(f"{path}: config key extends: no such file {base}")
             chain = _chain + (path.resolve(),)
-            below = merge_config(config_bases([base], chain), check_yaml(base))
+            below = extend_config(config_bases([base], chain), check_yaml(base), str(base))
             below.pop("extends", None)
             merged = merge_config(merged, below)
     return merged
+
+
+def config_chain(paths) -> list[str]:
+    """The config files ``paths`` and every config their ``extends:`` keys name (recursively), resolved, each once,
+    in order (a missing or unreadable base is left to :func:`config_bases` to report)."""
+    out: list[str] = []
+    todo = [Path(p) for p in paths]
+    while todo:
+        path = todo.pop(0).resolve()
+        if str(path) in out or not path.is_file():
+            continue
+        out.append(str(path))
+        try:
+            names = check_yaml(path).get("extends") or []
+        except ConfigError:
+            continue
+        todo += [path.parent / n for n in ([names] if isinstance(names, str) else names) if isinstance(n, str)]
+    return out
+
+
+def _sets_something(path: str) -> bool:
+    """Whether a config file sets anything but ``extends:`` and the keys that add (:data:`ADDITIONS`)."""
+    try:
+        return bool(set(check_yaml(path)) - {"extends", *ADDITIONS})
+    except ConfigError:
+        return False
+
+
+def other_run_warning(record: str | Path, chain: list[str], cwd: str | Path = ".") -> str | None:
+    """A warning when results/ holds a run of a config (``record``: the config files of the last finished run,
+    written by the workflow) with settings that this run's configs (``chain``, :func:`config_chain`) leave out:
+    a file of that run that sets more than ``extends:`` / ``add_*:`` and that this config does not extend (unless
+    this config is part of that run's, e.g. the quick run after a recipe that extends it). Where the two differ,
+    this config's corpora and settings replace that run's, so those jobs rerun."""
+    try:
+        last = json.loads(Path(record).read_text(encoding="utf-8"))["configs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not last or set(chain) <= set(last):
+        return None
+    lost = [p for p in last if p not in chain and _sets_something(p)]
+    if not lost:
+        return None
+    cwd = Path(cwd).resolve()
+
+    def show(p: str) -> str:
+        return str(Path(p).relative_to(cwd)) if Path(p).is_relative_to(cwd) else p
+
+    return (
+        f"results/ holds the run of {show(last[0])}; {show(chain[0])} does not extend {show(lost[0])}: where "
+        f"their corpora or settings differ, that run's outputs are rebuilt with this config's (to add to that run, "
+        f"extend {show(last[0])}: README, Add a model)"
+    )
 
 
 # the files from_pretrained reads from a save_pretrained directory: config, weights, tokenizer
@@ -191,8 +289,8 @@ def model_files(spec: ModelSpec) -> list[str]:
     for derived models (their directory is another rule's output). A missing directory, package,
     config.json or GGUF file raises ModelError naming the path and the config key."""
     kind = spec.source_kind
-    if kind == "gguf" and spec.source.get("assemble"):
-        return []  # the package's assemble() writes the GGUF in rule cache_model (check_installed checks the package)
+    if kind == "gguf" and (spec.source.get("assemble") or "gguf_parts" in spec.source):
+        return []  # rule cache_model joins the GGUF from its chunk packages (check_installed checks them)
     if kind == "gguf":
         return [str(gguf_file(spec))]
     if kind not in ("path", "package"):

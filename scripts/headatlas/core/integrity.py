@@ -118,11 +118,17 @@ def replace_dir(tmp: str | Path, out: str | Path, sealed: bool = True) -> Path:
 
 
 def check_name(name: str, what: str) -> str:
-    """A model or corpus name must be a plain file-name component (it becomes a directory name)."""
+    """A model or corpus name must be a plain file-name component (it becomes a directory name) that does not
+    start with '-' (it is given to commands: ``headatlas atlas NAME``)."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise IntegrityError(
             f"config key {what}: {name!r} is not a plain file name (letters, digits, '_', '-', '.', not starting "
             "with '.'): outputs would be written outside their folder"
+        )
+    if name.startswith("-"):  # `headatlas atlas -x`, `snakemake results/.../-x` would read it as an option
+        raise IntegrityError(
+            f"config key {what}: {name!r} starts with '-', which commands read as an option: start it with a "
+            "letter, digit or '_'"
         )
     return name
 
@@ -135,6 +141,15 @@ def _under_results(path: Path) -> bool:
     return Path(os.path.abspath(path)).is_relative_to(Path.cwd() / RESULTS)
 
 
+def read_seal(side: str | Path) -> list[str] | None:
+    """The words of a ``.sha256`` seal (checksum, file name); None when it is missing or unreadable (not a file,
+    not ASCII text: a damaged seal reads as a missing one, so its file is rebuilt)."""
+    try:
+        return Path(side).read_bytes().decode("ascii").split()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def file_problem(path: str | Path, required: bool | None = None) -> str | None:
     """What is wrong with a sealed file ([None] when it matches its seal). A file without a seal is a problem
     when ``required`` (default: a sealable file under results/); else it is not checked."""
@@ -142,13 +157,16 @@ def file_problem(path: str | Path, required: bool | None = None) -> str | None:
     side = sidecar(path)
     if not path.is_file():
         return f"{path}: missing; {rebuild(path)}"
-    if not side.is_file():
+    want = read_seal(side)
+    if want is None:  # no seal, or one that is not text (random bytes): read as missing
         if required if required is not None else (sealable(path) and _under_results(path)):
-            return (
-                f"{path}: no checksum ({side.name} missing: written by hand or by an older headatlas); {rebuild(path)}"
+            why = (
+                "unreadable, not a checksum line"
+                if side.exists()
+                else "missing: written by hand or by an older headatlas"
             )
+            return f"{path}: no checksum ({side.name} {why}); {rebuild(path)}"
         return None
-    want = side.read_text().split()
     if len(want) != 2 or want[1] != path.name:
         return f"{side}: not a checksum of {path.name}; {rebuild(path)}"
     if file_checksum(path) != want[0]:
@@ -318,8 +336,23 @@ def check_unk_share(records, tokenizer, where: str, limit: float) -> float:
         return 0.0
     ids = tokenizer(words, add_special_tokens=False)["input_ids"]
     n = sum(len(x) for x in ids)
-    share = sum(x.count(unk) for x in ids) / max(1, n)
+    n_unk = [x.count(unk) for x in ids]
+    share = sum(n_unk) / max(1, n)
     if share > limit:
+        # a word longer than the tokenizer takes (WordPiece: max_input_chars_per_word) is one unknown token
+        longest = getattr(getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None),
+                          "max_input_chars_per_word", None)  # fmt: skip
+        if longest:
+            long = [i for i, (w, k) in enumerate(zip(words, n_unk)) if k and len(w) > longest]
+            if long and (sum(n_unk) - sum(n_unk[i] for i in long)) / max(1, n) <= limit:
+                where_word = [(r.id, j) for r in records for j in range(len(r.words))]
+                rid, j = where_word[long[0]]
+                raise IntegrityError(
+                    f"{where}: {len(long)} word(s) longer than the tokenizer's {longest} characters per word become "
+                    f"{tokenizer.unk_token!r}, {share:.1%} of the corpus's tokens (limit extraction.max_unk_share = "
+                    f"{limit:g}); the first: record {rid!r}, word {j + 1} ({len(words[long[0]]):,} characters, "
+                    f"{words[long[0]][:20]!r}...): split or remove it, or raise the limit"
+                )
         raise IntegrityError(
             f"{where}: the tokenizer turns {share:.1%} of the corpus's tokens into {tokenizer.unk_token!r} "
             f"(limit extraction.max_unk_share = {limit:g}): is its tokenizer.json (or vocabulary file) missing or "

@@ -4,17 +4,26 @@ The report lists this page beside (instead of) each TSV so that a table opens in
 no network (inline CSS and JS), and the TSV itself is embedded as a download link. A table with
 0-based ``layer`` and ``head`` columns gets a first column ``label``, the 1-based ``layer-head``
 name of :func:`headatlas.core.figures.head_label`, unless it has one.
+
+The page is read in the report's pane (about 800 px): the columns that matter come first (the label,
+the key statistic and its CI: :func:`column_order`), the join columns (a constant ``model``, and
+``layer`` and ``head`` beside a label) last, numbers are shown to 4 significant digits (the TSV to
+download keeps every digit), headers wrap at underscores and the first column stays in view when the
+table scrolls sideways.
 """
 
 from __future__ import annotations
 
 import base64
+import fnmatch
 import html
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..atlas.columns import ci_columns
 from ..core.figures import head_label
 from ..core.io import atomic_path
 
@@ -24,10 +33,14 @@ h1{font-size:16px;margin:0 0 4px}
 p.note{margin:2px 0 8px;color:#555}
 input#filter{margin:0 0 8px;padding:3px 6px;width:24em}
 table{border-collapse:collapse}
-th,td{border:1px solid #ddd;padding:2px 6px;white-space:nowrap}
-th{background:#f0f3f7;position:sticky;top:0;cursor:pointer;user-select:none}
+th,td{border:1px solid #ddd;padding:2px 6px;background:#fff}
+td{white-space:nowrap}
+th{background:#f0f3f7;position:sticky;top:0;z-index:1;cursor:pointer;user-select:none;
+vertical-align:bottom;text-align:left}
 th.asc::after{content:" \\25B2"}th.desc::after{content:" \\25BC"}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+td div.long{min-width:16em;max-width:28em;white-space:normal;overflow-wrap:break-word}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td:first-child{position:sticky;left:0}th:first-child{left:0;z-index:2}
 tr:nth-child(even) td{background:#fafafa}
 tr:hover td{background:#fff7d6}
 h2{font-size:14px;margin:14px 0 4px}
@@ -73,6 +86,58 @@ def with_head_label(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(label=labels)[["label"] + [c for c in df.columns]]
 
 
+JOIN_COLUMNS = ("model", "layer", "head")  # what tables are joined on: last on the page
+# tables whose rows are not heads: the columns they lead with (fnmatch pattern of the path below results/)
+LEAD = {
+    "clark/*/syntax/table1.tsv": ("paper_relation", "relation", "label", "direction", "accuracy", "ci_low", "ci_high"),
+}
+SIGNIFICANT = 4  # digits of a number shown on the page
+LONG_TEXT = 40  # characters: a longer text cell wraps in a column of its own width
+
+
+def key_statistic(columns) -> list[str]:
+    """The key statistic of a table and its CI: the first column with ``<name>_ci_low/high`` (or, for
+    ``..._effect``, ``..._ci_low/high``: :func:`headatlas.atlas.columns.ci_columns`), else the column just
+    before a plain ``ci_low``, ``ci_high`` pair; [] when the table has no CI."""
+    cols = [str(c) for c in columns]
+    for c in cols:
+        if pair := ci_columns(c, cols):
+            return [c, *pair]
+    if "ci_low" in cols and "ci_high" in cols:
+        i = cols.index("ci_low")
+        if i > 0 and cols[i - 1] not in ("label", *JOIN_COLUMNS):
+            return [cols[i - 1], "ci_low", "ci_high"]
+    return []
+
+
+def column_order(df: pd.DataFrame, lead: tuple[str, ...] = ()) -> list[str]:
+    """The columns as the page shows them: ``lead`` (or ``label``, the key statistic and its CI), then
+    the others in the TSV's order, then the join columns: ``model`` when it is one value throughout,
+    ``layer`` and ``head`` when a ``label`` names the head."""
+    cols = [str(c) for c in df.columns]
+    front = [c for c in lead if c in cols] if lead else [c for c in ["label", *key_statistic(cols)] if c in cols]
+    back = [c for c in ("layer", "head") if "label" in cols and c in cols]
+    if "model" in cols and df["model"].nunique(dropna=False) <= 1:
+        back.insert(0, "model")
+    back = [c for c in back if c not in front]
+    return front + [c for c in cols if c not in front and c not in back] + back
+
+
+_NUMBER = re.compile(r"[+-]?(\d*)(?:\.(\d*))?(?:[eE][+-]?\d+)?")
+
+
+def short_number(text: str, digits: int = SIGNIFICANT) -> str:
+    """A number's text to ``digits`` significant digits (integers and shorter numbers as written;
+    numbers of 10**digits or more without decimals)."""
+    m = _NUMBER.fullmatch(text)
+    if not m or not (m[1] or m[2]) or (m[2] is None and "e" not in text.lower()):
+        return text
+    if len((m[1] + (m[2] or "")).lstrip("0")) <= digits:
+        return text
+    x = float(text)
+    return f"{x:.0f}" if abs(x) >= 10**digits else f"{x:.{digits}g}"
+
+
 def _numeric(col: pd.Series) -> bool:
     """Whether a column holds numbers (right-aligned): a numeric dtype, or text that all parses as numbers."""
     if pd.api.types.is_bool_dtype(col):
@@ -89,15 +154,22 @@ def table_html(
     tsv_name: str | None = None,
     tsv_bytes: bytes | None = None,
     notes: dict[str, str] | None = None,
+    lead: tuple[str, ...] = (),
 ) -> str:
-    """The page for ``df`` (cells shown as the TSV writes them); ``tsv_bytes`` become a download link;
-    ``notes`` (column -> what it holds) become the headers' tooltips and a list under the table."""
-    df = with_head_label(df)
+    """The page for ``df``, its columns in :func:`column_order` (``lead``: the columns to start with),
+    cells as the TSV writes them but numbers to :data:`SIGNIFICANT` digits; ``tsv_bytes`` become a download
+    link; ``notes`` (column -> what it holds) become the headers' tooltips and a list under the table."""
+    df = with_head_label(df.rename(columns=str))
+    df = df[column_order(df, lead)]
     numeric = [_numeric(df[c]) for c in df.columns]
     esc = html.escape
+
+    def header(c: str) -> str:  # a long name wraps after its underscores
+        return esc(c).replace("_", "_<wbr>")
+
     notes = {str(c): t for c, t in (notes or {}).items() if c in df.columns}
     head = "".join(
-        f'<th title="{esc(notes[str(c)])}">{esc(str(c))}</th>' if str(c) in notes else f"<th>{esc(str(c))}</th>"
+        f'<th title="{esc(notes[str(c)])}">{header(str(c))}</th>' if str(c) in notes else f"<th>{header(str(c))}</th>"
         for c in df.columns
     )
     legend = ""
@@ -111,9 +183,17 @@ def table_html(
         cells = []
         for v, num in zip((c[i] for c in cols), numeric):
             s = "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
-            cells.append(f'<td class="num">{esc(s)}</td>' if num else f"<td>{esc(s)}</td>")
+            if num:
+                cells.append(f'<td class="num">{esc(short_number(s))}</td>')
+            else:  # a long text wraps in a column of 16-28 em, not in one squeezed to a word
+                cells.append(
+                    f'<td><div class="long">{esc(s)}</div></td>' if len(s) > LONG_TEXT else f"<td>{esc(s)}</td>"
+                )
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    note = f"{len(df):,} rows, {len(df.columns)} columns. Click a column header to sort; type to filter rows."
+    note = (
+        f"{len(df):,} rows, {len(df.columns)} columns. Click a column header to sort; type to filter rows. "
+        f"Numbers to {SIGNIFICANT} significant digits (the TSV has every digit)."
+    )
     if "label" in df and "layer" in df and "head" in df:
         note += " Heads: label = 1-based layer-head (as in the papers); the layer and head columns are 0-based."
     link = ""
@@ -132,7 +212,11 @@ def table_html(
 
 
 def write_table_html(
-    tsv: str | Path, out: str | Path, title: str | None = None, notes: dict[str, str] | None = None
+    tsv: str | Path,
+    out: str | Path,
+    title: str | None = None,
+    notes: dict[str, str] | None = None,
+    lead: tuple[str, ...] = (),
 ) -> None:
     """Render the TSV file ``tsv`` as :func:`table_html` at ``out`` (atomically)."""
     tsv = Path(tsv)
@@ -143,19 +227,20 @@ def write_table_html(
     except pd.errors.EmptyDataError:  # an empty table (no columns) is an empty page
         df = pd.DataFrame()
     with atomic_path(out) as tmp:
-        Path(tmp).write_text(table_html(df, title or tsv.stem, tsv.name, raw, notes), encoding="utf-8")
+        Path(tmp).write_text(table_html(df, title or tsv.stem, tsv.name, raw, notes, lead), encoding="utf-8")
 
 
 def write_tables_html(snakemake, notes: dict[str, dict[str, str]] | None = None) -> list[str]:
     """For every output ``X.html`` of a rule whose ``X.tsv`` is also an output, render it; the
-    title is the path below ``results/``; ``notes`` maps an output page to its column notes
-    (:func:`table_html`). Call at the end of a rule script."""
+    title is the path below ``results/``, which also picks the columns it leads with (:data:`LEAD`);
+    ``notes`` maps an output page to its column notes (:func:`table_html`). Call at the end of a rule script."""
     outs = [str(p) for p in snakemake.output]
     done = []
     for out in outs:
         if out.endswith(".html") and out[:-5] + ".tsv" in outs:
             tsv = out[:-5] + ".tsv"
             title = tsv.split("results/", 1)[-1]
-            write_table_html(tsv, out, title, (notes or {}).get(out))
+            lead = next((cols for pat, cols in LEAD.items() if fnmatch.fnmatch(title, pat)), ())
+            write_table_html(tsv, out, title, (notes or {}).get(out), lead)
             done.append(out)
     return done
