@@ -10,8 +10,14 @@ from headatlas.report.html import write_tables_html
 sm = snakemake
 log = setup(sm)
 settings = QuietSettings.from_config(sm.params.quiet)
-get = lambda key: pd.read_csv(sm.input[key], sep="\t") if key in sm.input.keys() else None  # noqa: E731
-heads = heads_table(get("stats"), get("detectors"), get("ablation"), settings)
+
+
+def table(key: str):
+    """An input table, or None where the rule was not given it."""
+    return pd.read_csv(sm.input[key], sep="\t") if key in sm.input.keys() else None
+
+
+heads = heads_table(table("stats"), table("detectors"), table("ablation"), settings)
 summary = summary_table(heads, settings)
 write_tsv(heads, sm.output.heads)
 write_tsv(summary, sm.output.summary)

@@ -30,7 +30,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 GOLDEN = HERE / "golden" / "tiny_outputs.json"
-ANALYSES = ["clark_surface", "pande", "jomyaeng", "detectors", "clark_syntax", "ablation", "circuits"]
+ANALYSES = ["clark_surface", "pande", "jomyaeng", "detectors", "clark_syntax", "ablation", "circuits", "icl", "quiet"]
 LIMIT = 12  # the tiny default: the same records as `tiny_workflow.py build`
 # files in the checkout's results/ that the run must neither read nor depend on (its own results/ is elsewhere)
 FOREIGN = ("results/probing/sentences.jsonl.gz", "results/probing/downstream_sentences.jsonl.gz")

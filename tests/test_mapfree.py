@@ -351,9 +351,14 @@ def test_damaged_cpu_pass_is_not_loaded(fresh_pass, tiny_loaded, ewt_records, ca
 
     from headatlas.core import cpu_pass
 
+    def damage(data: bytes) -> None:  # a new file in its place: the fixture's loaded copy keeps its own pages
+        tmp = fresh_pass.with_name(fresh_pass.name + ".new")
+        tmp.write_bytes(data)
+        tmp.replace(fresh_pass)
+
     data = bytearray(fresh_pass.read_bytes())
     data[len(data) // 2] ^= 0x01
-    fresh_pass.write_bytes(bytes(data))
+    damage(bytes(data))
     with caplog.at_level(logging.WARNING, logger="headatlas.core.cpu_pass"):
         assert cpu_pass.library() is None
     assert "does not match its seal" in caplog.text
@@ -366,7 +371,7 @@ def test_damaged_cpu_pass_is_not_loaded(fresh_pass, tiny_loaded, ewt_records, ca
     eager = fused_reduce(model, tokenized, mapfree_reducers(), 4, kind, recs, 0, "gpt2", path="eager")
     assert max(max_diff(e, f) for e, f in zip(eager, free)) < TOL
     cpu_pass._LIB.clear()
-    fresh_pass.write_bytes(bytes(data[:4096]))  # truncated: the loader would crash the process on it
+    damage(bytes(data[:4096]))  # truncated: the loader would crash the process on it
     assert cpu_pass.library() is None
 
 

@@ -187,7 +187,8 @@ def test_one_shard_and_n_shards_give_identical_results(tmp_path, tiny_models):
         )
         assert shards == [f"shard{i}of{N_SHARDS}" for i in range(N_SHARDS)]
     for rule in rules:
-        assert re.search(rf"^(local)?rule {rule}:", run.stdout + run.stderr, re.M), (
+        # snakemake's job block (rule X:) or the terminal's one line per job ([time] rule X (...): jobid N)
+        assert re.search(rf"^(\[[\d:]+\] )?(local)?rule {rule}\b", run.stdout + run.stderr, re.M), (
             f"{rule} did not rerun on {N_SHARDS} shards"
         )
 

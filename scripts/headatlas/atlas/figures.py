@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -243,7 +245,7 @@ def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None
             handles += [Patch(facecolor="white", edgecolor="white", label="?: unreliable estimate (no effect shown)")]
         skipped = sorted(k for k in kinds if k.startswith("skipped"))
         if skipped:
-            handles += [Patch(facecolor="white", edgecolor="white", label=f"blank: {skipped[0][:60]}")]
+            handles += [Patch(facecolor="white", edgecolor="white", label=textwrap.fill(f"blank: {skipped[0]}", 60))]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
 
 
