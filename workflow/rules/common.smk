@@ -124,8 +124,8 @@ if workflow.is_main_process and Path("results").is_dir():
 
 onsuccess:
     if Path(".snakemake").is_dir():
-        Path(RUN_RECORD + ".tmp").write_text(json.dumps({"configs": RUN_CONFIGS}))
-        os.replace(RUN_RECORD + ".tmp", RUN_RECORD)
+        Path(f"{RUN_RECORD}.tmp").write_text(json.dumps({"configs": RUN_CONFIGS}))
+        os.replace(f"{RUN_RECORD}.tmp", RUN_RECORD)
     for _line in next_steps(
         workflow.overwrite_configfiles or [], "results/atlas/index.html"
     ):
