@@ -473,7 +473,7 @@
     document.body.appendChild(el("div", { id: "controls", class: "controls", role: "region", "aria-label": "controls" }));
     document.body.appendChild(el("div", { id: "legend", class: "legend", role: "region", "aria-label": "colour legend" }));
     document.body.appendChild(el("main", { id: "panels", class: "panels" }));
-    const card = el("section", { id: "card", role: "dialog", "aria-labelledby": "card-title", hidden: "" }, [
+    const card = el("section", { id: "card", role: "dialog", "aria-labelledby": "card-title", tabindex: "-1", hidden: "" }, [
       el("button", { class: "close", type: "button", id: "card-close", text: "Close (Esc)" }),
       el("h2", { id: "card-title", tabindex: "-1" }),
       el("div", { id: "card-body" }),
