@@ -48,8 +48,8 @@ def test_a_started_job_is_one_line_a_failed_one_in_full_and_the_log_file_keeps_t
     assert out.returncode != 0
     term = out.stderr + out.stdout
     lines = term.splitlines()
-    started = [re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", x) for x in lines if re.match(r"\[\d\d:\d\d:\d\d\] rule ", x)]
-    assert started == ["rule a: jobid 2", "rule b: jobid 1"], term
+    started = [re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", x) for x in lines if re.match(r"\[\d\d:\d\d:\d\d\] (local)?rule ", x)]
+    assert started == ["localrule a: jobid 2", "localrule b: jobid 1"], term  # a local run, as Snakemake says
     assert any(re.fullmatch(r"\[\d\d:\d\d:\d\d\] Finished jobid: 2 \(Rule: a\)", x) for x in lines), term
     assert "Select jobs to execute" not in term and "1 of 3 steps (33%) done" in term
     assert max(map(len, lines)) < 200, max(lines, key=len)  # no input list of 40 files on one line

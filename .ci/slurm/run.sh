@@ -109,7 +109,7 @@ from pathlib import Path
 log = Path(sys.argv[1]).read_text()
 finished = dict(re.findall(r"Finished jobid: (\d+) \(Rule: (\w+)\)", log))
 submitted = dict(re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", log))
-local = set(re.findall(r"^localrule (\w+):", log, re.M))
+local = set(re.findall(r"^(?:\[[\d:]+\] )?localrule (\w+)\b", log, re.M))  # a job block or the one-line form
 remote = {j: r for j, r in finished.items() if r not in local}
 missing = sorted(f"{j} ({r})" for j, r in remote.items() if j not in submitted)
 if not remote or missing:

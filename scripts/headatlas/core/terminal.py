@@ -23,10 +23,12 @@ SCHEDULER = re.compile(r"Select jobs to execute\.\.\.|Execute \d+ jobs\.\.\.")  
 
 
 def job_line(record: logging.LogRecord) -> str:
-    """A started job as one line: ``[HH:MM:SS] rule NAME (wildcard=value, ...): jobid N``."""
+    """A started job as one line: ``[HH:MM:SS] rule NAME (wildcard=value, ...): jobid N`` (``localrule`` for a
+    job that runs in Snakemake's own process, as Snakemake's job block says)."""
     wc = ", ".join(f"{k}={v}" for k, v in dict(getattr(record, "wildcards", None) or {}).items())
+    kind = "localrule" if getattr(record, "local", False) else "rule"
     return (
-        f"[{time.strftime('%H:%M:%S')}] rule {record.rule_name}"
+        f"[{time.strftime('%H:%M:%S')}] {kind} {record.rule_name}"
         + (f" ({wc})" if wc else "")
         + f": jobid {record.jobid}"
     )
