@@ -48,7 +48,9 @@ def test_a_started_job_is_one_line_a_failed_one_in_full_and_the_log_file_keeps_t
     assert out.returncode != 0
     term = out.stderr + out.stdout
     lines = term.splitlines()
-    started = [re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", x) for x in lines if re.match(r"\[\d\d:\d\d:\d\d\] (local)?rule ", x)]
+    started = [
+        re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", x) for x in lines if re.match(r"\[\d\d:\d\d:\d\d\] (local)?rule ", x)
+    ]
     assert started == ["localrule a: jobid 2", "localrule b: jobid 1"], term  # a local run, as Snakemake says
     assert any(re.fullmatch(r"\[\d\d:\d\d:\d\d\] Finished jobid: 2 \(Rule: a\)", x) for x in lines), term
     assert "Select jobs to execute" not in term and "1 of 3 steps (33%) done" in term

@@ -61,7 +61,9 @@ def parse_jobs(text: str) -> list[tuple[str, dict[str, str]]]:
         if m:
             jobs.append((m.group(1), {}))
             continue
-        m = re.match(r"^(?:local)?rule (\w+)(?: \((.*)\))?: jobid \d+$", line)  # one line a job (headatlas.core.terminal)
+        m = re.match(
+            r"^(?:local)?rule (\w+)(?: \((.*)\))?: jobid \d+$", line
+        )  # one line a job (headatlas.core.terminal)
         if m:
             jobs.append((m.group(1), dict(kv.split("=", 1) for kv in m.group(2).split(", ")) if m.group(2) else {}))
             continue
