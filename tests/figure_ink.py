@@ -25,8 +25,10 @@ def edge_ink(png: str | Path, background=(1.0, 1.0, 1.0), tol: float = 1.5 / 255
     return [e for e, line in zip(EDGES, (ink[0], ink[-1], ink[:, 0], ink[:, -1])) if line.any()]
 
 
-def clipped_figures(root: str | Path) -> dict[str, list[str]]:
-    """Every PNG below ``root`` with ink on an edge: {path relative to root: edges}."""
+def clipped_figures(root: str | Path, skip: tuple[str, ...] = ("ci-artifacts",)) -> dict[str, list[str]]:
+    """Every PNG below ``root`` with ink on an edge: {path relative to root: edges}. Folders named in ``skip``
+    are left out: ``ci-artifacts`` holds the atlas page's browser screenshots, which fill their frame."""
     root = Path(root)
-    out = {str(p.relative_to(root)): edge_ink(p) for p in sorted(root.rglob("*.png"))}
+    pngs = [p for p in sorted(root.rglob("*.png")) if not skip or not set(p.relative_to(root).parts) & set(skip)]
+    out = {str(p.relative_to(root)): edge_ink(p) for p in pngs}
     return {k: v for k, v in out.items() if v}

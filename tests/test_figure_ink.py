@@ -36,6 +36,10 @@ def test_edge_ink_sees_ink_on_each_edge(tmp_path):
     plt.imsave(tmp_path / "inside.png", img)
     assert edge_ink(tmp_path / "inside.png") == []
     assert clipped_figures(tmp_path) == {"ink.png": ["top", "right"]}
+    (tmp_path / "ci-artifacts" / "page").mkdir(parents=True)  # browser screenshots fill their frame
+    plt.imsave(tmp_path / "ci-artifacts" / "page" / "shot.png", img * 0)
+    assert clipped_figures(tmp_path) == {"ink.png": ["top", "right"]}
+    assert "ci-artifacts/page/shot.png" in clipped_figures(tmp_path, skip=())
 
 
 def test_constrained_layout_figure_is_saved_after_its_layout(tmp_path):
