@@ -237,8 +237,48 @@ def test_cross_model_figures_one_per_family(tmp_path):
     profile = pd.DataFrame(
         {"relative_depth": [0.25, 0.75], "share_local": [0.5, 0.0], "share_behaviour_broad": [0.1, 0.2]}
     )
-    families = ("pande", "clark", "probing")
+    families = ("pande", "clark", "probing", "detectors")
     paths = {f: tmp_path / f"{f}.png" for f in families} | {f"{f}_svg": tmp_path / f"{f}.svg" for f in families}
     cross_model_figures({"a": profile, "b": profile}, paths)
     assert all(p.stat().st_size > 1000 for p in paths.values())  # probing: a panel saying no model has it
     assert sorted(x.name for x in tmp_path.iterdir()) == sorted(f"{f}.{e}" for f in families for e in ("png", "svg"))
+
+
+def test_ladder_table_counts_by_hand():
+    """Two layers x two heads: induction in layer 1 only, one retrieval head that is the induction head, one FV
+    head elsewhere; the second model has no detectors, circuits or ICL columns (NaN, not 0)."""
+    a = pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+            "det_prev_sig": [True, False, False, False], "det_induction_sig": [False, False, True, False],
+            "det_sink_head": [True, True, False, None], "circ_retrieval": [0.0, 0.05, 0.4, np.nan],
+            "icl_top": [True, False, False, False],
+        }
+    )  # fmt: skip
+    b = pd.DataFrame({"layer": [0, 0, 0], "head": [0, 1, 2]})
+    ag = pd.DataFrame(
+        {"method_a": ["clark_syntax", "clark_syntax"], "method_b": ["pande_syntactic", "jm_syntactic"],
+         "spearman": [0.6, 0.1], "ci_low": [0.5, 0.0], "ci_high": [0.7, 0.2]}
+    )  # fmt: skip
+    t = at.ladder_table({"a": a, "b": b}, {"a": ag}).set_index("model")
+    assert t.loc["a", ["n_layers", "n_heads", "heads"]].tolist() == [2, 2, 4]
+    assert t.loc["a", "prev_share"] == 0.25 and t.loc["a", "induction_share"] == 0.25
+    assert t.loc["a", "induction_heads"] == 1 and t.loc["a", "induction_depth"] == 0.75
+    assert t.loc["a", "sink_head_share"] == pytest.approx(2 / 3)  # the empty cell is missing, not False
+    assert t.loc["a", "retrieval_scored"] == 3 and t.loc["a", "retrieval_share"] == pytest.approx(1 / 3)
+    assert t.loc["a", "retrieval_induction"] == 1
+    assert t.loc["a", "fv_top_heads"] == 1 and t.loc["a", "fv_top_induction"] == 0
+    assert t.loc["a", ["clark_pande_spearman", "clark_pande_ci_low", "clark_pande_ci_high"]].tolist() == [0.6, 0.5, 0.7]
+    assert t.loc["b", "heads"] == 3
+    assert t.loc["b", ["prev_share", "retrieval_share", "fv_top_heads", "clark_pande_spearman"]].isna().all()
+
+
+def test_layer_profile_has_detector_and_retrieval_shares():
+    a = pd.DataFrame(
+        {"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "det_induction_sig": [False, False, True, True],
+         "circ_retrieval": [0.0, 0.2, 0.0, np.nan]}
+    )  # fmt: skip
+    p = at.layer_profiles(a, 2)
+    assert p["share_det_induction"].tolist() == [0.0, 1.0]
+    assert p["share_retrieval"].tolist() == [0.5, 0.0]
+    assert "share_det_prev" not in p

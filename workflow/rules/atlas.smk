@@ -64,9 +64,19 @@ rule atlas:
 
 rule atlas_cross_model:
     input:
-        expand("results/atlas/{model}/profile.tsv", model=ATLAS_MODELS),
+        profiles=expand("results/atlas/{model}/profile.tsv", model=ATLAS_MODELS),
+        atlases=expand("results/atlas/{model}/atlas.tsv", model=ATLAS_MODELS),
+        agreements=expand("results/atlas/{model}/agreement.tsv", model=ATLAS_MODELS),
     output:
         table="results/atlas/cross_model.tsv",
+        ladder="results/atlas/ladder.tsv",
+        ladder_html=report(
+            "results/atlas/ladder.html",
+            caption="../report/atlas_ladder.rst",
+            category="Head atlas",
+            subcategory="all models",
+            labels={"item": "The models side by side: one row per model (table)"},
+        ),
         pande=report(
             "results/atlas/cross_model_pande.png",
             caption="../report/atlas_cross_pande.rst",
@@ -91,6 +101,14 @@ rule atlas_cross_model:
             labels={"item": "Jo & Myaeng probing per layer, every model"},
         ),
         probing_svg="results/atlas/cross_model_probing.svg",
+        detectors=report(
+            "results/atlas/cross_model_detectors.png",
+            caption="../report/atlas_cross_detectors.rst",
+            category="Head atlas",
+            subcategory="all models",
+            labels={"item": "Detectors and retrieval heads per layer, every model"},
+        ),
+        detectors_svg="results/atlas/cross_model_detectors.svg",
     log:
         "logs/atlas/cross_model.log",
     benchmark:

@@ -17,6 +17,7 @@ import pandas as pd
 from ..core.agreement import spearman_ci, topk_overlap
 from ..core.figures import head_label
 from ..core.settings import Settings
+from ..detectors.registry import REGISTRY as DETECTORS
 
 KEY = ["layer", "head"]
 # Pande's main roles in their order (the markers of the atlas grid, the cross-model panels): the registry's
@@ -423,7 +424,72 @@ def layer_profiles(atlas: pd.DataFrame, n_layers: int) -> pd.DataFrame:
         col = f"probe_{cat}_mean_acc"
         if col in atlas:
             out[f"probe_{cat}"] = g[col].mean().reindex(out["layer"]).to_numpy()
+    for name in DETECTORS:
+        col = f"det_{name}_sig"
+        if col in atlas:
+            out[f"share_det_{name}"] = g[col].apply(_share).reindex(out["layer"]).to_numpy()
+    if "circ_retrieval" in atlas and atlas["circ_retrieval"].notna().any():
+        out["share_retrieval"] = g["circ_retrieval"].apply(_retrieval_share).reindex(out["layer"]).to_numpy()
     return out
+
+
+RETRIEVAL_HEAD = 0.1  # Wu et al.'s retrieval head: retrieval score above 0.1
+
+
+def _flags(values: pd.Series) -> pd.Series:
+    """A column of booleans as read back from a TSV (True / False / empty), NA kept."""
+    return values.map(lambda v: pd.NA if pd.isna(v) else str(v) == "True").astype("boolean")
+
+
+def _share(values: pd.Series) -> float:
+    """The share of True among the non-missing flags (NaN when none)."""
+    f = _flags(values).dropna()
+    return float(f.mean()) if len(f) else np.nan
+
+
+def _retrieval_share(scores: pd.Series) -> float:
+    s = scores.dropna()
+    return float((s > RETRIEVAL_HEAD).mean()) if len(s) else np.nan
+
+
+LADDER_COLUMNS = ["model", "n_layers", "n_heads", "heads"]
+
+
+def ladder_table(atlases: dict[str, pd.DataFrame], agreements: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per model, in the order given (smallest first reads as a ladder): the share of heads each detector
+    finds (significant), where the induction heads sit (their mean relative depth), the sink heads, Wu et al.'s
+    retrieval heads (score > 0.1) and how many of them are induction heads, the function-vector heads (``icl_top``)
+    that are induction heads, the positional heads, and Clark's against Pande's syntactic ranking (Spearman with
+    its CI, from the atlas's agreement table). NaN where the model has no such column."""
+    rows = []
+    for model, a in atlases.items():
+        n_layers, n_heads = int(a["layer"].max()) + 1, int(a["head"].max()) + 1
+        row = {"model": model, "n_layers": n_layers, "n_heads": n_heads, "heads": len(a)}
+        for name in DETECTORS:
+            col = f"det_{name}_sig"
+            row[f"{name}_share"] = _share(a[col]) if col in a else np.nan
+        ind = _flags(a["det_induction_sig"]).fillna(False).to_numpy(bool) if "det_induction_sig" in a else None
+        depth = relative_depth(a["layer"].to_numpy(), n_layers)
+        row["induction_heads"] = int(ind.sum()) if ind is not None else np.nan
+        row["induction_depth"] = float(depth[ind].mean()) if ind is not None and ind.any() else np.nan
+        row["sink_head_share"] = _share(a["det_sink_head"]) if "det_sink_head" in a else np.nan
+        r = a["circ_retrieval"] if "circ_retrieval" in a else pd.Series(np.nan, index=a.index)
+        scored = r.notna().to_numpy()
+        retrieval = (r > RETRIEVAL_HEAD).to_numpy() & scored
+        row["retrieval_scored"] = int(scored.sum())
+        row["retrieval_share"] = float(retrieval[scored].mean()) if scored.any() else np.nan
+        row["retrieval_heads"] = int(retrieval.sum())
+        row["retrieval_induction"] = int((retrieval & ind).sum()) if ind is not None else np.nan
+        top = _flags(a["icl_top"]).fillna(False).to_numpy(bool) if "icl_top" in a else np.zeros(len(a), bool)
+        row["fv_top_heads"] = int(top.sum()) if "icl_top" in a else np.nan
+        row["fv_top_induction"] = int((top & ind).sum()) if "icl_top" in a and ind is not None else np.nan
+        row["positional_share"] = _share(a["quiet_positional_head"]) if "quiet_positional_head" in a else np.nan
+        ag = agreements.get(model)
+        pick = None if ag is None else ag[(ag["method_a"] == "clark_syntax") & (ag["method_b"] == "pande_syntactic")]
+        for k in ("spearman", "ci_low", "ci_high"):
+            row[f"clark_pande_{k}"] = float(pick[k].iloc[0]) if pick is not None and len(pick) else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 # --- the atlas rule ---------------------------------------------------------------------

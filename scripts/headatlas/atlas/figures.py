@@ -14,7 +14,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..core.figures import layer_head_axes, save_figure  # noqa: E402
-from .analysis import JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
+from .analysis import DETECTORS, JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
 
 BEHAVIOUR_COLOURS = {
     "broad": "#9ecae1",
@@ -330,7 +330,7 @@ def cross_model_figure(
 
 
 def cross_model_figures(profiles: dict[str, pd.DataFrame], paths: dict[str, str]) -> None:
-    """Rule atlas_cross_model: one figure per family (pande, clark, probing) of every model's layer profile,
+    """Rule atlas_cross_model: one figure per family (pande, clark, probing, detectors) of every model's layer profile,
     written to ``paths[family]`` (PNG) and ``paths[family + "_svg"]``."""
     behaviours = sorted({c for p in profiles.values() for c in p.columns if c.startswith("share_behaviour_")})
     share = "share of the layer's heads"
@@ -349,6 +349,12 @@ def cross_model_figures(profiles: dict[str, pd.DataFrame], paths: dict[str, str]
             [(f"probe_{c}", f"{c} tasks") for c in JM_CATEGORIES],
             "Jo & Myaeng probing: mean head accuracy per layer",
             "mean test accuracy",
+        ),
+        "detectors": (
+            [(f"share_det_{d.name}", d.title) for d in DETECTORS.values()]
+            + [("share_retrieval", "retrieval heads (score > 0.1, long inputs)")],
+            "Detectors: share of heads per layer significant (retrieval: Wu et al.'s score above 0.1)",
+            share,
         ),
     }
     for family, (columns, title, ylabel) in figures.items():
