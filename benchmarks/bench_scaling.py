@@ -55,6 +55,17 @@ MODELS = {
 BOS = {"smollm2": "<|endoftext|>"}
 
 
+def _scale_models() -> dict:
+    """The Qwen ladder's sources as config/scale-models.yaml gives them (installed by scripts/setup.sh --scale)."""
+    import yaml
+
+    entries = yaml.safe_load((REPO / "config" / "scale-models.yaml").read_text())["models"]
+    return {m["name"]: {"source": m["source"]} for m in entries if m["name"].startswith("qwen")}
+
+
+MODELS |= _scale_models()
+
+
 def model_dir(name: str, cache: Path) -> Path | None:
     """The directory the model loads from: written once under ``cache`` (assembled or dequantised)."""
     from headatlas.core.models import ModelSpec, assemble_zip_parts, dequantize_gguf, missing_packages

@@ -1,4 +1,4 @@
-"""Rule quiet_heads: the quiet-heads statistics joined to the detectors' sink heads and the exact ablation."""
+"""Rule quiet_heads: the quiet-heads statistics joined to the detectors' sink heads and the zero-ablation."""
 
 import pandas as pd
 
@@ -17,8 +17,9 @@ def table(key: str):
     return pd.read_csv(sm.input[key], sep="\t") if key in sm.input.keys() else None
 
 
-heads = heads_table(table("stats"), table("detectors"), table("ablation"), settings)
-summary = summary_table(heads, settings)
+zero = table("zero")
+heads = heads_table(table("stats"), table("detectors"), zero, settings)
+summary = summary_table(heads, settings, zero)
 write_tsv(heads, sm.output.heads)
 write_tsv(summary, sm.output.summary)
 log.info("summary:\n%s", summary.T.to_string())

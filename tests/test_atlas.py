@@ -255,7 +255,7 @@ def test_ladder_table_counts_by_hand():
             "icl_top": [True, False, False, False],
         }
     )  # fmt: skip
-    b = pd.DataFrame({"layer": [0, 0, 0], "head": [0, 1, 2]})
+    b = pd.DataFrame({"layer": [0, 0, 0], "head": [0, 1, 2], "icl_top": [None] * 3, "circ_retrieval": [np.nan] * 3})
     ag = pd.DataFrame(
         {"method_a": ["clark_syntax", "clark_syntax"], "method_b": ["pande_syntactic", "jm_syntactic"],
          "spearman": [0.6, 0.1], "ci_low": [0.5, 0.0], "ci_high": [0.7, 0.2]}
@@ -270,7 +270,15 @@ def test_ladder_table_counts_by_hand():
     assert t.loc["a", "fv_top_heads"] == 1 and t.loc["a", "fv_top_induction"] == 0
     assert t.loc["a", ["clark_pande_spearman", "clark_pande_ci_low", "clark_pande_ci_high"]].tolist() == [0.6, 0.5, 0.7]
     assert t.loc["b", "heads"] == 3
-    assert t.loc["b", ["prev_share", "retrieval_share", "fv_top_heads", "clark_pande_spearman"]].isna().all()
+    empty = [
+        "prev_share",
+        "retrieval_share",
+        "retrieval_heads",
+        "fv_top_heads",
+        "fv_top_induction",
+        "clark_pande_spearman",
+    ]
+    assert t.loc["b", empty].isna().all()  # an encoder: the ICL analysis skipped, no retrieval run
 
 
 def test_layer_profile_has_detector_and_retrieval_shares():

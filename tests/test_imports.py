@@ -127,7 +127,7 @@ MAY_IMPORT = {
     "atlas": {"core", "detectors"},  # reads the papers through their TSVs; the detectors' registry names its columns
     "report": {"core", "atlas"},  # the atlas column registry: which columns are CI pairs
     "circuits": {"core", "detectors", "ablation"},  # reuses the detectors' reducers and the ablation's patching
-    "quiet": {"core", "detectors"},  # reads the detectors' natural inputs (the sinks it joins come from them)
+    "quiet": {"core", "detectors", "ablation"},  # the detectors' natural inputs; the ablation's zero-ablation
     "icl": {"core", "ablation"},  # function-vector heads: the ablation's patch, batched passes and layer check
 }
 

@@ -1,32 +1,30 @@
-"""A model split over several parts (accelerate's ``device_map``, as transformers loads it; layers offloaded to
-disk) gives the same map-free statistics as the unsplit model: the feed takes each layer on its own device. (The
-config key and the model-running rules' ``device_map`` are not built yet; docs/mapfree.md.)"""
+"""A model split over several parts (the model's ``device_map`` config key, accelerate's split as transformers loads
+it; layers offloaded to disk) gives the same map-free statistics as the unsplit model: the feed takes each layer on
+its own device, the inputs go where the embeddings run (tests/test_device_map.py: the eager path and the encoders)."""
 
 from __future__ import annotations
 
 import pytest
+from conftest import tiny_spec
 from test_mapfree import mapfree_reducers, max_diff
 
 from headatlas.core.extract import tokenize_records
-from headatlas.core.models import decoder_bos, model_kind
+from headatlas.core.models import decoder_bos, load, model_kind
 from headatlas.core.reduce import fused_reduce
 
 
 @pytest.mark.parametrize("cpu_pass", ["auto", "off"])
 def test_split_model_same_statistics(cpu_pass, tiny_models, tiny_loaded, ewt_records, tmp_path):
-    """Every other layer of the tiny Llama offloaded to disk: every map-free reducer's results equal the unsplit
-    model's, with the C pass and without. (Embeddings offloaded too would need the inputs placed on the first
-    layer's device, not the model's: core.batching.model_inputs sends them to the meta device.)"""
+    """The embeddings and every other layer of the tiny Llama offloaded to disk: every map-free reducer's results
+    equal the unsplit model's, with the C pass and without."""
     pytest.importorskip("accelerate")
-    from transformers import AutoModel
 
     spec, model, tok, config = tiny_loaded("llama")
     n = config.num_hidden_layers
-    device_map = {"embed_tokens": "cpu", "norm": "cpu", "rotary_emb": "cpu"}
+    device_map = {"embed_tokens": "disk", "norm": "cpu", "rotary_emb": "cpu"}
     device_map |= {f"layers.{i}": ("disk" if i % 2 else "cpu") for i in range(n)}
-    split = AutoModel.from_pretrained(
-        tiny_models["llama"], device_map=device_map, offload_folder=str(tmp_path), attn_implementation="eager"
-    ).eval()
+    split_spec = tiny_spec("llama", tiny_models["llama"], device_map=device_map, offload_folder=str(tmp_path))
+    split, _, _ = load(split_spec, device="cpu")
     assert "disk" in split.hf_device_map.values()
     kind = model_kind(config, spec)
     recs = list(ewt_records[:8])

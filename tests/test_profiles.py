@@ -130,10 +130,12 @@ def test_partition_file_sends_gpu_jobs_to_gpu_partition():
     assert get_best_partition(parts, FakeJob(gpu=0, mem_mb=2000, runtime=5), log) == "standard"
 
 
-def dry_run_gpu(tmp_path, *extra) -> dict[str, set]:
-    """model -> the gpu resources of its extraction jobs in a dry run of a three-model config."""
+def dry_run_gpu(tmp_path, *extra, models: list | None = None) -> dict[str, set]:
+    """model -> the gpu resources of its extraction jobs in a dry run of a three-model config (``models``: entries
+    of the three names instead of these)."""
     cfg = {
-        "models": [
+        "models": models
+        or [
             {"name": "gpu_model", "source": {"path": str(tmp_path / "a")}, "device": "cuda"},
             {"name": "cpu_model", "source": {"path": str(tmp_path / "b")}, "device": "cpu"},
             {"name": "auto_model", "source": {"path": str(tmp_path / "c")}},

@@ -1,6 +1,7 @@
 """Quiet heads (headatlas.quiet): positional share and largest weight on hand-built maps, map-free equal to eager on
 the tiny models, a head with zero output (norm 0), constant entropy across sequences (variance 0), a planted
-massive activation found at its layer, channel and token, and the joins with the detectors and the ablation."""
+massive activation found at its layer, channel and token, and the join with the detectors (the zero-ablation:
+tests/test_quiet_zero.py)."""
 
 from __future__ import annotations
 
@@ -217,7 +218,7 @@ def test_natural_inputs_are_the_detectors_first_records(tiny_loaded, records):
     assert [t.ids for t in ours] == [t.ids for t in theirs] and sources == [f"c:{i}" for i in ids]
 
 
-# --- the joins: sinks after a massive activation, heads the exact ablation cannot tell from zero ---------------
+# --- the join: sinks after a massive activation -----------------------------------------------------------------
 
 
 def _stats(massive_first) -> pd.DataFrame:
@@ -228,33 +229,16 @@ def _stats(massive_first) -> pd.DataFrame:
                          "quiet_entropy_var": 0.1})  # fmt: skip
 
 
-def test_sinks_after_massive_and_ablation_null_flags():
+def test_sinks_after_massive_flags():
     stats = _stats([0.0, 1.0])
     det = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "detector": "sink", "input": "natural",
                         "above_threshold": [True, False, True, False]})  # fmt: skip
-    abl = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "metric": "loss", "status": "ok", "task": "lm",
-                        "exact": [0.5, 0.01, np.nan, -0.02], "exact_ci_low": [0.4, -0.01, np.nan, -0.03],
-                        "exact_ci_high": [0.6, 0.03, np.nan, -0.01], "mode": "zero"})  # fmt: skip
-    h = heads_table(stats, det, abl, QuietSettings())
+    h = heads_table(stats, det, None, QuietSettings())
     assert h["quiet_sink_after_massive"].tolist() == [False, pd.NA, True, pd.NA]
-    assert h["quiet_ablation_null"].tolist() == [False, True, pd.NA, False]
-    assert h["quiet_ablation_null_kind"].tolist() == [
-        "exact",
-        "exact",
-        "skipped: no exact ablation of this head",
-        "exact",
-    ]
     s = summary_table(h, QuietSettings()).iloc[0]
-    assert (s["ablation_exact_heads"], s["ablation_null_heads"], s["ablation_mode"]) == (3, 1, "zero")
     assert (s["sink_heads"], s["sink_after_massive_heads"], s["massive_layers"]) == (2, 1, 1)
-    skipped = abl.assign(status="skipped", reason="the checkpoint has no LM head")
-    assert (
-        heads_table(stats, det, skipped, QuietSettings())["quiet_ablation_null_kind"]
-        == "skipped: the checkpoint has no LM head"
-    ).all()
     none = heads_table(stats, None, None, QuietSettings())
     assert none["quiet_sink_after_massive_kind"].str.startswith("skipped").all()
-    assert none["quiet_ablation_null"].isna().all()
 
 
 def test_figure_writes_png_and_svg(tmp_path):
@@ -285,4 +269,6 @@ def test_every_quiet_column_is_described_with_its_ci_and_kind():
             assert doc.unit, c
     for c in ("quiet_prev", "quiet_max_weight", "quiet_entropy", "quiet_entropy_var", "quiet_norm"):
         assert ci_columns(c, cols) == (f"{c}_ci_low", f"{c}_ci_high")
-    assert kind_column("quiet_ablation_null", cols) == "quiet_ablation_null_kind"
+    assert ci_columns("quiet_zero_effect", cols) == ("quiet_zero_effect_ci_low", "quiet_zero_effect_ci_high")
+    for c in ("quiet_zero_effect", "quiet_zero_null"):
+        assert kind_column(c, cols) == f"{c}_kind"

@@ -1,4 +1,5 @@
 # The Snakefile puts scripts/ on sys.path and PYTHONPATH: the workflow and its jobs import the headatlas library.
+import functools
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from headatlas.core.inputs import (
     uncached_hub_warning,
 )
 from headatlas.core.integrity import damaged
-from headatlas.core.models import ModelError, ModelSpec
+from headatlas.core.models import ModelError, ModelSpec, job_gpus, weights_dir
 from headatlas.core.store import store_problem
 from headatlas.fused import PLANS, reducer_specs
 
@@ -303,11 +304,22 @@ config_checks.check_corpus_lengths(config, MODELS)
 
 
 def uses_gpu(model):
-    """The gpu resource of a model-running job: 1 (ask the scheduler for one GPU) for a model with
-    device cuda, or device auto when config gpu_jobs is true (profiles/slurm-gpu); else 0.
+    """The gpu resource of a model-running job: for a model with device cuda, or device auto when config
+    gpu_jobs is true (profiles/slurm-gpu), the GPUs it needs (model_gpus); else 0.
     """
     device = MODELS[model].get("device", "auto")
-    return int(device == "cuda" or (device == "auto" and config["gpu_jobs"]))
+    wants = device == "cuda" or (device == "auto" and config["gpu_jobs"])
+    return model_gpus(model) if wants else 0
+
+
+@functools.cache
+def model_gpus(model):
+    """GPUs of one job of the model: its gpus key, else with a device_map as many GPUs of config
+    gpu_memory_gb as its weights need (read from its local checkpoint), else 1 (headatlas.core.models.job_gpus).
+    """
+    spec = ModelSpec.from_config(MODELS[model])
+    loc = weights_dir(spec, model_dir(model)) if spec.device_map else None
+    return job_gpus(spec, loc, int(config["gpu_memory_gb"] * 1e9))
 
 
 def extract_model_rule(model):

@@ -107,3 +107,37 @@ rule icl_agreement:
         seed=ICL["seed"],
     script:
         "../../scripts/icl_agreement.py"
+
+
+rule icl_exclusion:
+    input:
+        unpack(icl_exclusion_inputs),
+    output:
+        table="results/icl/{model}/exclusion.tsv",
+        html=report(
+            "results/icl/{model}/exclusion.html",
+            caption="../report/icl_exclusion.rst",
+            category="ICL heads",
+            subcategory="{model}",
+            labels={
+                "item": "Exclusion test: FV heads vs induction heads, ablated against matched random heads (table)"
+            },
+        ),
+    log:
+        "logs/icl_exclusion/{model}.log",
+    benchmark:
+        "results/benchmarks/icl_exclusion/{model}.tsv"
+    priority: 5  # a model-running job
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+        gpu=lambda wc: uses_gpu(wc.model),
+    params:
+        model=lambda wc: MODELS[wc.model],
+        icl=ICL_SETTINGS,
+        exclusion=ICL_EXCLUSION,
+    script:
+        "../../scripts/icl_exclusion.py"

@@ -39,6 +39,43 @@ rule quiet:
         "../../scripts/quiet.py"
 
 
+rule quiet_ablation:
+    input:
+        corpora=lambda wc: [
+            f"results/corpora/{c}.jsonl.gz"
+            for c in analysis_corpora("quiet", wc.model)
+        ],
+        model=model_cache,
+    output:
+        zero="results/quiet/{model}/zero_ablation.tsv",
+        zero_html=report(
+            "results/quiet/{model}/zero_ablation.html",
+            caption="../report/quiet_zero_ablation.rst",
+            category="Quiet heads",
+            subcategory="{model}",
+            labels={"item": "Zero-ablation of every head: loss effect and CI (table)"},
+        ),
+        check="results/quiet/{model}/zero_check.tsv",
+    log:
+        "logs/quiet_ablation/{model}.log",
+    benchmark:
+        "results/benchmarks/quiet_ablation/{model}.tsv"
+    priority: 5
+    conda:
+        "../../envs/headatlas.yaml"
+    threads: QUIET["threads"]
+    resources:
+        mem_mb=6000,
+        runtime=60,
+        gpu=lambda wc: uses_gpu(wc.model),
+    params:
+        quiet=settings_params(QuietSettings, QUIET),
+        model=lambda wc: MODELS[wc.model],
+        corpora=lambda wc: analysis_corpora("quiet", wc.model),
+    script:
+        "../../scripts/quiet_ablation.py"
+
+
 rule quiet_heads:
     input:
         unpack(quiet_heads_inputs),

@@ -14,11 +14,12 @@ register_targets(
 
 
 def quiet_heads_inputs(wildcards):
-    """The model's own statistics, and the detectors' and ablation's heads.tsv where they cover the model."""
+    """The model's own statistics and zero-ablation, and the detectors' heads.tsv where they cover the model."""
     m = wildcards.model
-    out = {"stats": f"results/quiet/{m}/stats.tsv"}
+    out = {
+        "stats": f"results/quiet/{m}/stats.tsv",
+        "zero": f"results/quiet/{m}/zero_ablation.tsv",
+    }
     if m in analysis_models("detectors"):
         out["detectors"] = f"results/detectors/{m}/heads.tsv"
-    if m in analysis_models("ablation"):
-        out["ablation"] = f"results/ablation/{m}/heads.tsv"
     return out

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
+from ..core.device import input_device
 from ..core.figures import head_label
 from ..core.io import atomic_path
 from ..core.settings import Settings
@@ -120,7 +121,7 @@ def skipped_check(model: str, task: str, reason: str) -> pd.DataFrame:
 
 def exact_everywhere(evaluation, settings: AblationSettings) -> bool:
     """Exact ablation of every head: on a GPU, or with at most ``exact_max_heads`` heads."""
-    device = next(evaluation.model.parameters()).device.type
+    device = input_device(evaluation.model).type
     return device != "cpu" or evaluation.n_layers * evaluation.n_heads <= settings.exact_max_heads
 
 
@@ -366,10 +367,11 @@ def role_sets(
 
 
 def matched_random_sets(
-    heads: list[tuple[int, int]], n_heads: int, n_sets: int, rng: np.random.Generator
+    heads: list[tuple[int, int]], n_heads: int, n_sets: int, rng: np.random.Generator, exclude=()
 ) -> list[list[tuple[int, int]]]:
     """``n_sets`` random head sets with as many heads in every layer as ``heads``: drawn from the
-    layer's other heads, topped up from the role's own heads where the layer has too few others."""
+    layer's other heads (outside ``exclude``, (layer, head) pairs), topped up from the role's own heads
+    where the layer has too few others."""
     per_layer: dict[int, list[int]] = {}
     for layer, h in heads:
         per_layer.setdefault(layer, []).append(h)
@@ -377,7 +379,7 @@ def matched_random_sets(
     for _ in range(n_sets):
         s = []
         for layer, own in sorted(per_layer.items()):
-            others = np.setdiff1d(np.arange(n_heads), own)
+            others = np.setdiff1d(np.arange(n_heads), own + [h for lay, h in exclude if lay == layer])
             k = len(own)
             pick = list(rng.choice(others, size=min(k, len(others)), replace=False))
             if len(pick) < k:

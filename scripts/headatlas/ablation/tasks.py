@@ -381,13 +381,11 @@ def lm_evaluation(
 
     config = AutoConfig.from_pretrained(loc, **kwargs)
     kind = model_kind(config, spec)
-    model, reason = lm_head_model(loc, kind, kwargs)
+    model, reason = lm_head_model(loc, kind, kwargs, spec, device)  # on device, or split by its device_map
     if model is None:
         return None, reason
     if kind != "decoder":
         return None, "an encoder: the loss ablation measures next-token loss, which needs a causal LM"
-    model.to(device)
-    model.config.use_cache = False  # no key/value cache: batches are expanded inside the model
     tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
     bos = decoder_bos(tokenizer, config, spec)
     tokenized, _ = tokenize_records(
@@ -396,8 +394,13 @@ def lm_evaluation(
     tokenized = [t for t in tokenized if len(t) >= 2]
     if not tokenized:
         raise ValueError(f"model {spec.name!r}: no record of the corpus gives a sequence of 2 tokens or more")
-    pad = pad_token(tokenizer)
-    device = next(model.parameters()).device
+    return token_evaluation(model, tokenized, pad_token(tokenizer), batch_size, config), None
+
+
+def token_evaluation(model, tokenized: list, pad: int, batch_size: int, config) -> Evaluation:
+    """The ``lm`` Evaluation of a causal LM (on its device) on tokenised sequences of 2 tokens or more: the
+    next-token loss of each, batched by length. ``config``: the model's, for its layers and heads."""
+    model.config.use_cache = False  # no key/value cache: batches are expanded inside the model
     batches = []
     for pos in _bucketed([len(t) for t in tokenized], batch_size):
         batch = [tokenized[p] for p in pos]
@@ -406,7 +409,7 @@ def lm_evaluation(
         targets[inputs["attention_mask"] == 0] = -100
         batches.append((inputs, targets, np.asarray(pos)))
     L, H = int(config.num_hidden_layers), int(config.num_attention_heads)
-    return Evaluation("lm", model, batches, len(tokenized), L, H), None
+    return Evaluation("lm", model, batches, len(tokenized), L, H)
 
 
 def classification_evaluation(

@@ -478,11 +478,12 @@ def ladder_table(atlases: dict[str, pd.DataFrame], agreements: dict[str, pd.Data
         retrieval = (r > RETRIEVAL_HEAD).to_numpy() & scored
         row["retrieval_scored"] = int(scored.sum())
         row["retrieval_share"] = float(retrieval[scored].mean()) if scored.any() else np.nan
-        row["retrieval_heads"] = int(retrieval.sum())
-        row["retrieval_induction"] = int((retrieval & ind).sum()) if ind is not None else np.nan
-        top = _flags(a["icl_top"]).fillna(False).to_numpy(bool) if "icl_top" in a else np.zeros(len(a), bool)
-        row["fv_top_heads"] = int(top.sum()) if "icl_top" in a else np.nan
-        row["fv_top_induction"] = int((top & ind).sum()) if "icl_top" in a and ind is not None else np.nan
+        row["retrieval_heads"] = int(retrieval.sum()) if scored.any() else np.nan
+        row["retrieval_induction"] = int((retrieval & ind).sum()) if scored.any() and ind is not None else np.nan
+        fv = _flags(a["icl_top"]) if "icl_top" in a else pd.Series(pd.NA, index=a.index, dtype="boolean")
+        top, has_fv = fv.fillna(False).to_numpy(bool), fv.notna().any()
+        row["fv_top_heads"] = int(top.sum()) if has_fv else np.nan
+        row["fv_top_induction"] = int((top & ind).sum()) if has_fv and ind is not None else np.nan
         row["positional_share"] = _share(a["quiet_positional_head"]) if "quiet_positional_head" in a else np.nan
         ag = agreements.get(model)
         pick = None if ag is None else ag[(ag["method_a"] == "clark_syntax") & (ag["method_b"] == "pande_syntactic")]

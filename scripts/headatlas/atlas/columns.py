@@ -240,8 +240,8 @@ COLUMNS: tuple[Column, ...] = (
         r"quiet_sink_after_massive",
         "sink head (det_sink_head) whose layer input holds a massive activation at the first token (NA: no sink head)",
     ),
-    Column(r"quiet_ablation_null", "the exact ablation's loss effect has a CI that holds 0 (dormant by ablation)"),
-    Column(r"quiet_ablation_mode", "the ablation's mode behind quiet_ablation_null (zero, mean or resample)", "label"),
+    Column(r"quiet_zero_effect", "next-token loss with the head's output set to zero, minus intact", "nats"),
+    Column(r"quiet_zero_null", "the zero-ablation's loss effect has a CI that holds 0 (dormant by zero-ablation)"),
     Column(
         r"(.+)_kind", "how {0} was obtained: exact, estimated (checked), unreliable or skipped: <reason>", "label"
     ),  # fmt: skip

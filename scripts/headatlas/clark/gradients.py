@@ -29,7 +29,7 @@ import pandas as pd
 
 from ..core.batching import length_batches, model_inputs, pad_token
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP, TokenizedRecord
-from ..core.device import job_device
+from ..core.device import input_device, job_device
 from ..core.extract import tokenize_records
 from ..core.models import (
     decoder_bos,
@@ -138,7 +138,7 @@ def gradient_importance(
 
     causal = kind == "decoder"
     n_layers = int(model.config.num_hidden_layers)
-    device = next(model.parameters()).device
+    device = input_device(model)
     for p in model.parameters():
         p.requires_grad_(False)
     pad_id = pad_token(tokenizer)
@@ -243,11 +243,10 @@ def gradient_table(
     loc, kwargs = resolve(spec, cache_dir)
     config = AutoConfig.from_pretrained(loc, **kwargs)
     kind = model_kind(config, spec)
-    model, reason = lm_head_model(loc, kind, kwargs)
+    model, reason = lm_head_model(loc, kind, kwargs, spec, device or job_device(spec.device))  # or split
     if model is None:
         log.warning("model %s: gradient importance skipped: %s", spec.name, reason)
         return skipped_table(spec.name, kind, reason)
-    model.to(device or job_device(spec.device))
     tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
     if kind == "encoder" and tokenizer.mask_token_id is None:
         reason = f"tokenizer {type(tokenizer).__name__} has no mask token, so there is no masked-LM loss"

@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from .data import TokenizedRecord
+from .device import input_device
 from .store import budget_runs
 
 
@@ -53,7 +54,7 @@ def model_inputs(batch: Sequence[TokenizedRecord], model, pad_id: int, extra_tok
     changes no earlier position under the causal mask)."""
     import torch
 
-    device = next(model.parameters()).device
+    device = input_device(model)  # a split model's inputs go where its embeddings run
 
     add = 0 if extra_token is None else 1
     n = max(len(t) for t in batch) + add

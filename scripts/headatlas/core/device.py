@@ -11,6 +11,7 @@ the reason; a job that asked for a GPU and runs where CUDA is unavailable runs o
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Mapping
 
@@ -72,3 +73,50 @@ def job_device(
     if requested == "cuda":
         return _say("cpu", f"the model asks for cuda, but CUDA is not available ({seen}; {built}): {ON_CPU}", warn=True)
     return _say("cpu", f"no CUDA device visible ({seen}; {built})")
+
+
+def input_device(model):
+    """The device a model's inputs go to: that of its input embeddings, the first module the inputs meet.
+
+    A model split by accelerate (``device_map``) runs each module on its own device; an offloaded module (``cpu`` or
+    ``disk`` in the map, its weights on the meta device until it runs) runs on the model's main device, which its
+    hook names. An unsplit model's embeddings are where all its weights are.
+    """
+    import torch
+
+    placed = getattr(model, "hf_device_map", None)
+    if placed:
+        emb = model.get_input_embeddings()
+        name = next(n for n, m in model.named_modules() if m is emb)
+        # the map's entry that holds the embeddings: its own name, a parent's, or "" (the whole model)
+        owner = max((k for k in placed if k == "" or name == k or name.startswith(k + ".")), key=len, default=None)
+        device = placed.get(owner)
+        if device not in (None, "cpu", "disk"):
+            return torch.device(device if isinstance(device, str) else f"cuda:{device}")
+        gpus = [d for d in placed.values() if d not in ("cpu", "disk")]  # offloaded modules run on the first GPU
+        return torch.device(gpus[0] if isinstance(gpus[0], str) else f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
+    return next(model.parameters()).device
+
+
+# a model's weights may fill at most this share of the memory it is given; the rest holds the activations, the
+# CUDA context and the allocator's slack (transformers' own device_map "auto" keeps 10% of each GPU free too)
+WEIGHT_SHARE = 0.9
+
+
+def gpus_needed(weight_bytes: int, gpu_bytes: int) -> int:
+    """How many GPUs of ``gpu_bytes`` each hold ``weight_bytes`` of weights within :data:`WEIGHT_SHARE` (at least 1)."""
+    return max(1, math.ceil(weight_bytes / (WEIGHT_SHARE * gpu_bytes)))
+
+
+def host_memory() -> int:
+    """Bytes of RAM of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def gpu_memories() -> list[int]:
+    """Bytes of memory of each GPU visible to this job (``[]`` without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]

@@ -185,8 +185,9 @@ class HeadReps(HeadOutputHooks):
         device = captured[0].device
         at = torch.as_tensor(rep_positions(batch.lengths, self.kind, self.rep_position), device=device)
         rows = torch.arange(len(batch), device=device)
-        heads = [c[rows, at].reshape(len(batch), info.n_heads, -1).float().cpu().numpy() for c in captured]
-        hidden = [h[rows, at].float().cpu().numpy() for h in outputs.hidden_states[1:]]
+        on = lambda x: (rows.to(x.device), at.to(x.device))  # noqa: E731  (a split model's layers: their own devices)
+        heads = [c[on(c)].reshape(len(batch), info.n_heads, -1).float().cpu().numpy() for c in captured]
+        hidden = [h[on(h)].float().cpu().numpy() for h in outputs.hidden_states[1:]]
         self.sink(batch, heads, hidden)
 
     def result(self):

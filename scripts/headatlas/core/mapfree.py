@@ -42,6 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from . import cpu_pass
+from .device import input_device
 from .models import ARCHITECTURES, ModelError
 from .reducer import (  # noqa: F401  (Needs: importable from here as before)
     FeedInfo,
@@ -864,7 +865,7 @@ class MapFreeFeed:
 
         self.batch, self.calls, self._mask = batch, 0, None
         needs = [r.mapfree_needs(batch, self.info.causal) for r in self.reducers]
-        dev = next(self.model.parameters()).device
+        dev = input_device(self.model)
 
         def stack(*kinds):
             cols: dict = {}

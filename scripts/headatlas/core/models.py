@@ -38,15 +38,16 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import math
 import os
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 from .align import bos_id
-from .device import job_device
+from .device import WEIGHT_SHARE, gpu_memories, gpus_needed, host_memory, job_device
 from .integrity import IntegrityError, check_inputs, check_target, replace_dir
 from .weights import PartError, join_gguf_parts, missing_parts
 
@@ -197,11 +198,20 @@ class ModelSpec:
     device: str = "auto"
     bos_token: str = "auto"
     arch: str = "auto"
+    # a model larger than one device (docs/cluster.md "Models larger than one GPU"): accelerate's layer split as
+    # transformers' from_pretrained takes it ("auto", "balanced", "sequential" or module -> GPU index / "cpu" /
+    # "disk"), the memory of each device it may fill, the folder disk-offloaded weights go to; the GPUs its jobs ask
+    # the scheduler for (None: from its size, workflow/rules/common.smk)
+    device_map: str | dict | None = None
+    max_memory: dict | None = None
+    offload_folder: str | None = None
+    gpus: int | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, entry: dict) -> "ModelSpec":
         known = {"name", "source", "dtype", "max_length", "batch_size", "device", "bos_token", "arch"}
+        known |= {"device_map", "max_memory", "offload_folder", "gpus"}
         extra = {k: v for k, v in entry.items() if k not in known}
         return cls(**{k: v for k, v in entry.items() if k in known}, extra=extra)
 
@@ -377,6 +387,207 @@ def _torch_dtype(name: str):
         raise ModelError(f"unknown dtype {name!r}; use float32, float16 or bfloat16") from None
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _device_key(key):
+    """A device of a device_map or max_memory as accelerate takes it: a GPU index (int; from "1", "cuda:1" or
+    "cuda"), "cpu" or "disk"."""
+    if isinstance(key, str) and key.startswith("cuda"):
+        key = key.partition(":")[2] or "0"
+    return int(key) if isinstance(key, str) and key.isdigit() else key
+
+
+def _memory_bytes(value) -> int:
+    """Bytes of a max_memory value: an integer, or a size such as "70GiB" or "200GB"."""
+    if isinstance(value, int):
+        return value
+    from accelerate.utils import convert_file_size_to_int
+
+    return convert_file_size_to_int(value)
+
+
+def checkpoint_parameters(loc: str | Path) -> int | None:
+    """Number of weights stored in a local directory's safetensors checkpoint (read from the files' headers, no
+    weight loaded): the shards its ``model.safetensors.index.json`` names, else ``model.safetensors``, else every
+    ``*.safetensors``; None where it has none."""
+    import json
+
+    loc = Path(loc)
+    index = loc / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({loc / f for f in json.loads(index.read_text())["weight_map"].values()})
+    elif (loc / "model.safetensors").is_file():
+        files = [loc / "model.safetensors"]
+    else:
+        files = sorted(loc.glob("*.safetensors")) if loc.is_dir() else []
+    if not files:
+        return None
+    n = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        n += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return n
+
+
+def parameter_count(loc: str, kwargs: dict | None = None, auto=None) -> int:
+    """Number of weights of the model at ``loc``: its checkpoint's (:func:`checkpoint_parameters`), else those of
+    ``auto`` (default AutoModel) built from its config on the meta device (no memory taken, no weight read)."""
+    n = checkpoint_parameters(loc)
+    if n is not None:
+        return n
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(loc, **(kwargs or {}))
+    with torch.device("meta"):
+        model = (auto or AutoModel).from_config(config)
+    return sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+
+
+def given_memory(
+    spec: ModelSpec, device: str, gpus: list[int] | None = None, host: int | None = None
+) -> tuple[int | None, str]:
+    """(bytes, what they are) of the memory a model is given on ``device``; bytes None when its device_map may
+    offload to disk (no limit). ``gpus`` (bytes of each visible GPU) and ``host`` (bytes of RAM) default to this
+    machine's; a model's max_memory caps each device it names."""
+    dm, caps = spec.device_map, {_device_key(k): _memory_bytes(v) for k, v in (spec.max_memory or {}).items()}
+    if dm is not None and (spec.offload_folder or (isinstance(dm, dict) and "disk" in dm.values())):
+        return None, "disk offload"
+    host = host_memory() if host is None else host
+    ram = (
+        (min(host, caps["cpu"]), f"max_memory cpu {_size(caps['cpu'])}") if "cpu" in caps else (host, "the host's RAM")
+    )
+    if device == "cpu":
+        return ram[0], f"{_size(ram[0])} ({ram[1]})"
+    gpus = gpu_memories() if gpus is None else gpus
+    if dm is None:
+        used = [0]
+    elif isinstance(dm, dict):
+        used = sorted({d for d in map(_device_key, dm.values()) if isinstance(d, int)})
+    else:
+        used = sorted(k for k in caps if isinstance(k, int)) or list(range(len(gpus)))
+    sizes = [min(gpus[i], caps.get(i, gpus[i])) for i in used if i < len(gpus)]
+    total, what = sum(sizes), f"{len(sizes)} GPU{'s' if len(sizes) != 1 else ''} x {_size(max(sizes, default=0))}"
+    if dm is not None and ("cpu" in caps or (isinstance(dm, dict) and "cpu" in dm.values())):
+        total, what = total + ram[0], f"{what} + {_size(ram[0])} ({ram[1]})"
+    return total, f"{_size(total)} ({what})"
+
+
+def check_fits(
+    spec: ModelSpec, n_params: int, dtype: str, device: str, gpus: list[int] | None = None, host: int | None = None
+) -> None:
+    """A ModelError, before any weight loads, when ``n_params`` weights in ``dtype`` fill more than
+    :data:`~headatlas.core.device.WEIGHT_SHARE` of the memory the model is given (:func:`given_memory`)."""
+    need = n_params * DTYPE_BYTES[dtype]
+    have, what = given_memory(spec, device, gpus, host)
+    if have is None or need <= WEIGHT_SHARE * have:
+        return
+    key = f"config key models[{spec.name}]"
+    if device == "cpu":
+        hint = f"give it more RAM ({key}.max_memory), or let it offload to disk ({key}.device_map and .offload_folder)"
+    else:
+        per_gpu = max(gpu_memories() if gpus is None else gpus, default=0) or need
+        hint = (
+            f"it needs {gpus_needed(need, per_gpu)} GPUs of {_size(per_gpu)}: set {key}.gpus to that and "
+            f"{key}.device_map: auto (docs/cluster.md 'Models larger than one GPU')"
+        )
+    raise ModelError(
+        f"model {spec.name!r} does not fit the memory it was given: its weights are {_size(need)} "
+        f"({n_params:,} parameters x {DTYPE_BYTES[dtype]} bytes, {dtype}), more than {WEIGHT_SHARE:.0%} of {what} "
+        f"on {device}; {hint}"
+    )
+
+
+def placement(spec: ModelSpec, device: str) -> dict:
+    """The from_pretrained arguments that split a model by its ``device_map`` ({} for a model on one device). A
+    GPU of the map runs on the CPU in a job without CUDA; disk-offloaded weights go to a folder of this process
+    inside the model's offload_folder, removed when it exits (jobs of one model never share one)."""
+    if spec.device_map is None:
+        return {}
+    import atexit
+    import tempfile
+
+    dm = spec.device_map
+    caps = {_device_key(k): v for k, v in (spec.max_memory or {}).items()}
+    if isinstance(dm, dict):
+        dm = {k: _device_key(v) for k, v in dm.items()}
+        disk = [k for k, v in dm.items() if v == "disk"]
+        if disk and not spec.offload_folder:
+            raise ModelError(
+                f"config key models[{spec.name}].device_map puts {', '.join(disk)} on disk: set "
+                f"models[{spec.name}].offload_folder to the folder its weights may go to"
+            )
+    if device == "cpu":  # a GPU job that runs on the CPU (core.device.job_device said why)
+        dm = {k: "cpu" if v not in ("cpu", "disk") else v for k, v in dm.items()} if isinstance(dm, dict) else dm
+        caps = {k: v for k, v in caps.items() if k in ("cpu", "disk")}
+    out = {"device_map": dm}
+    if caps:
+        out["max_memory"] = caps
+    if spec.offload_folder:
+        Path(spec.offload_folder).mkdir(parents=True, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix=f"{spec.name}-", dir=spec.offload_folder)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        out["offload_folder"] = folder
+    return out
+
+
+def unsplit(spec: ModelSpec) -> ModelSpec:
+    """``spec`` loaded in one piece (no device_map): for code that reads the weights themselves, which a disk
+    offload leaves on the meta device (random-init, the circuits' weight scores)."""
+    return replace(spec, device_map=None, max_memory=None, offload_folder=None)
+
+
+def weights_dir(spec: ModelSpec, cache_dir: str | Path | None = None) -> str | None:
+    """The local directory of a model's weights, or None where there is none yet (a hub id not in the Hugging
+    Face cache, a directory its rule has not written, a package not installed)."""
+    try:
+        loc, kwargs = resolve(spec, cache_dir)
+    except ModelError:
+        return None
+    if spec.source_kind == "hub":
+        from huggingface_hub import snapshot_download
+
+        try:
+            return snapshot_download(loc, revision=kwargs["revision"], local_files_only=True)
+        except Exception:  # not cached (or no such id): the size is not known before the download
+            return None
+    return loc if Path(loc).is_dir() else None
+
+
+def job_gpus(spec: ModelSpec, loc: str | None, gpu_bytes: int) -> int:
+    """The GPUs a GPU job of the model asks the scheduler for: its ``gpus``; else, for a model with a device_map,
+    as many GPUs of ``gpu_bytes`` as its checkpoint's weights in its dtype need (:func:`gpus_needed`) where its
+    local directory ``loc`` tells their number; else 1."""
+    if spec.gpus:
+        return int(spec.gpus)
+    n = checkpoint_parameters(loc) if spec.device_map is not None and loc else None
+    return 1 if n is None else gpus_needed(n * DTYPE_BYTES[spec.dtype], gpu_bytes)
+
+
+def from_pretrained(auto, spec: ModelSpec, loc: str, kwargs: dict, device: str, dtype: str | None = None, **extra):
+    """The one place a model-running rule loads weights: ``auto.from_pretrained`` with eager attention in
+    ``dtype`` (default the model's), after :func:`check_fits`; split by the model's ``device_map``, else moved
+    to ``device``; in eval mode. Returns what from_pretrained returns (with ``output_loading_info``, a pair)."""
+    dtype = dtype or spec.dtype
+    check_fits(spec, parameter_count(loc, kwargs, auto), dtype, device)
+    split = placement(spec, device)
+    out = auto.from_pretrained(loc, attn_implementation="eager", dtype=_torch_dtype(dtype), **split, **kwargs, **extra)
+    model = out[0] if isinstance(out, tuple) else out
+    model.eval()
+    if not split:
+        model.to(device)
+    return out
+
+
 def _hub_error(spec: ModelSpec, err: Exception) -> ModelError:
     hub = spec.source.get("hub")
     return ModelError(
@@ -478,8 +689,8 @@ def check_max_length(spec: ModelSpec, config: dict, where: str, past_last: bool 
 
 def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | None = None):
     """Load (model, tokenizer) with eager attention, in eval mode, on ``device`` (default: the job's,
-    :func:`headatlas.core.device.job_device`); a sealed directory (a model
-    cache a rule wrote) is checked first, the tokenizer's vocabulary against the model's after."""
+    :func:`headatlas.core.device.job_device`) or split by its ``device_map`` (:func:`from_pretrained`); a sealed
+    directory (a model cache a rule wrote) is checked first, the tokenizer's vocabulary against the model's after."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     loc, kwargs = resolve(spec, cache_dir)
@@ -493,7 +704,8 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
         if spec.extra.get("length_corpus"):  # a corpus sets the length: check it before the weights load
             check_max_length(spec, config.to_dict(), f"{loc}/config.json")
         tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
-        model = AutoModel.from_pretrained(loc, attn_implementation="eager", dtype=_torch_dtype(spec.dtype), **kwargs)
+        device = device or job_device(spec.device)
+        model = from_pretrained(AutoModel, spec, loc, kwargs, device)
     except OSError as e:
         if spec.source_kind == "hub":
             raise _hub_error(spec, e) from e
@@ -503,8 +715,6 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
             f"model {spec.name!r}: tokenizer {type(tokenizer).__name__} is not a fast tokenizer; offsets are needed"
         )
     check_vocabulary(spec, tokenizer, config, loc)
-    model.eval()
-    model.to(device or job_device(spec.device))
     return model, tokenizer, config
 
 
@@ -594,13 +804,13 @@ def architecture_module(model, path: str):
     return None
 
 
-def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
-    """Load the model with its LM head, or explain why that is impossible.
+def lm_head_model(loc: str, kind: str, kwargs: dict | None = None, spec: ModelSpec | None = None, device: str = "cpu"):
+    """Load the model with its LM head in float32 on ``device`` (split by ``spec``'s device_map, if any:
+    :func:`from_pretrained`), or explain why that is impossible.
 
     Returns (model, None) or (None, reason). The head must come from the checkpoint: a head
     that ``from_pretrained`` would initialise at random gives meaningless gradients.
     """
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     auto = AutoModelForMaskedLM if kind == "encoder" else AutoModelForCausalLM
@@ -609,9 +819,8 @@ def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
     if head is None:
         return None, f"transformers has no {auto.__name__} class for model type {model_type!r}"
     try:
-        model, info = auto.from_pretrained(
-            loc, attn_implementation="eager", dtype=torch.float32, output_loading_info=True, **(kwargs or {})
-        )
+        spec = spec or ModelSpec(str(loc), {"path": str(loc)})
+        model, info = from_pretrained(auto, spec, loc, kwargs or {}, device, "float32", output_loading_info=True)
     except ValueError as e:  # no such head class for this architecture
         return None, f"{auto.__name__} cannot load this architecture: {str(e).splitlines()[0]}"
     head_missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(tuple(h + "." for h in head)))
@@ -621,7 +830,6 @@ def lm_head_model(loc: str, kind: str, kwargs: dict | None = None):
             None,
             f"the checkpoint has no {what} head (missing weights: {', '.join(head_missing[:4])}{' ...' if len(head_missing) > 4 else ''})",
         )
-    model.eval()
     return model, None
 
 
@@ -658,7 +866,7 @@ def random_init_model(base: ModelSpec, base_dir: str | Path | None, seed: int, o
     import torch
     from transformers import AutoModel
 
-    pretrained, tokenizer, config = load(base, base_dir, device="cpu")
+    pretrained, tokenizer, config = load(unsplit(base), base_dir, device="cpu")
     keep = embedding_parameters(pretrained)
     if not keep:
         raise ModelError(f"model {base.name!r}: no word embeddings found to keep")

@@ -175,7 +175,11 @@ def stack_layers(done: dict) -> tuple[list[int], tuple]:
 
     layers = sorted(done)
     first = done[layers[0]]
-    stacked = tuple(None if first[k] is None else torch.stack([done[i][k] for i in layers]) for k in range(len(first)))
+    # a split model's layers run on several devices: stack on the first layer's
+    stacked = tuple(
+        None if first[k] is None else torch.stack([done[i][k].to(first[k].device) for i in layers])
+        for k in range(len(first))
+    )
     return layers, stacked
 
 

@@ -138,17 +138,22 @@ def task_table(model_name: str, runs: list[TaskRun], s: IclSettings) -> tuple[pd
     return pd.DataFrame(rows, columns=TASK_COLUMNS), means
 
 
-def pooled_corrupted(model, runs: list[TaskRun], means: dict, s: IclSettings, n_layers: int, n_heads: int):
-    """One evaluation of every used task's corrupted prompts, with each prompt's task means as its replacement."""
-    used = [r for r in runs if r.task in means]
+def pooled(model, evs: list, s: IclSettings, n_layers: int, n_heads: int):
+    """One evaluation of the prompts of several evaluations, and each prompt's index into ``evs`` [S]."""
     ids, target, task_of = [], [], []
-    for t, r in enumerate(used):
-        for inputs, y, _ in r.corrupted.batches:
+    for t, ev in enumerate(evs):
+        for inputs, y, _ in ev.batches:
             ids += inputs["input_ids"].tolist()
             target += y.tolist()
             task_of += [t] * len(y)
-    ev = fv_evaluation(model, ids, np.asarray(target), s.batch_size, n_layers, n_heads)
-    ev.values = TaskMeans(np.stack([means[r.task] for r in used]).astype(np.float32), np.asarray(task_of))
+    return fv_evaluation(model, ids, np.asarray(target), s.batch_size, n_layers, n_heads), np.asarray(task_of)
+
+
+def pooled_corrupted(model, runs: list[TaskRun], means: dict, s: IclSettings, n_layers: int, n_heads: int):
+    """One evaluation of every used task's corrupted prompts, with each prompt's task means as its replacement."""
+    used = [r for r in runs if r.task in means]
+    ev, task_of = pooled(model, [r.corrupted for r in used], s, n_layers, n_heads)
+    ev.values = TaskMeans(np.stack([means[r.task] for r in used]).astype(np.float32), task_of)
     return ev
 
 
@@ -225,10 +230,9 @@ def load_decoder(spec, cache_dir, device: str):
     shape = (int(config.num_hidden_layers), int(config.num_attention_heads))
     if kind != "decoder":
         return None, "an encoder: function-vector heads are measured on next-token prediction", shape
-    model, reason = lm_head_model(loc, kind, kwargs)
+    model, reason = lm_head_model(loc, kind, kwargs, spec, device)  # on device, or split by its device_map
     if model is None:
         return None, reason, shape
-    model.to(device)
     model.config.use_cache = False  # no key/value cache: batches are expanded inside the model
     tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
     return (model, tokenizer, decoder_bos(tokenizer, config, spec)), None, shape

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..ablation.patch import HeadPatch
 from ..ablation.tasks import Evaluation, stack_layers
+from ..core.device import input_device
 
 LAST_LOGITS = "_headatlas_last_logits_only"  # set on a model whose forward computes only the last position's logits
 
@@ -153,7 +154,7 @@ def fv_evaluation(model, ids: list[list[int]], targets: np.ndarray, batch_size: 
     """An :class:`FVEvaluation` of prompts ``ids`` (token id lists) with targets [S] on the model's device."""
     import torch
 
-    device = next(model.parameters()).device
+    device = input_device(model)
     batches = []
     for pos in equal_length_batches(ids, batch_size):
         x = torch.as_tensor([ids[i] for i in pos], dtype=torch.long, device=device)

@@ -1,10 +1,12 @@
 """Heads by what they do not do, per model: positional heads (Voita et al. 2019), dormant heads (output norm, and
-zero effect of the exact ablation), rigid and dynamic heads (entropy variance over sequences) and the massive
-activations (Sun et al. 2024) joined to the sink heads (docs/quiet_heads.md).
+the loss effect of zero-ablating the head), rigid and dynamic heads (entropy variance over sequences) and the
+massive activations (Sun et al. 2024) joined to the sink heads (docs/quiet_heads.md).
 
 Every per-head value is a mean over sequences of a per-sequence mean over its rows or tokens
 (:mod:`headatlas.quiet.reducers`) with a percentile bootstrap CI over the sequences; the entropy variance is the
-variance over sequences of each sequence's mean row entropy (ddof 1), its CI from the same resamples.
+variance over sequences of each sequence's mean row entropy (ddof 1), its CI from the same resamples. The
+zero-ablation runs the ablation package's batched exact head patching and its check
+(:func:`headatlas.ablation.analysis.head_tables`, mode ``zero``) on the first natural inputs.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..ablation.analysis import AblationSettings, head_tables, skipped_check
+from ..ablation.tasks import token_evaluation
 from ..core.batching import pad_token
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.figures import head_label
-from ..core.models import decoder_bos, model_kind
+from ..core.models import decoder_bos, lm_head_model, model_kind, resolve
 from ..core.reduce import fused_reduce
 from ..core.settings import Settings
 from ..detectors.sequences import natural_inputs as first_records
@@ -40,9 +44,29 @@ class QuietSettings(Settings):
     massive_threshold: float = 100.0
     massive_ratio: float = 1000.0
     sink_massive_share: float = 0.5
+    ablation_sequences: int = 32
+    exact_max_heads: int = 200
+    exact_max_rows: int = 4096
+    check_heads: int = 4
+    check_seed: int = 0
+    on_check_fail: str = "exact"
     bootstrap: int = 1000
     ci: float = 0.95
     seed: int = 0
+
+    def __post_init__(self):
+        if self.ablation_sequences == 1:
+            raise ValueError("ablation_sequences: 0 (no zero-ablation) or at least 2 (a CI over sequences)")
+
+    def ablation(self) -> AblationSettings:
+        """The ablation settings of the zero-ablation: exact where affordable, else attribution patching checked
+        per layer (as analysis.ablation)."""
+        return AblationSettings(
+            mode="zero", batch_size=self.batch_size, exact_max_heads=self.exact_max_heads,
+            exact_max_rows=self.exact_max_rows, estimator="atp", compare_estimators=("atp",),
+            check_heads=self.check_heads, check_seed=self.check_seed, on_check_fail=self.on_check_fail,
+            bootstrap=self.bootstrap, ci=self.ci, seed=self.seed,
+        )  # fmt: skip
 
 
 def natural_inputs(records_by_corpus: dict, tokenizer, kind: str, bos, settings: QuietSettings):
@@ -189,7 +213,7 @@ def layer_table(activity: dict, model: str, settings: QuietSettings) -> pd.DataF
     )
 
 
-# --- the join with the detectors and the ablation (rule quiet_heads) ---------------------------------------------
+# --- sinks after a massive activation (rule quiet_heads) ---------------------------------------------------------
 
 
 def sink_flags(stats: pd.DataFrame, detectors: pd.DataFrame | None, settings: QuietSettings) -> pd.DataFrame:
@@ -214,44 +238,105 @@ def sink_flags(stats: pd.DataFrame, detectors: pd.DataFrame | None, settings: Qu
     return out
 
 
-def ablation_flags(stats: pd.DataFrame, ablation: pd.DataFrame | None) -> pd.DataFrame:
-    """``quiet_ablation_null``: the head's exact ablation changes the loss by less than its CI (the CI of the
-    loss effect holds 0), for heads with an exact loss effect in the ablation's heads.tsv (its first loss task);
-    NA elsewhere, the kind says why. ``quiet_ablation_mode``: the ablation's mode (zero, mean or resample)."""
-    out = stats[KEY].copy()
-    if ablation is None:
-        out["quiet_ablation_null"], out["quiet_ablation_mode"] = pd.NA, ""
-        out["quiet_ablation_null_kind"] = "skipped: the ablation does not cover this model"
-        return out
-    loss = ablation[(ablation["metric"] == "loss") & (ablation["status"] == "ok")]
-    if not len(loss):
-        why = ablation.loc[ablation["metric"] == "loss", "reason"].dropna().astype(str)
-        out["quiet_ablation_null"], out["quiet_ablation_mode"] = pd.NA, ""
-        out["quiet_ablation_null_kind"] = "skipped: " + (why.iloc[0] if len(why) else "no loss effect in the ablation")
-        return out
-    loss = loss[loss["task"] == loss["task"].iloc[0]]
-    m = stats[KEY].merge(loss[KEY + ["exact", "exact_ci_low", "exact_ci_high", "mode"]], on=KEY, how="left")
-    has = m["exact"].notna().to_numpy()
-    null = (m["exact_ci_low"] <= 0) & (m["exact_ci_high"] >= 0)
-    out["quiet_ablation_null"] = pd.array(np.where(has, null, pd.NA), dtype="boolean")
-    out["quiet_ablation_mode"] = m["mode"].fillna("").astype(str).to_numpy()
-    out["quiet_ablation_null_kind"] = np.where(has, EXACT, "skipped: no exact ablation of this head")
+# --- dormant by zero-ablation (rule quiet_ablation) ---------------------------------------------------------------
+
+ZERO_COLUMNS = ["model", "layer", "head", "label", "quiet_zero_effect", "quiet_zero_effect_ci_low",
+                "quiet_zero_effect_ci_high", "quiet_zero_effect_kind", "quiet_zero_null", "quiet_zero_null_kind",
+                "zero_method", "zero_intact_loss", "zero_sequences"]  # fmt: skip
+
+
+def zero_table(heads: pd.DataFrame) -> pd.DataFrame:
+    """The rule's zero_ablation.tsv from a loss head table of :func:`~headatlas.ablation.analysis.head_tables`
+    (mode zero): per head ``quiet_zero_effect`` (loss with the head's output zeroed minus intact, nats) and its
+    CI and kind; ``quiet_zero_null``: that CI holds 0 (dormant by zero-ablation), NA where there is no effect
+    (unreliable, skipped), its kind the effect's."""
+    h = heads[heads["metric"] == "loss"].sort_values(KEY).reset_index(drop=True)
+    lo, hi = h["ci_low"].to_numpy(float), h["ci_high"].to_numpy(float)
+    has = np.isfinite(h["effect"].to_numpy(float))
+    out = h[["model", "layer", "head", "label"]].copy()
+    out["quiet_zero_effect"], out["quiet_zero_effect_ci_low"], out["quiet_zero_effect_ci_high"] = h["effect"], lo, hi
+    out["quiet_zero_effect_kind"] = h["kind"].to_numpy()
+    out["quiet_zero_null"] = pd.array(np.where(has, (lo <= 0) & (hi >= 0), pd.NA), dtype="boolean")
+    out["quiet_zero_null_kind"] = h["kind"].to_numpy()
+    out["zero_method"], out["zero_intact_loss"], out["zero_sequences"] = h["method"], h["intact"], h["n_sequences"]
+    return out[ZERO_COLUMNS]
+
+
+def skipped_zero(model: str, n_layers: int, n_heads: int, reason: str) -> pd.DataFrame:
+    """zero_ablation.tsv of a model the zero-ablation does not measure: the reason on every head."""
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    out = pd.DataFrame({"model": model, "layer": layer, "head": head,
+                        "label": [head_label(a, b) for a, b in zip(layer, head)]}, columns=ZERO_COLUMNS)  # fmt: skip
+    out["quiet_zero_null"] = pd.array([pd.NA] * len(out), dtype="boolean")
+    out["quiet_zero_effect_kind"] = out["quiet_zero_null_kind"] = f"skipped: {reason}"
+    out["zero_method"], out["zero_sequences"] = "skipped", 0
     return out
 
 
+def zero_ablation(spec, cache_dir, corpora: dict, settings: QuietSettings, device: str):
+    """Rule quiet_ablation: every head's output set to zero, one head at a time, on the first
+    ``ablation_sequences`` natural inputs (:func:`natural_inputs`, corpus by corpus) of the model with its causal-LM
+    head: the next-token loss effect per head and the check of the estimate (where the model has more heads than
+    ``exact_max_heads`` on a CPU), from :func:`~headatlas.ablation.analysis.head_tables`. Returns (zero_table,
+    check.tsv); a model it cannot measure gets the reason on every head."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    s = settings
+    loc, kwargs = resolve(spec, cache_dir)
+    config = AutoConfig.from_pretrained(loc, **kwargs)
+    shape = (int(config.num_hidden_layers), int(config.num_attention_heads))
+    kind = model_kind(config, spec)
+    model, reason = None, None
+    if s.ablation_sequences == 0:
+        reason = "analysis.quiet.ablation_sequences is 0"
+    elif kind != "decoder":
+        reason = "an encoder: the zero-ablation measures next-token loss, which needs a causal LM"
+    else:
+        model, reason = lm_head_model(loc, kind, kwargs, spec, device)  # on device, or split by its device_map
+    if model is None:
+        return skipped_zero(spec.name, *shape, reason), skipped_check(spec.name, "lm", reason)
+    tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
+    tokenized, _ = natural_inputs(corpora, tokenizer, kind, decoder_bos(tokenizer, config, spec), s)
+    tokenized = tokenized[: s.ablation_sequences]
+    if len(tokenized) < 2:
+        raise ValueError(f"model {spec.name}: {len(tokenized)} natural input(s) in corpora {list(corpora)}; need >= 2")
+    ev = token_evaluation(model, tokenized, pad_token(tokenizer), s.batch_size, config)
+    heads, check = head_tables(spec.name, ev, s.ablation())
+    return zero_table(heads), check
+
+
+# --- the join (rule quiet_heads) --------------------------------------------------------------------------------
+
+
 def heads_table(
-    stats: pd.DataFrame, detectors: pd.DataFrame | None, ablation: pd.DataFrame | None, settings: QuietSettings
+    stats: pd.DataFrame, detectors: pd.DataFrame | None, zero: pd.DataFrame | None, settings: QuietSettings
 ) -> pd.DataFrame:
-    """The rule's heads.tsv: stats.tsv with the sink and ablation flags (:func:`sink_flags`, :func:`ablation_flags`)."""
-    return stats.merge(sink_flags(stats, detectors, settings), on=KEY).merge(ablation_flags(stats, ablation), on=KEY)
+    """The rule's heads.tsv: stats.tsv with the sink flags (:func:`sink_flags`) and the ``quiet_zero_*`` columns of
+    zero_ablation.tsv (:func:`zero_table`; None: the zero-ablation was not run, every head skipped)."""
+    if zero is None:
+        n_layers, n_heads = int(stats["layer"].max()) + 1, int(stats["head"].max()) + 1
+        zero = skipped_zero(str(stats["model"].iloc[0]), n_layers, n_heads, "no zero-ablation table")
+    cols = KEY + [c for c in zero.columns if c.startswith("quiet_zero_")]
+    z = stats[KEY].merge(zero[cols], on=KEY, how="left", validate="one_to_one")
+    if z["quiet_zero_effect_kind"].isna().any():
+        raise ValueError("zero_ablation.tsv: no row for some heads of stats.tsv; rebuild it")
+    z["quiet_zero_null"] = z["quiet_zero_null"].astype("boolean")
+    return stats.merge(sink_flags(stats, detectors, settings), on=KEY).merge(z, on=KEY)
 
 
-def summary_table(heads: pd.DataFrame, settings: QuietSettings) -> pd.DataFrame:
-    """One row per model: how many heads are positional, dormant by ablation (CI holds 0, of those exactly
-    ablated) and sinks after a massive activation, and the spread of the output norms and entropy variances."""
+def summary_table(heads: pd.DataFrame, settings: QuietSettings, zero: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per model: how many heads are positional, dormant by zero-ablation (the loss effect's CI holds 0;
+    the share of the heads ablated exactly, and apart the checked estimates) and sinks after a massive activation,
+    and the spread of the output norms and entropy variances. ``zero``: zero_ablation.tsv, for its sequences and
+    intact loss."""
     rows = []
     for model, h in heads.groupby("model", sort=False):
-        null = h["quiet_ablation_null"].dropna().astype(bool)
+        kind = h["quiet_zero_effect_kind"].astype(str)
+        null = h["quiet_zero_null"].astype("boolean")
+        exact = (kind == EXACT).to_numpy()
+        est = (kind == "estimated (checked)").to_numpy()
+        n_exact = int(exact.sum())
+        z = zero[zero["model"] == model] if zero is not None else None
         sink = h["quiet_sink_after_massive"].dropna().astype(bool)
         rows.append(
             {
@@ -261,9 +346,12 @@ def summary_table(heads: pd.DataFrame, settings: QuietSettings) -> pd.DataFrame:
                 "positional_prev_heads": int((h["quiet_positional_head"] & (h["quiet_positional_offset"] == -1)).sum()),
                 "mean_max_weight": float(h["quiet_max_weight"].mean()),
                 "norm_rel_min": float(h["quiet_norm_rel"].min()), "norm_rel_median": float(h["quiet_norm_rel"].median()),
-                "ablation_mode": next((m for m in h["quiet_ablation_mode"] if m), ""),
-                "ablation_exact_heads": len(null), "ablation_null_heads": int(null.sum()),
-                "ablation_null_share": float(null.mean()) if len(null) else np.nan,
+                "zero_sequences": int(z["zero_sequences"].max()) if z is not None and len(z) else 0,
+                "zero_intact_loss": float(z["zero_intact_loss"].mean()) if z is not None and len(z) else np.nan,
+                "zero_exact_heads": n_exact, "zero_null_exact_heads": int(null[exact].sum()),
+                "zero_null_share": float(null[exact].mean()) if n_exact else np.nan,
+                "zero_estimated_heads": int(est.sum()), "zero_null_estimated_heads": int(null[est].sum()),
+                "zero_unreliable_heads": int((kind == "unreliable").sum()),
                 "entropy_var_median": float(h["quiet_entropy_var"].median()),
                 "entropy_var_max": float(h["quiet_entropy_var"].max()),
                 "massive_layers": int((h.groupby("layer")["quiet_massive_first"].first() > 0).sum()),

@@ -20,13 +20,13 @@ GRIDS = (
     ("quiet_positional", "positional: share of rows with the maximum at -1 or +1", "viridis", "share of rows",
      "quiet_positional_head"),
     ("quiet_max_weight", "mean largest weight of a row", "magma", "fraction of the row", "quiet_sink_after_massive"),
-    ("quiet_norm_rel", "output norm / layer mean", "cividis", "ratio", "quiet_ablation_null"),
+    ("quiet_norm_rel", "output norm / layer mean", "cividis", "ratio", "quiet_zero_null"),
     ("quiet_entropy_var", "variance of the mean entropy over sequences", "plasma", "nats squared", None),
 )  # fmt: skip
 MARKS = {
     "quiet_positional_head": "positional head",
     "quiet_sink_after_massive": "sink head after a massive activation",
-    "quiet_ablation_null": "exact ablation CI holds 0",
+    "quiet_zero_null": "zero-ablation CI holds 0",
 }
 
 
