@@ -45,8 +45,7 @@ MODES = ("sdpa", "eager", "eager_fused", "free_targets", "free_entropy", "free_a
 
 
 def reducers(mode: str):
-    from headatlas.core.mapfree import Needs
-    from headatlas.core.reduce import Reducer
+    from headatlas.core.reducer import Needs, Reducer
     from headatlas.detectors.reducers import DetectorReducer
     from headatlas.position.reducers import PositionReducer
 

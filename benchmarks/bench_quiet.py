@@ -38,9 +38,9 @@ def main() -> None:
 
     from headatlas.core.batching import pad_token
     from headatlas.core.data import load_records
-    from headatlas.core.mapfree import Needs
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
-    from headatlas.core.reduce import Reducer, fused_reduce
+    from headatlas.core.reduce import fused_reduce
+    from headatlas.core.reducer import Needs, Reducer
     from headatlas.quiet.analysis import QuietSettings, natural_inputs
     from headatlas.quiet.reducers import ActivityReducer, RowMaxReducer
 

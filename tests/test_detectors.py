@@ -16,7 +16,8 @@ from headatlas.clark.surface import STATS
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
 from headatlas.core.multitest import adjust
 from headatlas.core.patterns import prev_token_score
-from headatlas.core.reduce import FeedInfo, ReduceBatch, fused_reduce, replay
+from headatlas.core.reduce import fused_reduce, replay
+from headatlas.core.reducer import FeedInfo, ReduceBatch
 from headatlas.detectors.analysis import (
     group_agreement,
     head_table,

@@ -18,14 +18,13 @@ from headatlas.clark.reducers import JSReducer, SurfaceReducer
 from headatlas.core.extract import ExtractSettings, extract, shard_slice
 from headatlas.core.inputs import ConfigError, map_setting
 from headatlas.core.reduce import (
-    ReduceError,
-    Reducer,
     load_reduced,
     map_dirs,
     reduce_corpus,
     reduced_file,
     save_reduced,
 )
+from headatlas.core.reducer import ReduceError, Reducer
 from headatlas.core.store import AttentionStore, store_problem, verify_store
 from headatlas.fused import build_reducers, corpus_reducers, reducer_specs, sample_records
 from headatlas.pande.sieves import SieveSettings

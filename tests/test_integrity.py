@@ -16,7 +16,8 @@ from test_fused import reducers, run_extract
 
 from headatlas.core.integrity import IntegrityError, damaged, file_problem
 from headatlas.core.io import atomic_path
-from headatlas.core.reduce import ReduceError, load_reduced
+from headatlas.core.reduce import load_reduced
+from headatlas.core.reducer import ReduceError
 from headatlas.core.store import StoreError, run_faults, store_dirs, store_problem
 
 

@@ -18,7 +18,6 @@ from headatlas.core.mapfree import (
     MAPFREE,
     FreeLayer,
     MapFreeFeed,
-    Needs,
     attention_lse,
     blocked_attention,
     key_only,
@@ -27,7 +26,8 @@ from headatlas.core.mapfree import (
     plan_feed,
 )
 from headatlas.core.models import decoder_bos, model_kind
-from headatlas.core.reduce import FeedInfo, ReduceBatch, fused_reduce
+from headatlas.core.reduce import fused_reduce
+from headatlas.core.reducer import FeedInfo, Needs, ReduceBatch
 from headatlas.detectors.reducers import DetectorReducer
 from headatlas.position.reducers import PositionReducer
 
@@ -505,7 +505,7 @@ def test_plan_names_full_row_reducers(tiny_loaded):
     """A reducer without a map-free form (every analysis's reducer has one: a plugin's may not) sends the
     corpus eager, and the reason names it; asking for map-free then fails with that reason."""
     from headatlas.core.models import ModelError
-    from headatlas.core.reduce import Reducer
+    from headatlas.core.reducer import Reducer
 
     class WholeRows(Reducer):
         name = "whole_rows"

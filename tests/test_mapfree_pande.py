@@ -115,7 +115,7 @@ def test_free_key_masses_per_group():
     """A [CLS] A [SEP] B [SEP] pair and a shorter single sentence: free_key_masses sums the attention to the
     special tokens per group ([CLS]/BOS, [SEP]), each sequence its own."""
     from headatlas.core.mapfree import FreeLayer
-    from headatlas.core.reduce import ReduceBatch
+    from headatlas.core.reducer import ReduceBatch
 
     specials = [np.array([1, 0, 0, 2, 0, 2]), np.array([1, 0, 2])]
     rows = [{"word": np.arange(len(s)), "special": s, "segment": np.zeros(len(s), dtype=np.int64),

@@ -31,7 +31,8 @@ from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
 from headatlas.core.extract import tokenize_records
 from headatlas.core.mapfree import FreeLayer, attention_lse, plan_feed
 from headatlas.core.models import decoder_bos, model_kind
-from headatlas.core.reduce import ReduceBatch, fused_reduce
+from headatlas.core.reduce import fused_reduce
+from headatlas.core.reducer import ReduceBatch
 
 TOL = 1e-5
 GUM_DEV = Path(__file__).resolve().parents[1] / "resources" / "gum" / "ontogum_dev.conllu"

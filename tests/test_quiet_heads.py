@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_NONE
-from headatlas.core.reduce import FeedInfo, ReduceBatch, fused_reduce
+from headatlas.core.reduce import fused_reduce
+from headatlas.core.reducer import FeedInfo, ReduceBatch
 from headatlas.quiet.analysis import (
     QuietSettings,
     head_stats,

@@ -21,7 +21,8 @@ from headatlas.core.align import bos_id
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
 from headatlas.core.extract import ExtractSettings, extract, tokenize_records
 from headatlas.core.models import ModelError, model_kind
-from headatlas.core.reduce import ReduceBatch, ReduceError, Reducer, attention_modules, fused_reduce, padded, replay
+from headatlas.core.reduce import attention_modules, fused_reduce, padded, replay
+from headatlas.core.reducer import ReduceBatch, ReduceError, Reducer
 from headatlas.core.store import AttentionStore
 from headatlas.pande.reducers import SieveReducer, _BatchSieves
 from headatlas.pande.roles import role_names
@@ -421,7 +422,7 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
 
 
 def _feed(reducers, layers, batch, n_layers=3, order=None):
-    from headatlas.core.reduce import FeedInfo, feed_layer
+    from headatlas.core.reducer import FeedInfo, feed_layer
 
     info = FeedInfo(len(batch), n_layers, layers[0].shape[1], "m", "encoder", "c")
     for r in reducers:
@@ -464,7 +465,8 @@ def test_reducers_refuse_a_batch_without_all_its_layers():
 
 def test_key_masses_shared_by_the_reducers_of_a_layer():
     """One [CLS]/[SEP] computation per cleaned layer; the [SEP] group alone gives the same bits."""
-    from headatlas.core.reduce import SUMMARY_GROUPS, clean_maps, key_masses
+    from headatlas.core.reduce import SUMMARY_GROUPS, key_masses
+    from headatlas.core.reducer import clean_maps
 
     batch, seqs, _ = hand_batch()
     rng = np.random.default_rng(7)

@@ -14,7 +14,8 @@ from conftest import REPO, WIKI_TEST
 from headatlas.core.corpora import build_corpus, wiki_long_segments
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_NONE
 from headatlas.core.models import ModelError, ModelSpec, check_installed, load
-from headatlas.core.reduce import ReduceBatch, fused_reduce, replay
+from headatlas.core.reduce import fused_reduce, replay
+from headatlas.core.reducer import ReduceBatch
 from headatlas.position.reducers import PositionReducer, batch_position_stats, bucket_of
 
 # --- long Wikipedia segments --------------------------------------------------------------------
@@ -89,7 +90,7 @@ def test_position_stats_exact_on_hand_maps():
     np.testing.assert_allclose(s[:, 2], [0, math.log(2), math.log(2), math.log(4)], rtol=1e-6)  # entropy
     np.testing.assert_allclose(s[:, 3], [0, 0.5, 1.0, 1.5])  # distance: sum_j A_ij |i - j|
     r = PositionReducer(window=1, edges=(0, 1, 2))  # buckets {0}, {1}, {2, 3}
-    from headatlas.core.reduce import FeedInfo
+    from headatlas.core.reducer import FeedInfo
 
     r.start(FeedInfo(1, 1, 1, "m", "decoder"))
     r.update(0, a, batch)
@@ -104,7 +105,7 @@ def test_position_stats_exact_on_hand_maps():
 
 @pytest.mark.parametrize("fill", [0.0, 5.0])
 def test_position_padding_never_leaks_and_shards_combine(fill):
-    from headatlas.core.reduce import FeedInfo
+    from headatlas.core.reducer import FeedInfo
 
     rng = np.random.default_rng(0)
     blocks = []

@@ -33,7 +33,8 @@ from headatlas.core.corpora import document_records, read_conllu
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
 from headatlas.core.extract import ExtractSettings, extract, tokenize_records
 from headatlas.core.models import model_kind
-from headatlas.core.reduce import ReduceBatch, fused_reduce, replay
+from headatlas.core.reduce import fused_reduce, replay
+from headatlas.core.reducer import ReduceBatch
 from headatlas.core.store import AttentionStore
 
 GUM_DEV = Path(__file__).resolve().parents[1] / "resources" / "gum" / "ontogum_dev.conllu"

@@ -246,7 +246,7 @@ def extraction_params(model, corpus_name):
     specs = fused_specs(model, corpus_name)
     if (
         specs or mode == "sample"
-    ):  # a maps: none corpus no analysis reduces stays as before (representations)
+    ):  # a maps: none corpus no analysis reduces only keeps representations
         out["fused"] = {
             "reducers": specs,
             "sample": k,

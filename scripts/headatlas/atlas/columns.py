@@ -287,7 +287,7 @@ def kind_column(name: str, columns) -> str | None:
 
 
 def kind_class(kind: str | None) -> str:
-    """A kind value as one of exact, estimated, unreliable, skipped ('' for a missing kind: as before)."""
+    """A kind value as one of exact, estimated, unreliable, skipped ('' for a missing kind: drawn plain)."""
     if kind is None or kind == "":
         return ""
     k = str(kind).strip()

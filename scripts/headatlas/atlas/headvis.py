@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.reduce import ReduceError, map_dirs
+from ..core.reduce import map_dirs
+from ..core.reducer import ReduceError
 from ..core.store import AttentionStore, StoreError, store_dirs
 from . import columns as registry
 

@@ -37,7 +37,8 @@ import pandas as pd
 from ..core.data import SPECIAL_NAMES, SPECIAL_NONE, read_records
 from ..core.figures import head_label
 from ..core.io import atomic_path
-from ..core.reduce import ReduceError, map_dirs
+from ..core.reduce import map_dirs
+from ..core.reducer import ReduceError
 from ..core.settings import Settings
 from ..core.store import AttentionStore, StoreError, word_level
 from . import columns as registry

@@ -11,20 +11,16 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.mapfree import Needs, offset_target
+from ..core.mapfree import offset_target
 from ..core.patterns import prev_token_score, prev_token_score_free
 from ..core.reduce import (
-    ReduceBatch,
-    ReduceError,
-    Reducer,
     cat_chunks,
     check_layers_done,
-    clean_maps,
     key_masses,
     map_chunks,
-    scratch,
     stack_layers,
 )
+from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer, clean_maps, scratch
 from .clustering import js_sums, smoothed_cells
 from .surface import STATS, SurfaceSettings, punct_mask
 

@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_NONE, Record
-from ..core.mapfree import Needs
-from ..core.reduce import ReduceBatch, Reducer, clean_maps, reduce_corpus
+from ..core.reduce import reduce_corpus
+from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps
 from ..core.store import decode_cells, encode_cells, lower_cells, unit_pooling, word_units
 from .coref import Anaphors, CorefResult, CorefSettings, baseline_correct, coref_tables, document_anaphors
 from .syntax import Correctness, HeadSettings, WordBlock, WordMaps, gather_correctness, syntax_tables

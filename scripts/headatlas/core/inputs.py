@@ -31,8 +31,8 @@ class ConfigError(ValueError):
 
 
 def map_setting(spec: dict, where: str = "corpus") -> tuple[str, int]:
-    """(mode, K) of a corpus's config entry: ``maps: full | sample | none`` (``true`` / ``false`` as before:
-    full / none) and ``sample: K`` (default :data:`DEFAULT_SAMPLE`, with ``maps: sample`` only; K = 0 else)."""
+    """(mode, K) of a corpus's config entry: ``maps: full | sample | none`` (``true`` / ``false``
+    are read as full / none) and ``sample: K`` (default :data:`DEFAULT_SAMPLE`, with ``maps: sample`` only; K = 0 else)."""
     maps = spec.get("maps", "full")
     mode = {True: "full", False: "none"}[maps] if isinstance(maps, bool) else maps
     if mode not in MAP_MODES:

@@ -44,9 +44,8 @@ import numpy as np
 from . import cpu_pass
 from .device import input_device
 from .models import ARCHITECTURES, ModelError
-from .reducer import (  # noqa: F401  (Needs: importable from here as before)
+from .reducer import (
     FeedInfo,
-    Needs,
     ReduceBatch,
     ReduceError,
     Reducer,

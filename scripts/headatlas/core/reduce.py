@@ -61,20 +61,17 @@ from .io import atomic_path, compressed
 from .mapfree import MapFreeFeed, longest_of, plan_feed
 from .models import ARCHITECTURES, ModelError, architecture_module
 from .progress import progress
-from .reducer import (  # noqa: F401  (the base types, importable from here as before)
-    PAD_SPECIAL,
+from .reducer import (
     FeedInfo,
     Needs,
     ReduceBatch,
     ReduceError,
     Reducer,
-    clean_maps,
     feed_all,
     feed_layer,
     feed_outputs,
     layer_cache,
     release_scratch,
-    scratch,
     stop_all,
 )
 from .store import NESTED, AttentionStore, map_faults, reduced_problem
@@ -662,7 +659,7 @@ def load_reduced(store_dirs: str | Path | Sequence[str | Path], reducer: Reducer
 
 
 def map_mode(meta: dict) -> str:
-    """full | sample | none: what a store's extraction kept of the maps (stores before this round: maps bool)."""
+    """full | sample | none: what a store's extraction kept of the maps (an older store records maps as a bool: true = full)."""
     mode = meta.get("maps_mode")
     if mode is None:
         return "full" if meta.get("maps", True) else "none"

@@ -5,7 +5,7 @@ rule whose inputs are a model's files or a dozen treebanks one input line runs t
 characters. :func:`one_line_jobs` gives the terminal a one-line start and end per job (time, rule,
 wildcards, job id) and drops the host banner and the scheduler's "Select jobs to execute..." /
 "Execute N jobs..." lines; the log file of the run (``.snakemake/log/*.snakemake.log``) keeps
-everything as before, and a failed job's error (with its log, ``show-failed-logs``) is printed in
+Snakemake's full output, and a failed job's error (with its log, ``show-failed-logs``) is printed in
 full. A dry run keeps Snakemake's job blocks: what would run, on which inputs and why is what it is for.
 Snakemake's own ``--quiet rules`` is no substitute: it also hides failed jobs.
 """

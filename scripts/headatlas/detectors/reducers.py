@@ -24,9 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.data import SPECIAL_NONE
-from ..core.mapfree import Needs, key_target, offset_target
+from ..core.mapfree import key_target, offset_target
 from ..core.patterns import prev_token_score
-from ..core.reduce import ReduceBatch, Reducer, clean_maps
+from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps
 from .registry import REGISTRY, Targets, column
 
 

@@ -25,20 +25,16 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_NONE
-from ..core.mapfree import Needs, offset_target
+from ..core.mapfree import offset_target
 from ..core.reduce import (
     SUMMARY_GROUPS,
     TINY,
-    ReduceBatch,
-    ReduceError,
-    Reducer,
     check_layers_done,
-    clean_maps,
     key_columns,
     key_masses,
-    scratch,
     stack_layers,
 )
+from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer, clean_maps, scratch
 from .roles import ROLES, Band, Block, Keys, Role, check_registry, key_groups, role_names, token_roles
 from .sieves import SieveSettings, dependency_pairs, query_segment, role_notes
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..core.mapfree import Needs, key_positions, key_target, offset_target
+from ..core.mapfree import key_positions, key_target, offset_target
 from ..core.patterns import local_band
-from ..core.reduce import TINY, ReduceBatch, Reducer, cat_chunks, clean_maps, map_chunks, scratch
+from ..core.reduce import TINY, cat_chunks, map_chunks
+from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps, scratch
 from ..core.settings import Settings
 
 STATS = ("sink", "local", "entropy", "distance")

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.extract import HeadOutputHooks
-from ..core.mapfree import Needs
-from ..core.reduce import ReduceBatch, Reducer, clean_maps, map_chunks
+from ..core.reduce import map_chunks
+from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps
 
 ROW_STATS = ("prev", "next", "max_weight", "entropy")
 HIT_COLUMNS = ["sequence", "layer", "token", "channel", "piece", "value", "median"]
