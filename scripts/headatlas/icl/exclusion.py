@@ -40,6 +40,7 @@ from ..ablation.patch import HeadPatch, replacement
 from ..ablation.tasks import Evaluation
 from ..core.bootstrap import resample_counts
 from ..core.corpora import wiki_long_segments
+from ..core.device import input_device
 from ..core.figures import head_label
 from ..core.settings import Settings
 from .analysis import IclSettings, pooled, prepare_tasks
@@ -171,7 +172,7 @@ def text_evaluation(model, tokenizer, bos, text: str, s: ExclusionSettings, posi
     ids = [t[:n] for t in ids if len(t) >= n]
     if not ids:
         raise ValueError(f"{text}: no window of running text gives {n} tokens (analysis.icl.exclusion.late)")
-    device = next(model.parameters()).device
+    device = input_device(model)
     keep = {}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         keep["logits_to_keep"] = torch.tensor([early - 1, late - 1], device=device)
