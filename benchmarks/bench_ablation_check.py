@@ -22,6 +22,7 @@ import pandas as pd
 
 from headatlas.ablation.analysis import agreement, layer_check
 from headatlas.ablation.patch import layer_samples
+from headatlas.core.io import head_shape
 
 
 def checked_view(e, x, lo, hi, samples: list[list[int]], n_heads: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -38,7 +39,7 @@ def checked_view(e, x, lo, hi, samples: list[list[int]], n_heads: int) -> tuple[
 
 def shown_values(t: pd.DataFrame, k: int, seed: int) -> tuple[np.ndarray, int, int]:
     """(the values shown, exact heads, failing layers) of one check setting on a heads table (one task, loss)."""
-    L, H = int(t["layer"].max()) + 1, int(t["head"].max()) + 1
+    L, H = head_shape(t)
     t = t.sort_values(["layer", "head"])
     e, x = t["estimate"].to_numpy(float), t["exact"].to_numpy(float)
     lo, hi = t["exact_ci_low"].to_numpy(float), t["exact_ci_high"].to_numpy(float)

@@ -15,9 +15,11 @@ sm = snakemake
 log = setup(sm)
 t0 = time.time()
 reducer = JSReducer.from_settings(SurfaceSettings.from_config(sm.params.surface))
-d, n_seq, n_tok = reduce_corpus(list(sm.input), reducer)
+result = reduce_corpus(list(sm.input), reducer)
+d, n_seq, n_tok = result
 with AttentionStore(list(sm.input)) as store:
-    table = distance_long(d, store.n_layers, store.n_heads, store.meta["model"], n_tok)
+    heads = reducer.heads_of(result, store.n_layers, store.n_heads)
+    table = distance_long(d, store.n_layers, store.n_heads, store.meta["model"], n_tok, heads)
 table["n_sequences"] = n_seq
 table["n_tokens"] = n_tok
 write_tsv(table, sm.output[0], float_format="%.8g")

@@ -4,7 +4,7 @@ import time
 
 import pandas as pd
 
-from headatlas.core.io import write_tsv
+from headatlas.core.io import head_shape, write_tsv
 from headatlas.core.runner import model_job, setup
 from headatlas.icl.analysis import IclSettings, load_decoder
 from headatlas.icl.exclusion import ExclusionSettings, exclusion_table, skip_reason, skipped_table
@@ -19,7 +19,7 @@ settings = ExclusionSettings.from_config(sm.params.exclusion)
 spec, cache, device = model_job(sm)
 heads = pd.read_csv(sm.input.heads, sep="\t")
 detectors = pd.read_csv(sm.input.detectors, sep="\t") if "detectors" in sm.input.keys() else None
-L, H = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+L, H = head_shape(heads)
 reason = skip_reason(heads, detectors)
 if not reason:
     loaded, reason, (L, H) = load_decoder(spec, cache, device)

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from headatlas.core.io import write_tsv
+from headatlas.core.io import head_shape, write_tsv
 from headatlas.core.runner import setup
 from headatlas.jomyaeng.analysis import TopNSettings, model_tables
 from headatlas.report.html import write_tables_html
@@ -17,8 +17,7 @@ heads = tables["heads"]
 log.info(
     "model %s: %d layers x %d heads, %d tasks",
     sm.wildcards.model,
-    heads["layer"].max() + 1,
-    heads["head"].max() + 1,
+    *head_shape(heads),
     tables["summary"]["task"].nunique(),
 )
 write_tables_html(sm)  # the HTML page of each reported TSV

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models built locally (no network), bundled corpora paths.
+"""Shared fixtures: tiny random models built locally (no network), bundled corpora paths; the one way the tests
+run the workflow (:func:`run_snakemake`, :func:`dry_run`).
 
 Every model is written with ``save_pretrained`` (with its tokenizer) into a session
 temporary directory and loaded back through :func:`headatlas.core.models.load`, the same path
@@ -8,9 +9,13 @@ the workflow uses.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 # Never reach the Hugging Face hub from the tests (the tiny models are local directories).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,6 +47,92 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# --- the workflow as a subprocess -------------------------------------------------------------
+
+
+def run_snakemake(
+    workdir: Path | None,
+    config: dict | None,
+    *args: str,
+    cores: int = 2,
+    timeout: float | None = 900,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """Run Snakemake on the repository's workflow in ``workdir`` (None: from the repository root with no
+    --snakefile or --directory, as a user types it). ``config`` is written to workdir/config.yaml and passed
+    as --configfile (None: only what ``args`` give). ``env``: variables set on top of this environment, whose
+    PATH starts with this Python's bin directory (the rules' shell commands find its python)."""
+    env = dict(os.environ, **(env or {}))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [sys.executable, "-m", "snakemake"]
+    if workdir is not None:
+        cmd += ["--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    if config is not None:
+        cfg = workdir / "config.yaml"
+        cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        cmd += ["--configfile", str(cfg)]
+    cmd += ["--cores", str(cores), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir or REPO)
+
+
+def output_of(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + "\n" + proc.stderr
+
+
+def parse_jobs(text: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, wildcards) of every job a (dry) run lists."""
+    jobs: list[tuple[str, dict[str, str]]] = []
+    for line in text.splitlines():
+        m = re.match(r"^\s*(?:local)?rule (\w+):\s*$", line)
+        if m:
+            jobs.append((m.group(1), {}))
+            continue
+        m = re.match(r"^(?:local)?rule (\w+)(?: \((.*)\))?: jobid \d+$", line)  # one line a job (core.terminal)
+        if m:
+            jobs.append((m.group(1), dict(kv.split("=", 1) for kv in m.group(2).split(", ")) if m.group(2) else {}))
+            continue
+        m = re.match(r"^\s+wildcards: (.*)$", line)
+        if m and jobs:
+            jobs[-1][1].update(kv.split("=", 1) for kv in m.group(1).split(", "))
+    return jobs
+
+
+def job_stats(text: str) -> dict[str, int]:
+    """The 'Job stats' table of a (dry) run, without the total."""
+    lines = text.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Job stats:")
+    except StopIteration:
+        return {}
+    counts = {}
+    for line in lines[start + 3 :]:
+        m = re.match(r"^(\w+)\s+(\d+)\s*$", line)
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    counts.pop("total", None)
+    return counts
+
+
+def dry_run(
+    workdir: Path | None, config: dict | None, *args: str, **kw
+) -> tuple[dict[str, int], list[tuple[str, dict[str, str]]], str]:
+    """A dry run (:func:`run_snakemake`, same arguments) that must succeed: (job stats, jobs, stdout and
+    stderr); the jobs it lists and its summary table agree."""
+    proc = run_snakemake(workdir, config, "--dry-run", *args, **kw)
+    text = output_of(proc)
+    assert proc.returncode == 0, text[-4000:]
+    jobs, stats = parse_jobs(proc.stdout), job_stats(proc.stdout)
+    listed: dict[str, int] = {}
+    for rule, _ in jobs:
+        listed[rule] = listed.get(rule, 0) + 1
+    assert listed == stats, text[-4000:]
+    return stats, jobs, text
+
+
+# --- corpora and models ---------------------------------------------------------------------
 
 
 def first_conllu_sentences(path: Path, n: int) -> str:

@@ -9,6 +9,7 @@ value projection's output), and Clark's surface statistics computed on the store
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from pathlib import Path
@@ -19,11 +20,13 @@ import pytest
 import torch
 from conftest import REPO, tiny_llama_config, tiny_spec
 
+from headatlas.circuits.weights import LAYOUTS
 from headatlas.core.data import Record
 from headatlas.core.extract import ExtractSettings, head_output_modules
 from headatlas.core.models import (
     ARCHITECTURES,
     ModelError,
+    No,
     architecture,
     architecture_markdown,
     architecture_module,
@@ -259,6 +262,9 @@ def test_every_row_has_a_tiny_model_and_a_value_path():
         assert "{layer}" in arch.head_output, mt
         assert arch.embeddings and (arch.lm_head is None or arch.lm_head), mt
         assert not (arch.kind == "encoder" and arch.bos), mt
+        assert arch.mapfree is None or isinstance(arch.mapfree, No), mt  # every capability: yes, or no with why
+        assert arch.fused is None or isinstance(arch.fused, No), mt
+        assert arch.weight_layout in LAYOUTS or isinstance(arch.weight_layout, No), mt
 
 
 def test_unknown_model_type_fails_at_load_listing_the_supported_ones(tmp_path):
@@ -372,6 +378,7 @@ def test_embeddings_and_lm_head_rows(model_type, arch_model):
 
 
 def test_models_doc_table_matches_architectures():
+    """docs/models.md's table is architecture_markdown(): one row per type, one column per capability."""
     text = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
     section = text.split("## Supported model types", 1)[1].split("\n## ", 1)[0]
     table = architecture_markdown()
@@ -381,11 +388,11 @@ def test_models_doc_table_matches_architectures():
     )
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == list(ARCHITECTURES)
-
-
-# types that cannot be reduced fused (docs/scale.md): ALBERT shares one attention module between layers,
-# DeBERTa declares no attention modules and passes output_attentions positionally
-NOT_FUSABLE = {"albert": "found 2 attention modules", "deberta": "declares no", "deberta-v2": "declares no"}
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    for capability in ("map-free", "fused", "`maps: sample` / `none`", "circuits' weight scores"):
+        column = header.index(capability)
+        cells = {r.split("`")[1]: r.strip("|").split(" | ")[column].strip() for r in rows}
+        assert cells["bert"].startswith("yes") and cells["deberta"].startswith("no: "), (capability, cells)
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
@@ -395,7 +402,7 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.batching import model_inputs, no_cache
     from headatlas.core.extract import tokenize_records
-    from headatlas.core.reduce import fused_reduce, replay
+    from headatlas.core.reduce import attention_modules, fused_reduce, replay
     from headatlas.pande.reducers import SieveReducer
     from headatlas.position.reducers import PositionReducer
 
@@ -408,8 +415,11 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
         arch_records, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec)
     )  # as extraction tokenizes
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    if model_type in NOT_FUSABLE:
-        with pytest.raises(ModelError, match=NOT_FUSABLE[model_type]):
+    arch = ARCHITECTURES[model_type]
+    if arch.fused is not None:  # the row's "no": transformers' modules cannot hand over the maps layer by layer
+        with pytest.raises(ModelError, match="cannot be reduced fused"):
+            attention_modules(model, config.num_hidden_layers, model_type)
+        with pytest.raises(ModelError, match=re.escape(arch.fused.why)):
             fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type, path="eager")
         return
     fused = fused_reduce(model, tokenized, reducers(), 4, kind, arch_records, pad, model_type, path="eager")
@@ -430,9 +440,9 @@ def test_fused_equals_replayed(model_type, arch_model, arch_store, arch_records)
 
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
 def test_mapfree_equals_replayed(model_type, arch_model, arch_store, arch_records):
-    """A type the map-free table (headatlas.core.mapfree, docs/mapfree.md) calls map-free gives, without maps,
-    the statistics a replay of its stored maps gives (every map-free reducer, within 1e-5); any other type is
-    planned eager by itself."""
+    """A type whose row calls it map-free (``mapfree``) gives, without maps, the statistics a replay of its stored
+    maps gives (every map-free reducer, within 1e-5); any other type is planned eager by itself, or refused when it
+    is not fusable either."""
     from headatlas.clark.reducers import SurfaceReducer
     from headatlas.core.extract import tokenize_records
     from headatlas.core.mapfree import mapfree_support, plan_feed
@@ -445,6 +455,10 @@ def test_mapfree_equals_replayed(model_type, arch_model, arch_store, arch_record
     kind = model_kind(config, spec)
     reducers = lambda: [PositionReducer(2, (0, 1, 4, 16)), DetectorReducer(seed=1), SurfaceReducer(), SieveReducer()]  # noqa: E731
     why = mapfree_support(config, spec.max_length)
+    if why is not None and ARCHITECTURES[model_type].fused is not None:  # no path without maps (DeBERTa)
+        with pytest.raises(ModelError, match=re.escape(f"not map-free ({why}) and not fusable")):
+            plan_feed(model, reducers(), spec.max_length)
+        return
     if why is not None:
         assert plan_feed(model, reducers(), spec.max_length) == ("eager", why)
         return
@@ -463,3 +477,97 @@ def test_mapfree_equals_replayed(model_type, arch_model, arch_store, arch_record
         np.testing.assert_allclose(free[2][col], replayed[2][col], rtol=0, atol=1e-5, equal_nan=True, err_msg=col)
     np.testing.assert_allclose(free[3]["scores"], replayed[3]["scores"], rtol=0, atol=1e-5, equal_nan=True)
     assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_weight_layout_rows(model_type, arch_model):
+    """A row's weight layout gives the circuits every head's folded weights, each head's W_V W_O acting as its
+    slice of the value and output projections; a row without one skips the scores with its reason."""
+    from headatlas.circuits.weights import UnsupportedModel, head_weights
+
+    spec, model, tok, config, _ = arch_model(model_type)
+    layout = ARCHITECTURES[model_type].weight_layout
+    if isinstance(layout, No):
+        with pytest.raises(UnsupportedModel, match=re.escape(layout.why)):
+            head_weights(model)
+        return
+    hw = head_weights(model)
+    n_layers, n_heads, d_model, d_head = hw.shape
+    assert (n_layers, n_heads, d_model) == (config.num_hidden_layers, config.num_attention_heads, config.hidden_size)
+    assert hw.layout == layout and np.isfinite(hw.q).all() and np.isfinite(hw.o).all()
+    assert hw.o.shape == (n_layers, n_heads, d_head, d_model) and hw.v.shape == hw.q.shape
+
+
+def _toy_row(**capabilities):
+    """A new model type's row: Llama's parts, every capability unless ``capabilities`` says otherwise."""
+    return dataclasses.replace(ARCHITECTURES["llama"], **{"mapfree": None, "fused": None, **capabilities})
+
+
+def test_a_new_model_type_is_one_architecture_row(monkeypatch, tiny_loaded):
+    """A throwaway model type ``toy`` (the tiny Llama under another name) added to the table alone gets its
+    capabilities read by the map-free planner, the fused path, the circuits' weight scores, the config check and
+    the generated docs table."""
+    from headatlas.circuits.weights import UnsupportedModel, head_weights
+    from headatlas.core.config_checks import check_without_maps
+    from headatlas.core.mapfree import mapfree_support, plan_feed
+    from headatlas.position.reducers import PositionReducer
+
+    model = tiny_loaded("llama")[1]
+    config = model.config
+    monkeypatch.setattr(config, "model_type", "toy")  # the loaded model now reports the new type
+    reducers = [PositionReducer(2, (0, 1))]
+    settings = {"extraction": {"attention": "auto"}, "corpora": {"c": {"maps": "sample"}}}
+
+    monkeypatch.setitem(ARCHITECTURES, "toy", _toy_row(weight_layout="llama"))  # every capability
+    assert mapfree_support(config) is None and plan_feed(model, reducers, 16)[0] == "mapfree"
+    assert plan_feed(model, reducers, 16, "eager") == ("eager", "asked for")
+    assert head_weights(model).layout == "llama"
+    check_without_maps(settings, {"m": {}}, "m", "toy")
+    assert "| `toy` | decoder |" in architecture_markdown()
+
+    no_free, no_fused = No("toy scores"), No("toy modules")
+    monkeypatch.setitem(ARCHITECTURES, "toy", _toy_row(weight_layout=No("toy layout"), mapfree=no_free))
+    assert mapfree_support(config) == "toy scores" and plan_feed(model, reducers, 16) == ("eager", "toy scores")
+    with pytest.raises(UnsupportedModel, match="'toy': toy layout"):
+        head_weights(model)
+    row = next(r for r in architecture_markdown().splitlines() if r.startswith("| `toy` |"))
+    assert row.endswith("| no: toy scores | yes | yes, fused | no: toy layout |"), row
+
+    monkeypatch.setitem(ARCHITECTURES, "toy", _toy_row(weight_layout="llama", mapfree=no_free, fused=no_fused))
+    with pytest.raises(ModelError, match=r"not map-free \(toy scores\) and not fusable \(toy modules\)"):
+        plan_feed(model, reducers, 16)
+    with pytest.raises(ModelError, match=r"corpora\.c\.maps: sample on model 'm' \(model type 'toy'\)"):
+        check_without_maps(settings, {"m": {}}, "m", "toy")
+    assert "| no: toy scores | no: toy modules | no: keep `maps: full` | yes, llama layout |" in architecture_markdown()
+
+    monkeypatch.setitem(ARCHITECTURES, "toy", _toy_row(weight_layout="llama", fused=no_fused))
+    assert plan_feed(model, reducers, 16)[0] == "mapfree"
+    with pytest.raises(ModelError, match=r"not fusable \(toy modules\); set maps: full .* or extraction.attention"):
+        check_without_maps(dict(settings, extraction={"attention": "eager"}), {"m": {}}, "m", "toy")
+
+
+@pytest.mark.parametrize("model_type", ["deberta", "deberta-v2"])
+def test_deberta_sample_corpus_fails_clearly(model_type, arch_model, arch_records, tmp_path):
+    """DeBERTa is neither map-free nor fusable: a maps: sample corpus stops at parse time where its config.json is
+    readable, else at its extraction naming both reasons, and leaves no store behind."""
+    from headatlas.core.config_checks import check_models
+    from headatlas.core.extract import extract
+
+    spec, model, tok, config, d = arch_model(model_type)
+    out = tmp_path / "store"
+    with pytest.raises(ModelError, match=r"not map-free \(disentangled .*\) and not fusable \(declares no"):
+        extract(
+            arch_records, spec, model, tok, config, out, ExtractSettings(overflow="truncate", maps=False),
+            meta={"corpus": "t"}, reducers=[], sample=[0, 1],
+        )  # fmt: skip
+    assert not out.exists() and not list(tmp_path.iterdir())
+    cfg = {
+        "extraction": {"rep_position": "last", "attention": "auto"},
+        "corpora": {"ewt": {"maps": "full"}, "wiki": {"maps": "sample", "sample": 4}},
+    }
+    models = {"deb": {"name": "deb", "source": {"path": str(d)}, "max_length": 64}}
+    with pytest.raises(ModelError, match=r"config key corpora\.wiki\.maps: sample on model 'deb'.*set maps: full"):
+        check_models(cfg, models)
+    cfg["corpora"]["wiki"]["maps"] = "full"
+    del cfg["corpora"]["wiki"]["sample"]
+    assert check_models(cfg, models) == []

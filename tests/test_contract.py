@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from test_workflow import dry_run, tiny_config, wildcard_set
+from conftest import dry_run
+from test_workflow import tiny_config, wildcard_set
 
 
 def config(tiny_models, **pande):

@@ -292,7 +292,8 @@ def test_fused_equals_replayed(name, tiny_loaded, records, tmp_path):
 
 @pytest.mark.slow
 def test_rules_end_to_end(tmp_path, tiny_models):
-    from test_workflow import WIKI_TEST, model_entry, output_of, run_snakemake
+    from conftest import WIKI_TEST, output_of, run_snakemake
+    from test_workflow import model_entry
 
     config = {
         "models": [model_entry(m, tiny_models[m]) for m in ("bert", "llama")],

@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from test_sharding import snakemake
-from test_workflow import job_stats
+from conftest import job_stats, run_snakemake
+from test_sharding import ONE_THREAD
 from tiny_workflow import REPO, compare_results, tiny_config
 
 CORPORA = ["ewt_dev", "wiki"]  # ewt_dev: gold trees; wiki: a parse, a map sample, clark_surface's reducers only
@@ -35,14 +35,14 @@ def test_model_jobs_write_the_same_stores_as_corpus_jobs(tmp_path, tiny_models):
     work = tmp_path / "work"
     work.mkdir()
 
-    run = snakemake(work, cfg, *targets)
+    run = run_snakemake(work, cfg, *targets, env=ONE_THREAD)
     assert run.returncode == 0, run.stderr[-6000:]
     assert job_stats(run.stdout + run.stderr)["extract_attention"] == 8
     per_corpus = tmp_path / "per_corpus"
     shutil.move(work / "results" / "attention", per_corpus)
 
     cfg["extraction"]["jobs"] = "model"
-    run = snakemake(work, cfg, *targets)
+    run = run_snakemake(work, cfg, *targets, env=ONE_THREAD)
     assert run.returncode == 0, run.stderr[-6000:]
     stats = job_stats(run.stdout + run.stderr)
     assert {r: n for r, n in stats.items() if r.startswith("extract")} == {
@@ -58,10 +58,10 @@ def test_model_jobs_write_the_same_stores_as_corpus_jobs(tmp_path, tiny_models):
     problems = compare_results(per_corpus, stores)
     assert problems == [], "\n".join(problems)
 
-    dry = snakemake(work, cfg, "--dry-run", *targets)
+    dry = run_snakemake(work, cfg, "--dry-run", *targets, env=ONE_THREAD)
     assert dry.returncode == 0 and not job_stats(dry.stdout), dry.stdout[-3000:]
     # a reducer setting of the second corpus (clark_surface runs on wiki only) reaches the model's job
     cfg["analysis"]["clark_surface"]["smoothing"] = 0.001
-    dry = snakemake(work, cfg, "--dry-run", *targets)
+    dry = run_snakemake(work, cfg, "--dry-run", *targets, env=ONE_THREAD)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert job_stats(dry.stdout) == {"extract_attention_bert": 1, "extract_attention_gpt2": 1}, dry.stdout[-3000:]

@@ -194,7 +194,8 @@ def test_more_shards_than_records_gives_valid_empty_stores(tmp_path, tiny_loaded
 
 @pytest.mark.slow
 def test_dag_reruns_the_extraction_of_a_truncated_store(tmp_path, tiny_models):
-    from test_workflow import job_stats, output_of, run_snakemake, tiny_config
+    from conftest import job_stats, output_of, run_snakemake
+    from test_workflow import tiny_config
 
     cfg = tiny_config(tiny_models, models=("bert",))
     del cfg["corpora"]["ewt"]

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
-from conftest import REPO, RESOURCES, tiny_spec
+from conftest import RESOURCES, run_snakemake, tiny_spec
 
 from headatlas.core.corpora import CorpusError, tsv_records
 from headatlas.core.finetune import METRICS_FILE, finetune, label_index, length_bucketed_batches, read_metrics
@@ -118,15 +114,6 @@ def test_finetune_tiny_model_writes_a_loadable_checkpoint(tmp_path, tiny_models,
     finetune(base, None, task, str(again), threads=1)
     m2 = AutoModel.from_pretrained(again).state_dict()
     assert all(np.array_equal(after[k].numpy(), m2[k].numpy()) for k in after)
-
-
-def run_snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
-    cfg = workdir / "config.yaml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(cfg), "--cores", "2", *args]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=workdir)
 
 
 @pytest.mark.slow

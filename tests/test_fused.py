@@ -393,18 +393,13 @@ def test_tiny_workflow_fused_gives_the_full_tables(tmp_path, golden_results):
     """The tiny workflow's Clark surface and Pande with wiki reduced fused (maps: sample, 4 kept) and sick
     (maps: none) give the tables of the golden run, which stores every map (the atlas excepted: the golden run's
     has every analysis's columns)."""
-    import os
-    import subprocess
-    import sys
-
+    from conftest import run_snakemake
     from tiny_workflow import REPO, write_tiny
 
     config = write_tiny(tmp_path, analyses=["clark_surface", "pande"], maps="config", sample=4)
     (tmp_path / "resources").symlink_to(REPO / "resources")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"), HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
-    cmd += ["--configfile", str(config), "--cores", "2", "--quiet"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    env = {"PYTHONPATH": str(REPO / "scripts"), "HF_HUB_OFFLINE": "1"}
+    proc = run_snakemake(tmp_path, None, "--configfile", str(config), "--quiet", timeout=None, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = tmp_path / "results"
     fused = results / "attention" / "tinygpt2" / "wiki" / "shard0of1"

@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,25 +66,12 @@ def run_tiny(out: Path, cores: int = 2) -> Path:
         tiny_workflow.REPO = repo
     if not (run / "resources").exists():  # the analysis block's relative resources/ paths
         (run / "resources").symlink_to(REPO / "resources")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"), HF_HUB_OFFLINE="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(run),
-        "--configfile",
-        str(config),
-        "--cores",
-        str(cores),
-        "--quiet",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=run, timeout=3600)
+    from conftest import run_snakemake
+
+    env = {"PYTHONPATH": str(REPO / "scripts"), "HF_HUB_OFFLINE": "1"}
+    proc = run_snakemake(run, None, "--configfile", str(config), "--quiet", cores=cores, timeout=3600, env=env)
     if proc.returncode:
-        raise RuntimeError(f"tiny workflow failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+        raise RuntimeError(f"tiny workflow failed ({' '.join(proc.args)}):\n{(proc.stdout + proc.stderr)[-6000:]}")
     return run / "results"
 
 

@@ -176,41 +176,18 @@ def _carrier(scale: float = 5.0):
     the 10 demonstrations seen so far whose label is the task's (token t = token t-1 + K), head 1's is 0,
     head 2's varies with the token but its output projection is zero. The logits at t are
     ``scale * h0 * [v = token t + K]``: only head 0 carries the answer."""
-    from types import SimpleNamespace
-
     import torch
+    from hand_models import one_layer_llama
 
-    class Layer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.self_attn = torch.nn.Module()
-            self.self_attn.o_proj = torch.nn.Linear(3, 3, bias=False)
-            self.gain = torch.nn.Parameter(torch.ones(3))  # so that z is in the gradient's graph
-            with torch.no_grad():
-                self.self_attn.o_proj.weight.copy_(torch.diag(torch.tensor([1.0, 1.0, 0.0])))
+    def outputs(ids):
+        match = torch.zeros_like(ids, dtype=torch.float32)
+        match[:, 1:] = (ids[:, 1:] == ids[:, :-1] + K).float()
+        return torch.stack([match.cumsum(1) / 10, torch.zeros_like(match), ids.float() / K], -1)
 
-        def forward(self, h, ids):
-            match = torch.zeros_like(ids, dtype=torch.float32)
-            match[:, 1:] = (ids[:, 1:] == ids[:, :-1] + K).float()
-            z = torch.stack([match.cumsum(1) / 10, torch.zeros_like(match), ids.float() / K], -1) * self.gain
-            self.ids = ids  # the rows as the layer saw them (the patch may expand the batch)
-            return h + self.self_attn.o_proj(z)
+    def logits(h, ids):
+        return scale * h[..., :1] * torch.nn.functional.one_hot(ids + K, 3 * K).float()
 
-    class Carrier(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.config = SimpleNamespace(model_type="llama")
-            self.model = torch.nn.Module()
-            self.model.layers = torch.nn.ModuleList([Layer()])
-
-        def forward(self, input_ids, attention_mask):
-            h = torch.zeros(*input_ids.shape, 3)
-            for layer in self.model.layers:
-                h = layer(h, input_ids)
-            onehot = torch.nn.functional.one_hot(self.model.layers[-1].ids + K, 3 * K).float()
-            return SimpleNamespace(logits=scale * h[..., :1] * onehot)
-
-    return Carrier()
+    return one_layer_llama(3, outputs, logits, o_diag=[1.0, 1.0, 0.0])
 
 
 def _carrier_prompts(rng, n, shuffled):

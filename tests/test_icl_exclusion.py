@@ -64,8 +64,7 @@ def test_matched_random_sets_keep_the_layer_counts_and_avoid_both_sets():
 
 
 def _tiny(arch: str):
-    """A tiny random causal LM (2 layers x 4 heads, vocabulary 40), fresh per call: the ICL evaluations leave a
-    hook on a model that makes it compute the last logits only."""
+    """A tiny random causal LM (2 layers x 4 heads, vocabulary 40), fresh per call."""
     import torch
     from conftest import tiny_llama_config
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
@@ -152,6 +151,37 @@ def test_joint_mean_ablation_equals_a_plain_hook_on_the_same_heads(tiny_llama):
         np.testing.assert_allclose(abl[1], ref_intact, rtol=1e-4, atol=1e-5)  # an empty set changes nothing
 
 
+def test_an_fv_evaluation_leaves_the_model_as_it_was(tiny_llama):
+    """Building and running an FV evaluation (last logits only) changes nothing on the model: a later forward and
+    a token-loss evaluation on it get every position's logits, and any order of evaluations gives the same
+    values. The FV evaluation's exact single-head ablation (inputs replicated per head) keeps its
+    ``logits_to_keep`` and equals one-at-a-time ablation."""
+    import torch
+
+    from headatlas.ablation.patch import replacement
+    from headatlas.icl.patching import fv_evaluation
+
+    model = tiny_llama
+    rng = np.random.default_rng(2)
+    texts = [list(rng.integers(1, 40, size=16)) for _ in range(4)]
+    first = ablated_runs(_text_evaluation(model, texts, 3, 13), [], lambda o: o["late"] - o["early"])[0]
+    prompts = [list(rng.integers(1, 40, size=9)) for _ in range(3)]
+    fv = fv_evaluation(model, prompts, np.array([5, 6, 7]), 3, 2, 4)
+    assert all(inputs["logits_to_keep"] == 1 for inputs, _, _ in fv.batches)
+    fv.expand = False  # the replicated-inputs path tiles every batch tensor but logits_to_keep
+    values = replacement(fv.mean_vectors(), "mean")
+    heads = np.arange(8)
+    batched = fv.exact(heads, values)["loss"]
+    for h in heads:
+        one = fv.run(np.isin(np.arange(8), [h]).reshape(2, 4), values)["loss"]
+        np.testing.assert_allclose(batched[:, h], one, rtol=1e-5, atol=1e-6)
+    x = torch.tensor(texts)
+    with torch.no_grad():
+        assert model(input_ids=x, attention_mask=torch.ones_like(x)).logits.shape[1] == 16
+    again = ablated_runs(_text_evaluation(model, texts, 3, 13), [], lambda o: o["late"] - o["early"])[0]
+    np.testing.assert_allclose(again, first, rtol=1e-6)
+
+
 V = 16  # vocabulary of the hand-built model
 
 
@@ -160,38 +190,17 @@ def _counter(scale: float = 0.5):
     0's output at position t is t; head 1's is 0. The logits at t are ``scale * h0`` on token (x_t + 1) mod V (the
     true next token) and 0 elsewhere, so the loss of token p is log(1 + (V - 1) exp(-scale (p - 1))): the model
     learns in context, and only through head 0."""
-    from types import SimpleNamespace
-
     import torch
+    from hand_models import one_layer_llama
 
-    class Layer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.self_attn = torch.nn.Module()
-            self.self_attn.o_proj = torch.nn.Linear(2, 2, bias=False)
-            with torch.no_grad():
-                self.self_attn.o_proj.weight.copy_(torch.eye(2))
+    def outputs(ids):
+        t = torch.arange(ids.shape[1], dtype=torch.float32).expand(ids.shape)
+        return torch.stack([t, torch.zeros_like(t)], -1)
 
-        def forward(self, h, ids):
-            t = torch.arange(ids.shape[1], dtype=torch.float32).expand(ids.shape)
-            z = torch.stack([t, torch.zeros_like(t)], -1)
-            return h + self.self_attn.o_proj(z)
+    def logits(h, ids):
+        return scale * h[..., :1] * torch.nn.functional.one_hot((ids + 1) % V, V).float()
 
-    class Counter(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.config = SimpleNamespace(model_type="llama")
-            self.model = torch.nn.Module()
-            self.model.layers = torch.nn.ModuleList([Layer()])
-
-        def forward(self, input_ids, attention_mask):
-            h = torch.zeros(*input_ids.shape, 2)
-            for layer in self.model.layers:
-                h = layer(h, input_ids)
-            onehot = torch.nn.functional.one_hot((input_ids + 1) % V, V).float()
-            return SimpleNamespace(logits=scale * h[..., :1] * onehot)
-
-    return Counter()
+    return one_layer_llama(2, outputs, logits)
 
 
 def test_token_loss_difference_on_a_model_that_learns_in_context():

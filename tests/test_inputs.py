@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import collections
 import gzip
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, RESOURCES, first_conllu_sentences
+from conftest import REPO, RESOURCES, first_conllu_sentences, output_of, run_snakemake
 
 from headatlas.core.corpora import CorpusError, build_corpus, read_conllu, tree_problem, tsv_records, wikitext_articles
 from headatlas.core.data import load_records
@@ -218,23 +215,9 @@ def test_check_yaml_names_line_of_syntax_errors_and_duplicate_keys(tmp_path):
 
 
 def snakemake_dry_run(workdir: Path, *args: str) -> tuple[int, str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--cores",
-        "1",
-        "--dry-run",
-        *args,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=workdir)
-    return proc.returncode, proc.stdout + "\n" + proc.stderr
+    """(exit status, output) of a dry run that may fail."""
+    proc = run_snakemake(workdir, None, "--dry-run", *args, cores=1, timeout=600, env={"HF_HUB_OFFLINE": "1"})
+    return proc.returncode, output_of(proc)
 
 
 def minimal_config(tmp_path, **model) -> dict:
@@ -366,10 +349,8 @@ def test_prepare_corpus_skips_and_counts_invalid_trees(tmp_path):
     path = conllu(tmp_path, GOOD + ["# sent_id = loop", tok(1, "x", 1), ""], "loop.conllu")
     cfg["corpora"] = {"x": {"kind": "conllu", "path": str(path), "invalid_trees": "skip"}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "snakemake", "results/corpora/x.jsonl.gz", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
-           "--cores", "1", "--configfile", str(tmp_path / "config.yaml")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    config = str(tmp_path / "config.yaml")
+    proc = run_snakemake(tmp_path, None, "results/corpora/x.jsonl.gz", "--configfile", config, cores=1, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r.id for r in load_records(tmp_path / "results/corpora/x.jsonl.gz")] == ["good"]
     log = (tmp_path / "logs/prepare_corpus/x.log").read_text()

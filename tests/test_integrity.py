@@ -229,7 +229,8 @@ def _reorder(value):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, tiny_models):
     """An up-to-date tiny run (BERT; ewt full maps, wiki a map sample of 4; Clark's surface and Pande)."""
-    from test_workflow import output_of, run_snakemake, tiny_config
+    from conftest import output_of, run_snakemake
+    from test_workflow import tiny_config
 
     workdir = tmp_path_factory.mktemp("finished")
     cfg = tiny_config(tiny_models, models=("bert",))
@@ -242,7 +243,7 @@ def finished_run(tmp_path_factory, tiny_models):
 
 @pytest.mark.slow
 def test_the_same_config_in_another_key_order_plans_nothing(finished_run):
-    from test_workflow import dry_run
+    from conftest import dry_run
 
     workdir, cfg = finished_run
     assert dry_run(workdir, cfg)[0] == {}
@@ -252,7 +253,7 @@ def test_the_same_config_in_another_key_order_plans_nothing(finished_run):
 
 @pytest.mark.slow
 def test_a_sample_change_plans_only_the_samples_jobs(finished_run):
-    from test_workflow import dry_run
+    from conftest import dry_run
 
     workdir, cfg = finished_run
     changed = yaml.safe_load(yaml.safe_dump(cfg))
@@ -264,7 +265,7 @@ def test_a_sample_change_plans_only_the_samples_jobs(finished_run):
 
 @pytest.mark.slow
 def test_a_damaged_sealed_output_reruns_its_job(finished_run):
-    from test_workflow import dry_run
+    from conftest import dry_run
 
     workdir, cfg = finished_run
     table = next((workdir / "results").rglob("surface.tsv"))
@@ -278,7 +279,8 @@ def test_a_damaged_sealed_output_reruns_its_job(finished_run):
 
 
 def test_a_model_named_dotdot_stops_the_workflow_before_any_job(tmp_path, tiny_models):
-    from test_workflow import output_of, run_snakemake, tiny_config
+    from conftest import output_of, run_snakemake
+    from test_workflow import tiny_config
 
     cfg = tiny_config(tiny_models, models=("bert",))
     cfg["models"][0]["name"] = ".."

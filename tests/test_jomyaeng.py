@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
+from conftest import run_snakemake
 
 from headatlas.core.extract import ExtractSettings, extract
 from headatlas.core.store import AttentionStore
@@ -304,26 +301,9 @@ def test_workflow_end_to_end(tmp_path, tiny_models):
             }
         },
     }
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump(config), encoding="utf-8")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     targets = ["results/jomyaeng/summary.tsv", "results/probing/task_stats.tsv", "results/probing/downstream_stats.tsv"]
     targets += [f"results/jomyaeng/bert/{f}.png" for f in FIGURES]
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(tmp_path),
-        "--configfile",
-        str(cfg),
-        "--cores",
-        "2",
-        *targets,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = run_snakemake(tmp_path, config, *targets, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = tmp_path / "results"
     heads = pd.read_csv(res / "jomyaeng/bert/heads.tsv", sep="\t")
@@ -336,7 +316,7 @@ def test_workflow_end_to_end(tmp_path, tiny_models):
     for f in FIGURES:
         assert (res / f"jomyaeng/bert/{f}.png").stat().st_size > 5000
     # a second run has nothing to do
-    again = subprocess.run(cmd + ["-n"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    again = run_snakemake(tmp_path, config, *targets, "-n", timeout=300)
     assert "Nothing to be done" in again.stdout + again.stderr
     # probe_jobs: model (one job for the model's four tasks) writes the same files, byte for byte
     tasks = res / "jomyaeng/bert/tasks"
@@ -344,8 +324,7 @@ def test_workflow_end_to_end(tmp_path, tiny_models):
     assert len(per_task) == 4
     shutil.rmtree(tasks)
     config["analysis"]["jomyaeng"]["probe_jobs"] = "model"
-    cfg.write_text(yaml.safe_dump(config), encoding="utf-8")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = run_snakemake(tmp_path, config, *targets, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {p.name: p.read_bytes() for p in tasks.glob("*.tsv")} == per_task
     assert (res / "benchmarks/jomyaeng_probe/bert.tsv").exists()  # one job, not four

@@ -111,7 +111,8 @@ def test_long_detectors_run_map_free(tiny_loaded, monkeypatch):
 def test_long_rules_end_to_end(tmp_path, tiny_models):
     """The real rules: a tiny Llama with a 96-token long corpus (and a BERT it does not cover): surface statistics
     only on it, the long detectors' tables under results/detectors/llama/long/wiki_long/, both map-free."""
-    from test_workflow import dry_run, model_entry, output_of, run_snakemake
+    from conftest import dry_run, output_of, run_snakemake
+    from test_workflow import model_entry
 
     config = {
         "models": [model_entry(m, tiny_models[m]) for m in ("bert", "llama")],
@@ -164,7 +165,8 @@ def test_long_rules_end_to_end(tmp_path, tiny_models):
 
 
 def test_a_long_corpus_past_the_positions_fails_before_any_model_loads(tmp_path, tiny_models):
-    from test_workflow import model_entry, output_of, run_snakemake
+    from conftest import output_of, run_snakemake
+    from test_workflow import model_entry
 
     config = {
         "models": [model_entry("llama", tiny_models["llama"])],

@@ -9,7 +9,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
 
 from headatlas.core import mapfree
 from headatlas.core.batching import model_inputs
@@ -21,7 +20,6 @@ from headatlas.core.mapfree import (
     attention_lse,
     blocked_attention,
     key_only,
-    mapfree_markdown,
     offset_targets,
     plan_feed,
 )
@@ -517,12 +515,6 @@ def test_plan_names_full_row_reducers(tiny_loaded):
     with pytest.raises(ModelError, match="whole_rows"):
         plan_feed(model, [WholeRows()], 64, "mapfree")
     assert plan_feed(model, [PositionReducer()], 64, "eager")[0] == "eager"
-
-
-def test_mapfree_doc_table():
-    """docs/mapfree.md's architecture table is mapfree_markdown()."""
-    text = (REPO / "docs" / "mapfree.md").read_text()
-    assert mapfree_markdown() in text, "paste mapfree_markdown() into docs/mapfree.md"
 
 
 def test_needs_are_mergeable():

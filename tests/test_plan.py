@@ -127,6 +127,60 @@ def test_features_scale_as_the_formulas_say():
     assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == (4 * 2 + 4) * 2e6 * ta
 
 
+def test_features_of_the_icl_quiet_and_long_input_rules():
+    """By hand: the ICL prompts' tokens and patched forwards, the exclusion test's evaluations, the zero-ablation's
+    forwards, the quiet statistics' inputs, and long inputs (needles, repeated blocks, long corpora) counted in the
+    map-free term, never in the eager one."""
+    cfg = {
+        "models": [{"name": "a", "source": {"hub": "x/a"}, "max_length": 128}],
+        "corpora": {"long": {"kind": "wikitext_long", "path": "none", "tokens": 1000}},
+        "analysis": {
+            "icl": {
+                "tasks": ["t1", "t2"],
+                "n_prompts": 3,
+                "shots": 4,
+                "exact_max_heads": 50,
+                "check_heads": 2,
+                "exclusion": {"random_sets": 5, "n_texts": 2, "late": 500},
+            },  # fmt: skip
+            "quiet": {
+                "corpora": ["c1", "c2"],
+                "n_sequences": 10,
+                "length": 32,
+                "ablation_sequences": 8,
+                "exact_max_heads": 8,
+                "check_heads": 1,
+            },  # fmt: skip
+            "circuits": {
+                "long": {"lengths": [100, 400], "depths": [0.5], "needles": 2, "block_lengths": [50], "blocks": 3},
+                "induction": {"n_sequences": 2, "random_sets": 1},
+            },  # fmt: skip
+            "detectors": {"long": {"n_sequences": 2}},
+        },
+    }
+    shape = Shape(4, 4, 4, 64, 16, 1e6)  # 16 heads; no vocabulary: the logits cost nothing extra
+    feats = plan.Features(cfg, ".", {"a": shape})
+    tokens = 2 * 3 * (4 + 1) * plan.ICL_PAIR_TOKENS  # tasks x prompts x (shots + 1) demonstrations
+    icl = feats.job(Job("icl_heads", {"model": "a"}))
+    assert icl["PT"] == pytest.approx(1e6 * 2 * tokens) and icl["abl"] == pytest.approx(16 * 1e6 * tokens)
+    runs = 2 + 2 * (1 + 5)
+    late = 127  # token 500 cut to max_length - 1
+    assert feats.job(Job("icl_exclusion", {"model": "a"}))["PTabl"] == pytest.approx(
+        runs * (1e6 * tokens + 1e6 * 2 * (late + 1))
+    )
+    assert feats.job(Job("quiet_ablation", {"model": "a"}))["abl"] == (4 * 1 + 4) * 1e6 * 8 * 32  # 16 > 8 heads
+    quiet = feats.job(Job("quiet", {"model": "a"}))
+    assert quiet["PT"] == 1e6 * 2 * 10 * 32 and quiet["attn"] == 16 * 16 * 2 * 10 * 32**2 and quiet["attn_free"] == 0
+    circ = feats.job(Job("circuits_causal", {"model": "a"}))
+    assert circ["attn"] == 16 * 16 * 2 * 2 * 64**2  # the induction check's sequences only
+    assert circ["attn_free"] == 16 * 16 * (2 * (100**2 + 400**2) + 3 * 100**2)
+    assert circ["PT"] == 1e6 * (2 * 2 * 64 + 2 * 500 + 3 * 100) and circ["LHn2"] == 16 * 64**2
+    feats._stats["long"] = plan.CorpusStats(3, [700, 700, 700])  # three segments; the detectors read two
+    lengths = feats.stats("long").tokens(1000)[:2]
+    long = feats.job(Job("detectors_long", {"model": "a", "corpus": "long"}))
+    assert long["attn_free"] == pytest.approx(16 * 16 * (lengths**2).sum()) and long["PT"] == 1e6 * lengths.sum()
+
+
 def test_measured_reads_the_cost_record_then_the_benchmark(tmp_path):
     job = Job("r", log="logs/r.log", benchmark="results/benchmarks/r.tsv", outputs=["out.bin"])
     assert plan.measured(job, tmp_path) is None
@@ -192,3 +246,30 @@ def test_cli_plan_on_the_tiny_config(tiny_run, tmp_path, capsys):
     assert f"{len(jobs)} jobs" in text and "EXCEEDS 1 GB" in text and "dominated by:" in text
     assert f"wall on 2 core(s): at least {10 * len(jobs) / 2 / 60:.1f} min" in text
     assert main(["plan", "--configfile", str(tmp_path / "missing.yaml"), "--cost-model", str(cost)]) == 1
+
+
+def test_composition_and_js_bounds_in_the_features():
+    """Composition's work as it loops, by hand (3 layers x 2 heads: 4 writers, one block; 12 causal pairs, 8 at most
+    one layer apart), and the JS distances' head sample above ``clustering.max_heads`` (as many per layer)."""
+    c = plan.composition_counts(3, 2, 4, None, 4.0)
+    assert (c["builds"], c["blocks"], c["pairs"]) == (4 + 3 * 2 * 2, 1, 12)
+    assert plan.composition_counts(3, 2, 4, 1, 4.0)["pairs"] == 8
+    tight = plan.composition_counts(3, 2, 4, None, 1e-9)  # two Grams at a time: one writer per block
+    assert tight["blocks"] == 4 and tight["builds"] > c["builds"]
+    assert plan.composition_work(c, 4, 2) == pytest.approx(
+        16 * 4**2 * 2 * plan.GRAM_BUILD_S / plan.PAIR_PRODUCT_S + 3 * 12 * 4 * 5 / 2
+    )
+    cfg = {
+        "models": [{"name": "big", "source": {"hub": "x/big"}, "max_length": 16}],
+        "corpora": {"c": {"kind": "conllu", "path": "none"}},
+        "analysis": {
+            "clark_surface": {"clustering": {"max_heads": 512, "n_segments": 200}},
+            "circuits": {"composition": {"max_layer_gap": 2}},
+        },  # fmt: skip
+    }
+    feats = plan.Features(cfg, ".", {"big": Shape(10, 60, 60, 64, 8, 1e6)})  # 600 heads > 512
+    feats._stats["c"] = plan.CorpusStats(3, [4, 8, 100])
+    f = feats.job(Job("clark_js_distances", {"model": "big", "corpus": "c"}))
+    assert f["LH2N"] == (10 * 51) ** 2 * 3  # 51 heads per layer, 3 sequences
+    gap = plan.composition_counts(10, 60, 64, 2, 4.0)
+    assert f["LH2"] == plan.composition_work(gap, 64, 8)

@@ -8,13 +8,10 @@ tests pin the pieces that do not need one: the profile keys, the gpu resource pe
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import dry_run
 from tiny_workflow import REPO
 
 PROFILES = REPO / "profiles"
@@ -151,30 +148,13 @@ def dry_run_gpu(tmp_path, *extra, models: list | None = None) -> dict[str, set]:
     for d in ("a", "b", "c"):  # model directories are checked when the workflow is parsed
         (tmp_path / d).mkdir()
         (tmp_path / d / "config.json").write_text('{"model_type": "bert"}')
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     targets = [
         f"results/attention/{m}/ewt/shard{i}of2" for m in ("gpu_model", "cpu_model", "auto_model") for i in range(2)
     ]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(tmp_path),
-        "--configfile",
-        str(tmp_path / "config.yaml"),
-        "--dry-run",
-        *targets,
-        *extra,  # last: --config takes every word after it
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, _, text = dry_run(tmp_path, cfg, *targets, *extra, timeout=300)  # extra last: --config takes every word after it
     gpu = {}
     model = None
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         if line.strip().startswith("wildcards:"):
             model = dict(kv.split("=", 1) for kv in line.split(":", 1)[1].strip().split(", ")).get("model")
         if line.strip().startswith("resources:") and model:

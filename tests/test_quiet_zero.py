@@ -170,3 +170,34 @@ def test_join_and_summary_count_dormant_heads_among_the_exact_ones(tmp_path):
         heads_table(stats, None, zero.iloc[:3], QuietSettings())
     none = heads_table(stats, None, None, QuietSettings())
     assert none["quiet_zero_effect_kind"].str.startswith("skipped").all() and none["quiet_zero_null"].isna().all()
+
+
+def _other_values(settings: QuietSettings, keys) -> QuietSettings:
+    """``settings`` with every key of ``keys`` set to another valid value."""
+    from dataclasses import replace
+
+    other = {"positional_share": 0.5, "massive_threshold": 1e-3, "massive_ratio": 1.5, "sink_massive_share": 0.1,
+             "ablation_sequences": 0, "exact_max_heads": 0, "exact_max_rows": 7, "check_heads": 1, "check_seed": 5,
+             "on_check_fail": "unreliable"}  # fmt: skip
+    return replace(settings, **{k: other[k] for k in keys})
+
+
+def test_each_model_rule_reads_only_its_own_keys(tiny_loaded, zero_models, records):
+    """Rule quiet's params leave out the zero-ablation keys and rule quiet_ablation's the statistics keys (so a
+    changed key reruns only the job that reads it): changing every left-out key changes neither rule's tables."""
+    from headatlas.quiet.analysis import run_quiet
+
+    assert set(QuietSettings.ZERO_ABLATION_KEYS).isdisjoint(QuietSettings.rule_keys("quiet"))
+    assert set(QuietSettings.STATISTICS_KEYS).isdisjoint(QuietSettings.rule_keys("quiet_ablation"))
+    spec, model, tokenizer, config = tiny_loaded("llama")
+    left_out = [*QuietSettings.ZERO_ABLATION_KEYS, "sink_massive_share"]
+    a = run_quiet(spec, model, tokenizer, config, {"c": records}, SETTINGS)
+    b = run_quiet(spec, model, tokenizer, config, {"c": records}, _other_values(SETTINGS, left_out))
+    for key in a:
+        pd.testing.assert_frame_equal(a[key], b[key])
+    spec = _spec(zero_models / "llama_lm")
+    left_out = [*QuietSettings.STATISTICS_KEYS, "sink_massive_share"]
+    a = zero_ablation(spec, None, {"c": records}, SETTINGS, "cpu")
+    b = zero_ablation(spec, None, {"c": records}, _other_values(SETTINGS, left_out), "cpu")
+    for x, y in zip(a, b):
+        pd.testing.assert_frame_equal(x, y)

@@ -15,6 +15,7 @@ from reference.clark import js_distance_matrix
 from reference.sieves import score_store, sequence_scores
 from reference.surface import sequence_stats, surface_table
 
+from headatlas.clark.clustering import sample_heads
 from headatlas.clark.reducers import JSReducer, SurfaceReducer, batch_surface_stats
 from headatlas.clark.surface import STATS
 from headatlas.core.align import bos_id
@@ -140,9 +141,15 @@ def test_sieves_uniform_head_scores_one():
 # --- fused == replayed == today's analysis on the tiny models -------------------------------------------------
 
 
+def SAMPLED_JS():  # noqa: N802
+    """The JS distances of a head sample: 2 of the tiny models' 4 heads per layer."""
+    return JSReducer(n_sequences=5, max_heads=4, seed=3)
+
+
 @pytest.fixture(scope="module")
 def reduced(tmp_path_factory, tiny_loaded, records):
-    """name -> (today's results, replayed, fused): surface table, sieve dict, JS triple."""
+    """name -> (today's results, replayed, fused): surface table, sieve dict, JS triple (replayed and fused also
+    the JS result of ``SAMPLED_JS``)."""
     root = tmp_path_factory.mktemp("reduce")
     st = SieveSettings()
     out = {}
@@ -165,7 +172,7 @@ def reduced(tmp_path_factory, tiny_loaded, records):
             today = (surface_table(store), score_store(store, records, st), js_distance_matrix(store, n_sequences=5))
             replayed = replay(
                 store,
-                [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5)],
+                [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5), SAMPLED_JS()],
                 batch_size=4,
                 records=records,
                 corpus="t",
@@ -182,7 +189,7 @@ def reduced(tmp_path_factory, tiny_loaded, records):
         fused = fused_reduce(
             model,
             tokenized,
-            [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5)],
+            [SurfaceReducer(), SieveReducer(st), JSReducer(n_sequences=5), SAMPLED_JS()],
             4,
             kind,
             records,
@@ -234,6 +241,23 @@ def test_js_fused_equals_replayed_equals_today(name, reduced):
     for got, atol in ((replayed[2], TOL), (fused[2], max(TOL, 1e-6 * tokens))):
         assert got[1:] == (k, tokens)
         np.testing.assert_allclose(got[0], d, rtol=1e-9, atol=atol)
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_js_on_a_head_sample_is_the_full_matrix_restricted(name, reduced):
+    today, replayed, fused = reduced[name]
+    d, k, tokens = today[2]
+    heads = sample_heads(2, 4, 4, seed=3)
+    assert len(heads) == 4 and (np.bincount(heads // 4) == 2).all()
+    for got in (replayed[3], fused[3]):  # float32 entropy sums in blocks of another shape: 1e-6 per token
+        assert got[1:] == (k, tokens) and got.heads.tolist() == heads.tolist()
+        np.testing.assert_allclose(got[0], d[np.ix_(heads, heads)], rtol=1e-9, atol=max(TOL, 1e-6 * tokens))
+    back = JSReducer.from_arrays(SAMPLED_JS().to_arrays(replayed[3]))
+    assert back.heads.tolist() == heads.tolist() and np.array_equal(back[0], replayed[3][0])
+    assert SAMPLED_JS().heads_of(JSReducer.combine([back]), 2, 4).tolist() == heads.tolist()
+    with pytest.raises(ReduceError, match="over 4 heads.*samples 8"):  # stored under a sample, asked for every head
+        JSReducer(n_sequences=5).heads_of(back, 2, 4)
+    assert JSReducer(n_sequences=5).heads_of(replayed[2], 2, 4).tolist() == list(range(8))
 
 
 class _Spy(Reducer):

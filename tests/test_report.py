@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from conftest import dry_run
 from test_contract import config
-from test_workflow import dry_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = sorted((ROOT / "workflow" / "rules").glob("*.smk"))

@@ -241,17 +241,13 @@ def test_extended_config_passes_the_schema():
 
 @pytest.mark.skipif(not (HAVE_MPNET and HAVE_GEMMA), reason="the opt-in model packages are not installed")
 def test_extended_config_dry_runs_and_a_too_long_corpus_fails_at_parse_time(tmp_path):
-    import subprocess
-    import sys
-
     import yaml
+    from conftest import run_snakemake
 
     (tmp_path / "resources").symlink_to(REPO / "resources")
 
     def dry(cfg_path):
-        cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
-        cmd += ["--configfile", str(cfg_path), "--cores", "1", "-n"]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        return run_snakemake(tmp_path, None, "--configfile", str(cfg_path), "-n", cores=1, timeout=300)
 
     proc = dry(REPO / "config" / "extended.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from snakemake.utils import validate
@@ -49,8 +50,17 @@ def _validated(analysis: dict, key: str) -> dict:
     return section
 
 
+def _task_schema() -> dict:
+    """The schema of one finetune_tasks entry (inside config.schema.yaml)."""
+    schema = yaml.safe_load((SCHEMAS / "config.schema.yaml").read_text())
+    return schema["properties"]["finetune_tasks"]["additionalProperties"]
+
+
 def _schema_defaults(cls) -> dict:
     """The class's settings as its schema's defaults fill them (PARENT_KEYS from the enclosing section)."""
+    if cls.SECTION.startswith("finetune_tasks."):
+        props = _task_schema()["properties"]
+        return settings_params(cls, {k: v["default"] for k, v in props.items() if "default" in v})
     key = cls.SECTION.split(".")[1]
     filled = {key: _validated({}, key)}
     return {**settings_params(cls, _section(filled, cls.SECTION)), **_parent_keys(cls, filled)}
@@ -178,6 +188,11 @@ def _plain(value):
 def test_config_sections_round_trip(cls, name):
     """config/config.yaml's section (after schema validation) builds the settings, and every field holds the
     config's value (as a tuple where the field is one)."""
+    if cls.SECTION.startswith("finetune_tasks."):  # every task of the config (its own keys, schema defaults)
+        for task_name, task in _config(name)["finetune_tasks"].items():
+            jsonschema.validate(task, _task_schema())
+            assert cls.of_task(task) == cls.from_config(settings_params(cls, task)), task_name
+        return
     analysis = _config(name)["analysis"]
     key = cls.SECTION.split(".")[1]
     filled = {key: _validated(analysis, key)}
@@ -205,8 +220,9 @@ def test_a_class_check_keeps_its_error_type_and_names_the_section():
 
 
 def test_rule_params_come_from_the_settings_classes():
-    """Every settings class (but the parts of another) reaches its rules as ``settings_params(Cls, ...)``, and no
-    rule file lists a section's keys by hand."""
+    """Every settings class of an analysis section (but the parts of another) reaches its rules as
+    ``settings_params(Cls, ...)``, and no rule file lists a section's keys by hand (a ``finetune_tasks`` entry
+    reaches its rule whole, files and settings)."""
     import re
     import typing
 
@@ -215,7 +231,9 @@ def test_rule_params_come_from_the_settings_classes():
     missing = [
         c.__name__
         for c in SETTINGS
-        if c not in parts and not re.search(rf"settings_params\(\s*{c.__name__}\s*,", rules)
+        if c not in parts
+        and c.SECTION.startswith("analysis.")
+        and not re.search(rf"settings_params\(\s*{c.__name__}\s*,", rules)
     ]
     assert not missing, f"rules that build these settings list their keys another way: {missing}"
     assert not re.search(r"for k in [\(\[]", rules), "a hand list of keys in a rule file"

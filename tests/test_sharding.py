@@ -10,15 +10,13 @@ model's shape from one shard, so it is equal too.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_snakemake
 from tiny_workflow import REPO, compare_results, tiny_config
 
 N_SHARDS = 2
@@ -32,26 +30,7 @@ SECTIONS = ("clark_surface", "pande")
 CORPUS = "ewt_dev"
 
 
-def snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
-    cfg = workdir / "config.yaml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--configfile",
-        str(cfg),
-        "--cores",
-        "2",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=workdir)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # one OpenMP thread per job: the runs are compared bit for bit
 
 
 def gather_jobs(dry_run_stdout: str, n_shards: int) -> tuple[set[str], list[str]]:
@@ -166,18 +145,18 @@ def test_one_shard_and_n_shards_give_identical_results(tmp_path, tiny_models):
     work.mkdir()
 
     one, many = sharding_config(models, 1), sharding_config(models, N_SHARDS)
-    dry = snakemake(work, many, "--dry-run")
+    dry = run_snakemake(work, many, "--dry-run", env=ONE_THREAD)
     assert dry.returncode == 0, dry.stderr[-4000:]
     rules, targets = gather_jobs(dry.stdout, N_SHARDS)
     assert "clark_surface_stats" in rules and targets, dry.stdout[-4000:]
 
-    run = snakemake(work, one, *targets)
+    run = run_snakemake(work, one, *targets, env=ONE_THREAD)
     assert run.returncode == 0, run.stderr[-6000:]
     single = tmp_path / "one_shard"
     shutil.copytree(work / "results", single, ignore=shutil.ignore_patterns("attention"))
 
     # the same workdir: corpora and parses are reused, the gather jobs rerun on N_SHARDS shards
-    run = snakemake(work, many, "--forcerun", *sorted(rules), "--", *targets)
+    run = run_snakemake(work, many, "--forcerun", *sorted(rules), "--", *targets, env=ONE_THREAD)
     assert run.returncode == 0, run.stderr[-6000:]
     for corpus in many["corpora"]:
         shards = sorted(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -286,13 +284,8 @@ CLARK_FILES = [
 @pytest.mark.slow
 def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
     """A tiny BERT with its masked-LM head through every rule of clark_surface.smk."""
-    import os
-    import subprocess
-    import sys
-
     import torch
-    import yaml
-    from conftest import REPO, WIKI_TEST
+    from conftest import WIKI_TEST, output_of, run_snakemake
     from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
     model_dir = tmp_path / "bert_mlm"
@@ -332,25 +325,9 @@ def test_clark_surface_dag_end_to_end(tmp_path, bert_vocab_file):
     }
     work = tmp_path / "work"
     work.mkdir()
-    (work / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
     targets = [f"results/clark/bert/wiki/{f}" for f in CLARK_FILES]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(work),
-        "--configfile",
-        str(work / "config.yaml"),
-        "--cores",
-        "2",
-        *targets,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=work)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    proc = run_snakemake(work, cfg, *targets, timeout=600)
+    assert proc.returncode == 0, output_of(proc)[-6000:]
     out = work / "results" / "clark" / "bert" / "wiki"
     behaviour = pd.read_csv(out / "behaviour.tsv", sep="\t")
     assert len(behaviour) == 8 and set(behaviour["label"]) <= {"next", "prev", "broad", "cls", "sep", "punct", "other"}

@@ -242,14 +242,9 @@ def first_documents(path, n: int) -> str:
 @pytest.mark.slow
 def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
     """A tiny BERT and its random-init copy through every rule of clark_syntax.smk."""
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    import yaml
-    from conftest import REPO, RESOURCES
+    from conftest import RESOURCES, output_of, run_snakemake
 
     gum = tmp_path / "gum_dev.conllu"
     gum.write_text(first_documents(RESOURCES / "gum" / "ontogum_dev.conllu", 3), encoding="utf-8")
@@ -277,8 +272,6 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
     }
     work = tmp_path / "work"
     work.mkdir()
-    (work / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     files = [
         "syntax/table1.png",
         "syntax/heads.png",
@@ -288,24 +281,10 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
         "examples/fig5.png",
     ]
     targets = [f"results/clark/bert/{f}" for f in files] + ["results/clark/relation_map.tsv"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(work),
-        "--configfile",
-        str(work / "config.yaml"),
-        "--cores",
-        "2",
-        *targets,
-    ]
     # the default target: the random-init helper is extracted on its own corpora only and gets
     # no analysis target of its own; its probe is built only as an input of the base model's Table 3
-    dry = subprocess.run(cmd[: -len(targets)] + ["-n"], capture_output=True, text=True, timeout=300, env=env, cwd=work)
-    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
+    dry = run_snakemake(work, cfg, "-n", timeout=300)
+    assert dry.returncode == 0, output_of(dry)[-4000:]
     assert "results/attention/bert-random/ewt_dev" in dry.stdout and "bert-random/gum_dev" not in dry.stdout
     assert (
         "results/clark/bert-random/probes/uas.tsv" in dry.stdout
@@ -319,8 +298,8 @@ def test_clark_syntax_dag_end_to_end(tmp_path, tiny_models, ewt_head_file):
         "results/benchmarks/",  # every job's benchmark file
     )
     assert paths and not [p for p in paths if not p.startswith(allowed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=work)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    proc = run_snakemake(work, cfg, *targets, timeout=600)
+    assert proc.returncode == 0, output_of(proc)[-6000:]
     out = work / "results" / "clark" / "bert"
     heads = pd.read_csv(out / "syntax" / "heads.tsv", sep="\t")
     assert list(heads.columns[:3]) == ["model", "layer", "head"] and len(heads[heads["relation"] == "All"]) == 2 * 2 * 4

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import EWT_DEV, REPO, WIKI_TEST
-
-SNAKEFILE = REPO / "Snakefile"
+from conftest import EWT_DEV, REPO, WIKI_TEST, dry_run, output_of, run_snakemake
 
 # The surface-statistics step: (rule, config section under analysis, output pattern). The
 # workflow is moving from a `surface` section to a `clark_surface` one; test whichever is there.
@@ -30,77 +23,6 @@ def targets(models=("bert", "gpt2"), corpora=("ewt", "wiki"), surface_corpora=("
     """The extraction directories and surface tables (and nothing the workflow adds later)."""
     out = [f"results/attention/{m}/{c}/shard0of1" for m in models for c in corpora]
     return out + [SURFACE_OUT.format(model=m, corpus=c) for m in models for c in surface_corpora]
-
-
-def run_snakemake(workdir: Path, config: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """Run the real workflow in ``workdir`` with ``config`` written to workdir/config.yaml."""
-    cfg = workdir / "config.yaml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [
-        sys.executable, "-m", "snakemake",
-        "--snakefile", str(SNAKEFILE),
-        "--directory", str(workdir),
-        "--configfile", str(cfg),
-        "--cores", "2",
-        *args,
-    ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
-
-
-def output_of(proc: subprocess.CompletedProcess) -> str:
-    return proc.stdout + "\n" + proc.stderr
-
-
-def parse_jobs(text: str) -> list[tuple[str, dict[str, str]]]:
-    """(rule, wildcards) of every job a (dry) run lists."""
-    jobs: list[tuple[str, dict[str, str]]] = []
-    for line in text.splitlines():
-        m = re.match(r"^\s*(?:local)?rule (\w+):\s*$", line)
-        if m:
-            jobs.append((m.group(1), {}))
-            continue
-        m = re.match(
-            r"^(?:local)?rule (\w+)(?: \((.*)\))?: jobid \d+$", line
-        )  # one line a job (headatlas.core.terminal)
-        if m:
-            jobs.append((m.group(1), dict(kv.split("=", 1) for kv in m.group(2).split(", ")) if m.group(2) else {}))
-            continue
-        m = re.match(r"^\s+wildcards: (.*)$", line)
-        if m and jobs:
-            jobs[-1][1].update(kv.split("=", 1) for kv in m.group(1).split(", "))
-    return jobs
-
-
-def job_stats(text: str) -> dict[str, int]:
-    """The 'Job stats' table of a (dry) run, without the total."""
-    lines = text.splitlines()
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == "Job stats:")
-    except StopIteration:
-        return {}
-    counts = {}
-    for line in lines[start + 3 :]:
-        m = re.match(r"^(\w+)\s+(\d+)\s*$", line)
-        if not m:
-            break
-        counts[m.group(1)] = int(m.group(2))
-    counts.pop("total", None)
-    return counts
-
-
-def dry_run(workdir: Path, config: dict, *args: str) -> tuple[dict[str, int], list[tuple[str, dict[str, str]]], str]:
-    proc = run_snakemake(workdir, config, "--dry-run", *args)
-    text = output_of(proc)
-    assert proc.returncode == 0, text[-4000:]
-    jobs, stats = parse_jobs(proc.stdout), job_stats(proc.stdout)
-    # the job blocks and the summary table agree
-    listed: dict[str, int] = {}
-    for rule, _ in jobs:
-        listed[rule] = listed.get(rule, 0) + 1
-    assert listed == stats, text[-4000:]
-    return stats, jobs, text
 
 
 def model_entry(name: str, directory: Path) -> dict:

@@ -31,6 +31,7 @@ from .core.config_checks import rule_model_dir
 from .core.data import Record
 from .core.figures import head_label, save_figure
 from .core.inputs import check_yaml, config_bases, merge_config
+from .core.io import flags, head_shape
 from .core.models import ModelError, ModelSpec, decoder_bos, model_kind, position_limit
 from .core.reduce import LayerMaps, fused_reduce
 
@@ -236,10 +237,6 @@ def maps_figure(maps: np.ndarray, pieces, title: str, png, svg) -> None:
 # --- a finished atlas ---------------------------------------------------------------------------------------
 
 
-def _true(v) -> bool:
-    return v is True or v == 1 or str(v) == "True"
-
-
 def head_roles(atlas: pd.DataFrame, margin: float = 0.05) -> pd.Series:
     """Per head of an atlas table, its roles as one string: Clark's behaviour label, the Pande roles
     significant after FDR, the relation it predicts best when it beats that relation's best offset
@@ -253,16 +250,16 @@ def head_roles(atlas: pd.DataFrame, margin: float = 0.05) -> pd.Series:
         beh = r.get("clark_behaviour")
         if isinstance(beh, str) and beh not in ("", "none", "other"):
             roles.append(f"clark:{beh}")
-        sig = [p for p in pande if _true(r.get(f"pande_{p}_sig_fdr"))]
+        sig = [p for p in pande if flags(r.get(f"pande_{p}_sig_fdr"))]
         if sig:
             roles.append("pande:" + ",".join(sig))
         rel, m = r.get("syntax_best_relation"), r.get("syntax_best_margin")
         if isinstance(rel, str) and m is not None and m == m and m >= margin:
             roles.append(f"syntax:{rel}(+{m:.2f})")
-        det = [d for d in dets if _true(r.get(f"det_{d}_sig"))]
+        det = [d for d in dets if flags(r.get(f"det_{d}_sig"))]
         if det:
             roles.append("det:" + ",".join(det))
-        if _true(r.get("det_sink_head")):
+        if flags(r.get("det_sink_head")):
             roles.append("sink")
         parts.append(" ".join(roles) or "-")
     labels = [head_label(la, h) for la, h in zip(atlas["layer"], atlas["head"])]
@@ -292,16 +289,14 @@ def atlas_summary(atlas: pd.DataFrame, k: int = 3) -> dict:
     roles = head_roles(atlas)
     out = {
         "heads": len(atlas),
-        "layers x heads": f"{atlas['layer'].max() + 1} x {atlas['head'].max() + 1}",
+        "layers x heads": "{} x {}".format(*head_shape(atlas)),
         "heads with a role": int((roles != "-").sum()),
     }
     fam = registry.FAMILIES
     if "clark_behaviour" in atlas:
         out[f"{fam['clark']}: heads per behaviour"] = atlas["clark_behaviour"].fillna("-").value_counts().to_dict()
     pande = {
-        c[len("pande_") : -len("_sig_fdr")]: int(atlas[c].map(_true).sum())
-        for c in atlas.columns
-        if c.endswith("_sig_fdr")
+        c[len("pande_") : -len("_sig_fdr")]: int(flags(atlas[c]).sum()) for c in atlas.columns if c.endswith("_sig_fdr")
     }
     if pande:
         out[f"{fam['pande']}: heads per role (FDR)"] = dict(sorted(pande.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -311,12 +306,12 @@ def atlas_summary(atlas: pd.DataFrame, k: int = 3) -> dict:
     for c in [c for c in atlas.columns if c.startswith("probe_") and c.endswith("_mean_acc")]:
         out[f"{fam['probe']}: {c} ({registry.describe(c).unit})"] = _top(atlas, c, k, None)
     for c in [c for c in atlas.columns if c.startswith("det_") and c + "_sig" in atlas]:
-        n_sig = int(atlas[c + "_sig"].map(_true).sum())
+        n_sig = int(flags(atlas[c + "_sig"]).sum())
         out[f"{fam['det']}: {c} ({registry.describe(c).unit})"] = (
             f"{n_sig} significant (FDR); top {_top(atlas, c, k, None)}"
         )
     if "det_sink_head" in atlas:
-        out[f"{fam['det']}: sink heads"] = int(atlas["det_sink_head"].map(_true).sum())
+        out[f"{fam['det']}: sink heads"] = int(flags(atlas["det_sink_head"]).sum())
     for c in [c for c in atlas.columns if c.startswith("ablation_") and c.endswith("_effect")]:
         kinds = registry.kind_column(c, atlas.columns)
         how = kinds or (c[: -len("_effect")] + "_method" if c[: -len("_effect")] + "_method" in atlas else None)

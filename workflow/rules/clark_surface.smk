@@ -233,6 +233,8 @@ rule clark_js_distances:
             "clustering.n_segments",
             "clustering.smoothing",
             "clustering.max_elements",
+            "clustering.max_heads",
+            "clustering.seed",
         ),
     script:
         "../../scripts/clark_js_distances.py"

@@ -32,7 +32,7 @@ rule quiet:
         runtime=30,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
-        quiet=settings_params(QuietSettings, QUIET),
+        quiet=settings_params(QuietSettings, QUIET, *QuietSettings.rule_keys("quiet")),
         model=lambda wc: MODELS[wc.model],
         corpora=lambda wc: analysis_corpora("quiet", wc.model),
     script:
@@ -69,7 +69,9 @@ rule quiet_ablation:
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
-        quiet=settings_params(QuietSettings, QUIET),
+        quiet=settings_params(
+            QuietSettings, QUIET, *QuietSettings.rule_keys("quiet_ablation")
+        ),
         model=lambda wc: MODELS[wc.model],
         corpora=lambda wc: analysis_corpora("quiet", wc.model),
     script:

@@ -34,7 +34,7 @@ import pandas as pd
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.device import input_device
 from ..core.figures import head_label
-from ..core.io import atomic_path
+from ..core.io import atomic_path, flags
 from ..core.settings import Settings
 from .patch import layer_samples
 
@@ -323,10 +323,6 @@ def head_tables(
 # --- roles ---------------------------------------------------------------------------------
 
 
-def _true(col: pd.Series) -> pd.Series:
-    return col.astype(str) == "True"
-
-
 def role_sets(
     pande: pd.DataFrame | None,
     behaviour: pd.DataFrame | None,
@@ -348,7 +344,7 @@ def role_sets(
 
     if pande is not None:
         for role in pande_roles:
-            sel = pande[(pande["role"] == role) & _true(pande["significant_fdr"])]
+            sel = pande[(pande["role"] == role) & flags(pande["significant_fdr"])]
             if len(sel):
                 out[f"pande_{role}"] = ("pande", heads_of(sel))
     if behaviour is not None:

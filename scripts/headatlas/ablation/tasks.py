@@ -23,7 +23,7 @@ from ..core.batching import length_batches, model_inputs, pad_token
 from ..core.corpora import tsv_records
 from ..core.device import job_device
 from ..core.extract import head_output_modules, tokenize_records
-from ..core.finetune import encode_records
+from ..core.finetune import FinetuneSettings, encode_records
 from ..core.models import decoder_bos, lm_head_model, model_kind, resolve
 from .patch import MODES, HeadPatch, Replacement, layer_modules, replacement, resample_replacement
 
@@ -145,7 +145,7 @@ class Evaluation:
         B, k = inputs["input_ids"].shape[0], len(chunk)
         with self.patch.batched(chunk, v, B, expand=False):
             self.patch.reset()
-            out = self.model(**{key: _tile_batch(t, k) for key, t in inputs.items()})
+            out = self.model(**_tile_inputs(inputs, k))
         return self._metrics(out, _tile_batch(targets, k))
 
     def head_outputs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -290,7 +290,7 @@ def _path_pass(ev: Evaluation, inputs, targets, layers: list[int], alpha: float,
         ev.expand = False
     with ev.patch.layer_paths(layers, alpha, v, B, expand=False):
         ev.patch.reset()
-        out = ev.model(**{key: _tile_batch(t, k) for key, t in inputs.items()})
+        out = ev.model(**_tile_inputs(inputs, k))
         return grads(out, ev.patch.leaves)
 
 
@@ -369,6 +369,11 @@ def _tile_batch(t, k: int):
     return t.repeat(k, *[1] * (t.ndim - 1)) if k > 1 and t is not None else t
 
 
+def _tile_inputs(inputs: dict, k: int) -> dict:
+    """Model inputs with every batch tensor tiled ``k`` times; ``logits_to_keep`` (positions, not rows) kept."""
+    return {key: t if key == "logits_to_keep" else _tile_batch(t, k) for key, t in inputs.items()}
+
+
 def _bucketed(lengths: list[int], batch_size: int) -> list[np.ndarray]:
     return length_batches(lengths, batch_size)
 
@@ -438,7 +443,7 @@ def classification_evaluation(
     if unknown:
         raise ValueError(f"{task['dev']}: labels {unknown[:5]} are not among the model's labels {sorted(to_id)}")
     y = np.array([to_id[r.label] for r in dev])
-    max_length = int(task.get("max_length", 64))
+    max_length = FinetuneSettings.of_task(task).max_length  # the fine-tuning's
     lengths = [len(tokenizer(" ".join(r.words), truncation=True, max_length=max_length)["input_ids"]) for r in dev]
     batches = []
     for pos in _bucketed(lengths, batch_size):

@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..core.agreement import spearman_ci, topk_overlap
 from ..core.figures import head_label
+from ..core.io import flags, head_shape
 from ..core.settings import Settings
 from ..detectors.registry import REGISTRY as DETECTORS
 
@@ -74,7 +75,7 @@ def pande_columns(pande: pd.DataFrame) -> pd.DataFrame:
     wide = wide.reset_index()
     for c in wide.columns:
         if "_sig_" in c:
-            wide[c] = wide[c].map(lambda v: str(v) == "True")
+            wide[c] = flags(wide[c])
     stab = [c for c in PANDE_STABILITY + PANDE_EFFECT_CI if c in pande]
     if stab:  # after the columns above, so that those keep their place; NA where a role has no test
         roles = list(dict.fromkeys(pande["role"]))
@@ -140,7 +141,7 @@ def detector_columns(heads: pd.DataFrame) -> pd.DataFrame:
     """Per detector, on the input kind its table marks ``main``: the mean score with its CI and the significance
     against the shuffled-position null (FDR); the sink flag (mean attention to the first token above epsilon)
     and the key/value group of the head."""
-    main = heads[heads["main"].map(lambda v: str(v) == "True")]
+    main = heads[flags(heads["main"])]
     wide = main.pivot_table(
         index=KEY, columns="detector", values=["mean", "ci_low", "ci_high", "significant"], aggfunc="first"
     )
@@ -151,11 +152,11 @@ def detector_columns(heads: pd.DataFrame) -> pd.DataFrame:
     wide = wide[[f"det_{d}{names[v]}" for d in detectors for v in names]].reset_index()
     for c in wide.columns:
         if c.endswith("_sig"):
-            wide[c] = wide[c].map(lambda v: str(v) == "True")
+            wide[c] = flags(wide[c])
     sink = main[main["detector"] == "sink"][KEY + ["above_threshold"]].rename(
         columns={"above_threshold": "det_sink_head"}
     )
-    sink["det_sink_head"] = sink["det_sink_head"].map(lambda v: str(v) == "True")
+    sink["det_sink_head"] = flags(sink["det_sink_head"])
     group = main.drop_duplicates(KEY)[KEY + ["kv_group"]].rename(columns={"kv_group": "det_kv_group"})
     return wide.merge(sink, on=KEY, how="left").merge(group, on=KEY, how="left")
 
@@ -436,14 +437,9 @@ def layer_profiles(atlas: pd.DataFrame, n_layers: int) -> pd.DataFrame:
 RETRIEVAL_HEAD = 0.1  # Wu et al.'s retrieval head: retrieval score above 0.1
 
 
-def _flags(values: pd.Series) -> pd.Series:
-    """A column of booleans as read back from a TSV (True / False / empty), NA kept."""
-    return values.map(lambda v: pd.NA if pd.isna(v) else str(v) == "True").astype("boolean")
-
-
 def _share(values: pd.Series) -> float:
     """The share of True among the non-missing flags (NaN when none)."""
-    f = _flags(values).dropna()
+    f = flags(values, na=None).dropna()
     return float(f.mean()) if len(f) else np.nan
 
 
@@ -463,12 +459,12 @@ def ladder_table(atlases: dict[str, pd.DataFrame], agreements: dict[str, pd.Data
     its CI, from the atlas's agreement table). NaN where the model has no such column."""
     rows = []
     for model, a in atlases.items():
-        n_layers, n_heads = int(a["layer"].max()) + 1, int(a["head"].max()) + 1
+        n_layers, n_heads = head_shape(a)
         row = {"model": model, "n_layers": n_layers, "n_heads": n_heads, "heads": len(a)}
         for name in DETECTORS:
             col = f"det_{name}_sig"
             row[f"{name}_share"] = _share(a[col]) if col in a else np.nan
-        ind = _flags(a["det_induction_sig"]).fillna(False).to_numpy(bool) if "det_induction_sig" in a else None
+        ind = flags(a["det_induction_sig"]) if "det_induction_sig" in a else None
         depth = relative_depth(a["layer"].to_numpy(), n_layers)
         row["induction_heads"] = int(ind.sum()) if ind is not None else np.nan
         row["induction_depth"] = float(depth[ind].mean()) if ind is not None and ind.any() else np.nan
@@ -480,8 +476,8 @@ def ladder_table(atlases: dict[str, pd.DataFrame], agreements: dict[str, pd.Data
         row["retrieval_share"] = float(retrieval[scored].mean()) if scored.any() else np.nan
         row["retrieval_heads"] = int(retrieval.sum()) if scored.any() else np.nan
         row["retrieval_induction"] = int((retrieval & ind).sum()) if scored.any() and ind is not None else np.nan
-        fv = _flags(a["icl_top"]) if "icl_top" in a else pd.Series(pd.NA, index=a.index, dtype="boolean")
-        top, has_fv = fv.fillna(False).to_numpy(bool), fv.notna().any()
+        fv = a["icl_top"] if "icl_top" in a else pd.Series(pd.NA, index=a.index, dtype=object)
+        top, has_fv = flags(fv), fv.notna().any()
         row["fv_top_heads"] = int(top.sum()) if has_fv else np.nan
         row["fv_top_induction"] = int((top & ind).sum()) if has_fv and ind is not None else np.nan
         row["positional_share"] = _share(a["quiet_positional_head"]) if "quiet_positional_head" in a else np.nan

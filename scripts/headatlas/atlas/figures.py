@@ -14,6 +14,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..core.figures import layer_head_axes, save_figure  # noqa: E402
+from ..core.io import flags  # noqa: E402
 from .analysis import DETECTORS, JM_CATEGORIES, PANDE_ROLES_MAIN  # noqa: E402
 
 BEHAVIOUR_COLOURS = {
@@ -201,7 +202,7 @@ def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None
     for row in atlas.itertuples(index=False):
         r = row._asdict()
         layer, head = int(r["layer"]), int(r["head"])
-        sig = [(float(r[f"det_{d}"]), d) for d in dets if str(r.get(f"det_{d}_sig")) == "True"]
+        sig = [(float(r[f"det_{d}"]), d) for d in dets if flags(r.get(f"det_{d}_sig"))]
         colour, alpha = "white", 1.0
         if sig:
             score, best = max(sig)
@@ -210,7 +211,7 @@ def detector_panel(ax, atlas: pd.DataFrame, n_layers: int, n_heads: int) -> None
         ax.add_patch(
             plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, facecolor="none", edgecolor="#cccccc", linewidth=0.5)
         )
-        if str(r.get("det_sink_head")) == "True":
+        if flags(r.get("det_sink_head")):
             ax.plot(head + 0.3, layer + 0.3, "o", color="black", markersize=2.5)
         if abl is not None:
             text, estimated = ablation_text(r.get(abl), r.get(f"{abl}_kind"))

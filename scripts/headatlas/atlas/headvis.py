@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.io import head_shape
 from ..core.reduce import map_dirs
 from ..core.reducer import ReduceError
 from ..core.store import AttentionStore, StoreError, store_dirs
@@ -211,7 +212,7 @@ def export_headvis(
     ``maps: sample`` corpus; none when the run kept no maps of it)."""
     model, atlas_path = find_atlas(run_dir, model)
     atlas = pd.read_csv(atlas_path, sep="\t").sort_values(["layer", "head"]).reset_index(drop=True)
-    n_layers, n_heads = int(atlas["layer"].max()) + 1, int(atlas["head"].max()) + 1
+    n_layers, n_heads = head_shape(atlas)
     metrics = metric_columns(atlas)
     aliases = {k: v for k, v in HEADVIS_NAMES.items() if v in metrics}
     names = metrics + list(aliases)

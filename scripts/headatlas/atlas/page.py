@@ -36,7 +36,7 @@ import pandas as pd
 
 from ..core.data import SPECIAL_NAMES, SPECIAL_NONE, read_records
 from ..core.figures import head_label
-from ..core.io import atomic_path
+from ..core.io import atomic_path, flags, head_shape
 from ..core.reduce import map_dirs
 from ..core.reducer import ReduceError
 from ..core.settings import Settings
@@ -84,7 +84,7 @@ def column_kind(s: pd.Series) -> str:
 def _values(s: pd.Series, kind: str) -> list:
     """JSON-ready values: None for a missing value."""
     if kind == "bool":
-        return [None if pd.isna(v) else str(v) == "True" for v in s]
+        return flags(s, na=None).to_numpy(object, na_value=None).tolist()
     if kind == "number":
         a = s.to_numpy(float)
         return [float(v) if np.isfinite(v) else None for v in a]
@@ -215,9 +215,7 @@ def head_roles(atlas: pd.DataFrame, roles: list[str]) -> list[list[tuple[str, bo
     eff = np.stack([atlas[f"pande_{r}_effect"].to_numpy(float) for r in have], axis=1)
     sig = np.stack(
         [
-            atlas[f"pande_{r}_sig_fdr"].map(lambda v: str(v) == "True").to_numpy(bool)
-            if f"pande_{r}_sig_fdr" in atlas
-            else np.zeros(len(atlas), bool)
+            flags(atlas[f"pande_{r}_sig_fdr"]) if f"pande_{r}_sig_fdr" in atlas else np.zeros(len(atlas), bool)
             for r in have
         ],
         axis=1,
@@ -372,7 +370,7 @@ def model_data(
 ) -> dict:
     """Everything the page shows of one model (rows of ``atlas`` in layer-major order)."""
     atlas = atlas.sort_values(["layer", "head"]).reset_index(drop=True)
-    n_layers, n_heads = int(atlas["layer"].max()) + 1, int(atlas["head"].max()) + 1
+    n_layers, n_heads = head_shape(atlas)
     if len(atlas) != n_layers * n_heads:
         raise ValueError(f"atlas of {model}: {len(atlas)} rows, not one per head of {n_layers} x {n_heads}")
     columns, values = column_data(atlas)

@@ -9,7 +9,7 @@ answered runs (retrieval) or over sequences (echo, induction)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,7 @@ from ..core.agreement import spearman_ci, topk_overlap
 from ..core.batching import pad_token
 from ..core.bootstrap import bootstrap_ci
 from ..core.figures import head_label
+from ..core.io import flags
 from ..core.models import decoder_bos, model_kind, resolve
 from ..core.multitest import adjust
 from ..core.settings import Settings
@@ -39,6 +40,16 @@ KEY = ["layer", "head"]
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompositionSettings(Settings):
+    """analysis.circuits.composition: the bounds of the composition scores (docs/plan.md, "Scaling rules")."""
+
+    SECTION = "analysis.circuits.composition"
+
+    max_layer_gap: int | None = None
+    memory_gb: float = 4.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class CircuitSettings(Settings):
     """analysis.circuits top-level keys (workflow/schemas/circuits.schema.yaml)."""
 
@@ -53,6 +64,7 @@ class CircuitSettings(Settings):
     fdr_method: str = "fdr_bh"
     agreement_top_k: int = 10
     edges: int = 12
+    composition: CompositionSettings = field(default_factory=CompositionSettings)
 
 
 def _grid(n_layers: int, n_heads: int, model: str) -> pd.DataFrame:
@@ -66,12 +78,13 @@ def _grid(n_layers: int, n_heads: int, model: str) -> pd.DataFrame:
 
 def composition_tables(comp: dict, model: str, n_layers: int, n_heads: int, d_eff: int,
                        settings: CircuitSettings) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
-    """(one row per causal pair: score, z against random orientations, z against the model's pairs, FDR; one row
-    per mode: the distribution beside the null and the non-causal pairs)."""
+    """(one row per scored pair (``comp["scored"]``: the causal pairs within the layer gap): score, z against random
+    orientations, z against the model's scored pairs, FDR over them; one row per mode: the distribution beside the
+    null)."""
     from scipy import stats  # here: the workflow imports this module when it plans (its settings)
 
     s = settings
-    causal = comp["causal"]
+    causal = comp["scored"]
     w, r = np.nonzero(causal)
     pairs = pd.DataFrame({"model": model, "writer_layer": w // n_heads, "writer_head": w % n_heads,
                           "reader_layer": r // n_heads, "reader_head": r % n_heads})  # fmt: skip
@@ -98,9 +111,9 @@ def composition_tables(comp: dict, model: str, n_layers: int, n_heads: int, d_ef
 
 def composition_head_columns(comp: dict, n_layers: int, n_heads: int) -> pd.DataFrame:
     """Per head: per mode, the largest z over the heads it reads from (``circ_{m}_in_z``, from whom) and over the
-    heads that read it (``circ_{m}_out_z``), and the number of significant-looking partners (z > 3)."""
+    heads that read it (``circ_{m}_out_z``), among the scored pairs (``comp["scored"]``)."""
     n = n_layers * n_heads
-    causal = comp["causal"]
+    causal = comp["scored"]
     out = pd.DataFrame({"layer": np.arange(n) // n_heads, "head": np.arange(n) % n_heads})
     for mi, mode in enumerate(W.MODES):
         z = np.where(causal, comp["z"][mi], -np.inf)
@@ -172,10 +185,12 @@ def weights_tables(model, lm_model, reason: str | None, tokenizer, name: str, se
         heads["circ_note"] = f"weights: skipped: {e}"
         return {"pairs": pd.DataFrame(), "summary": pd.DataFrame([{"model": name, "status": f"skipped: {e}"}]),
                 "heads": heads, "tokens": pd.DataFrame(), "comp": None, "hw": None}  # fmt: skip
-    comp = W.composition(hw)
+    c = settings.composition
+    comp = W.composition(hw, c.max_layer_gap, c.memory_gb)
     pairs, summary = composition_tables(comp, name, n_layers, n_heads, hw.d_eff, settings)
     heads = heads.merge(composition_head_columns(comp, n_layers, n_heads), on=KEY)
     note, tokens = "", pd.DataFrame()
+    gap = "" if c.max_layer_gap is None else f"composition: pairs at most {c.max_layer_gap} layers apart"
     if lm_model is None:
         note = f"copying/successor: skipped: {reason}"
     else:
@@ -185,13 +200,13 @@ def weights_tables(model, lm_model, reason: str | None, tokenizer, name: str, se
             heads = heads.merge(ov, on=KEY)
         except W.UnsupportedModel as e:
             note = f"copying/successor: skipped: {e}"
-    heads["circ_note"] = note
+    heads["circ_note"] = "; ".join(x for x in (gap, note) if x)
     return {"pairs": pairs, "summary": summary, "heads": heads, "tokens": tokens, "comp": comp, "hw": hw}
 
 
 def composition_from_pairs(pairs: pd.DataFrame, n_layers: int, n_heads: int) -> dict | None:
-    """The z arrays of :func:`headatlas.circuits.weights.composition` rebuilt from a composition.tsv (causal pairs;
-    -inf elsewhere)."""
+    """The z arrays of :func:`headatlas.circuits.weights.composition` rebuilt from a composition.tsv (its pairs, the
+    scored ones; -inf elsewhere) with ``causal`` and ``scored`` (the pairs of the table)."""
     if pairs is None or not len(pairs):
         return None
     n = n_layers * n_heads
@@ -201,7 +216,9 @@ def composition_from_pairs(pairs: pd.DataFrame, n_layers: int, n_heads: int) -> 
     for mi, mode in enumerate(W.MODES):
         z[mi, wi, ri] = pairs[f"comp_{mode}_z"].to_numpy()
     layer = np.repeat(np.arange(n_layers), n_heads)
-    return {"z": z, "causal": layer[:, None] < layer[None, :]}
+    scored = np.zeros((n, n), bool)
+    scored[wi, ri] = True
+    return {"z": z, "causal": layer[:, None] < layer[None, :], "scored": scored}
 
 
 # --- long inputs ----------------------------------------------------------------------------------------------
@@ -339,7 +356,7 @@ def agreement(heads: pd.DataFrame, detectors: pd.DataFrame | None, ablation: pd.
         for name in ("induction_short", "sink"):
             missing[name] = "not run: analysis.detectors does not cover the model"
     else:
-        main = detectors[detectors["main"].map(lambda v: str(v) == "True")]
+        main = detectors[flags(detectors["main"])]
         for det, name in (("induction", "induction_short"), ("sink", "sink")):
             d = main[main["detector"] == det][KEY + ["mean"]]
             cols[name] = base.merge(d, on=KEY, how="left")["mean"].to_numpy(float)
@@ -418,7 +435,7 @@ def model_kind_only(spec, cache_dir) -> tuple[str, object]:
 def _main_means(detectors: pd.DataFrame, detector: str, n_layers: int, n_heads: int) -> np.ndarray:
     """[L, H] the detectors' mean score of ``detector`` on its main input (NaN where absent)."""
     out = np.full((n_layers, n_heads), np.nan)
-    d = detectors[detectors["main"].map(lambda v: str(v) == "True") & (detectors["detector"] == detector)]
+    d = detectors[flags(detectors["main"]) & (detectors["detector"] == detector)]
     out[d["layer"].to_numpy(int), d["head"].to_numpy(int)] = d["mean"].to_numpy(float)
     return out
 

@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from ..core.figures import head_label, save_figure  # noqa: E402
-from ..core.io import head_shape
+from ..core.io import flags, head_shape  # noqa: E402
 from .weights import MODES  # noqa: E402
 
 ROLE_COLOURS = {
@@ -37,11 +37,11 @@ def head_roles(heads: pd.DataFrame, detectors: pd.DataFrame | None) -> dict[tupl
         key = (int(r["layer"]), int(r["head"]))
         for col, name, thr in (("circ_copying", "copying", 0.5), ("circ_neg_copying", "copy suppression", 0.5),
                                ("circ_successor", "successor", 0.2)):  # fmt: skip
-            if col in r and str(r.get(f"{col}_sig")) == "True" and r[col] > thr:
+            if col in r and flags(r.get(f"{col}_sig")) and r[col] > thr:
                 roles[key] = name
     if detectors is not None and len(detectors):
-        main = detectors[detectors["main"].map(lambda v: str(v) == "True")]
-        main = main[main["significant"].map(lambda v: str(v) == "True") & (main["mean"] > STRONG)]
+        main = detectors[flags(detectors["main"])]
+        main = main[flags(main["significant"]) & (main["mean"] > STRONG)]
         main = main[main["detector"].isin(["prev", "duplicate", "induction"])].sort_values("mean")
         names = {"prev": "previous-token", "duplicate": "duplicate", "induction": "induction"}
         for _, r in main.iterrows():  # ascending: the strongest detector of a head is written last

@@ -28,6 +28,7 @@ from ..core.batching import length_batches, model_inputs
 from ..core.bootstrap import bootstrap_ci
 from ..core.extract import head_output_modules
 from ..core.figures import head_label
+from ..core.io import flags
 from ..core.reduce import fused_reduce
 from ..core.settings import Settings
 from ..detectors.reducers import DetectorReducer
@@ -55,8 +56,8 @@ def pick_heads(detectors: pd.DataFrame, n_prev: int, n_induction: int) -> tuple[
     """(previous-token heads, induction heads) as (layer, head) lists from a detectors heads.tsv: the top
     ``n_induction`` significant induction heads on their main input, then the top ``n_prev`` significant
     previous-token heads in layers below the deepest of them (either list may come out shorter, or empty)."""
-    main = detectors[detectors["main"].map(lambda v: str(v) == "True")]
-    sig = main[main["significant"].map(lambda v: str(v) == "True")]
+    main = detectors[flags(detectors["main"])]
+    sig = main[flags(main["significant"])]
     ind = sig[sig["detector"] == "induction"].sort_values("mean", ascending=False, kind="stable").head(n_induction)
     if not len(ind):
         return [], []
@@ -177,15 +178,16 @@ def ablation_tables(result: dict, model: str, settings: InductionSettings, comp:
                "random_drop_mean": float((intact[None, ok, j] - rand[:, ok, j]).mean()) if len(rand) else np.nan}  # fmt: skip
         if comp is not None:
             kz = comp["z"][1][:, layer * n_heads + h].reshape(-1, n_heads)[:layer]  # writers in earlier layers
-            flat = kz.ravel()
-            pct = [float((flat < kz[a, b]).mean()) for a, b in prev if a < layer]
+            seen = np.flatnonzero(kz.ravel() != -np.inf)  # the scored writers (composition.max_layer_gap)
+            flat = kz.ravel()[seen]
+            pct = [float((flat < kz[a, b]).mean()) for a, b in prev if a < layer and kz[a, b] != -np.inf]
             row["k_comp_prev_percentile"] = float(np.mean(pct)) if pct else np.nan
-            top = np.argsort(-flat, kind="stable")[: len(prev)]
+            top = seen[np.argsort(-flat, kind="stable")[: len(prev)]]
             row["k_comp_top"] = " ".join(head_label(i // n_heads, i % n_heads) for i in top)
             row["k_comp_top_overlap"] = int(len({(int(i // n_heads), int(i % n_heads)) for i in top} & set(prev)))
             if prev_scores is not None and layer >= 1 and flat.size > 2:
                 from scipy import stats
 
-                row["k_comp_prev_spearman"] = float(stats.spearmanr(flat, prev_scores[:layer].ravel())[0])
+                row["k_comp_prev_spearman"] = float(stats.spearmanr(flat, prev_scores[:layer].ravel()[seen])[0])
         rows.append(row)
     return pd.DataFrame([summary]), pd.DataFrame(rows)

@@ -45,16 +45,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.models import architecture_module, word_embeddings
+from ..core.models import ARCHITECTURES, architecture_module, word_embeddings
 from ..detectors.sequences import ordinary_ids
 
 MODES = ("q", "k", "v")
-# model type -> how its attention weights are laid out (types outside: skipped with the reason)
-FAMILIES = {
-    **dict.fromkeys(("bert", "roberta", "xlm-roberta", "electra"), "bert"),
-    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "olmo", "gemma", "gemma2", "gemma3_text"), "llama"),
-    "gpt2": "gpt2",
-}
+# the attention weight layouts head_weights reads, named by a model type's ``weight_layout`` in
+# core.models.ARCHITECTURES (a type with No(why) there: these scores are skipped with the reason)
+LAYOUTS = ("bert", "gpt2", "llama")
 SUCCESSOR_TASKS = {
     "numbers": [str(i) for i in range(1, 31)],
     "number_words": "one two three four five six seven eight nine ten eleven twelve".split(),
@@ -82,7 +79,7 @@ class HeadWeights:
     o: np.ndarray
     norm: str  # 'layernorm' (centred) or 'rmsnorm'
     kv_heads: int
-    family: str
+    layout: str  # one of LAYOUTS
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -95,14 +92,18 @@ class HeadWeights:
         return self.shape[2] - (1 if self.norm == "layernorm" else 0)
 
 
-def family(config) -> str:
-    try:
-        return FAMILIES[config.model_type]
-    except KeyError:
+def layout(config) -> str:
+    """The model type's weight layout (one of :data:`LAYOUTS`), from its row of the architecture table."""
+    arch = ARCHITECTURES.get(config.model_type)
+    if arch is None:
+        raise UnsupportedModel(f"model type {config.model_type!r}: not in core.models.ARCHITECTURES")
+    if not isinstance(arch.weight_layout, str):
+        raise UnsupportedModel(f"model type {config.model_type!r}: {arch.weight_layout.why}")
+    if arch.weight_layout not in LAYOUTS:
         raise UnsupportedModel(
-            f"model type {config.model_type!r}: weight layout not known to headatlas.circuits.weights "
-            f"(supported: {', '.join(sorted(FAMILIES))})"
-        ) from None
+            f"model type {config.model_type!r}: weight layout {arch.weight_layout!r} is none of {', '.join(LAYOUTS)}"
+        )
+    return arch.weight_layout
 
 
 def _module(model, path: str):
@@ -130,22 +131,24 @@ def _split_in(w: np.ndarray, n: int) -> np.ndarray:
 def head_weights(model) -> HeadWeights:
     """The folded, centred per-head weights of a loaded base model (or a model with a head: its base is found)."""
     config = model.config
-    fam = family(config)
+    lay = layout(config)
     mt = config.model_type
     n_layers, n_heads, d_model = config.num_hidden_layers, config.num_attention_heads, config.hidden_size
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     qs, ks, vs, os_ = [], [], [], []
     for layer in range(n_layers):
         g_out = np.ones(d_model)
-        if fam == "bert":
+        if lay == "bert":
             p = f"encoder.layer.{layer}.attention"
             wq, wk, wv = (_w(_module(model, f"{p}.self.{n}")) for n in ("query", "key", "value"))
             wo = _w(_module(model, f"{p}.output.dense"))
             before = "embeddings.LayerNorm" if layer == 0 else f"encoder.layer.{layer - 1}.output.LayerNorm"
             g_in = _gamma(_module(model, before), mt)
+            if layer == 0 and architecture_module(model, "embeddings_project") is not None:
+                g_in = np.ones(d_model)  # ELECTRA-small: a projection, not the norm, writes the first residual
             g_out = _gamma(_module(model, f"{p}.output.LayerNorm"), mt)
             kv = n_heads
-        elif fam == "gpt2":
+        elif lay == "gpt2":
             p = f"h.{layer}"
             w = _w(_module(model, f"{p}.attn.c_attn")).T  # Conv1D [D, 3D] -> Linear layout [3D, D]
             wq, wk, wv = np.split(w, 3, axis=0)
@@ -174,28 +177,34 @@ def head_weights(model) -> HeadWeights:
         vs.append((_split_in(wv, kv) * g_in[None, :, None])[group])
         os_.append(wo.reshape(d_model, n_heads, -1).transpose(1, 2, 0) * g_out[None, None, :])  # [H, d, D]
     q, k, v, o = (np.stack(x) for x in (qs, ks, vs, os_))
-    norm = "rmsnorm" if fam == "llama" else "layernorm"
+    norm = "rmsnorm" if lay == "llama" else "layernorm"
     if norm == "layernorm":  # centre reading (over D, the rows) and writing weights (over D, the columns)
         q, k, v = (x - x.mean(2, keepdims=True) for x in (q, k, v))
         o = o - o.mean(3, keepdims=True)
-    return HeadWeights(q=q, k=k, v=v, o=o, norm=norm, kv_heads=n_kv, family=fam)
+    return HeadWeights(q=q, k=k, v=v, o=o, norm=norm, kv_heads=n_kv, layout=lay)
 
 
 def _gram(left: np.ndarray, mid: np.ndarray):
     """Per head: the D x D Gram ``left mid left^T`` as its upper triangle (off-diagonal entries times sqrt 2, so
     that a dot product of two rows is the Frobenius product of the symmetric matrices; float32), its trace and
-    the trace of its square (from the d x d product ``mid left^T left``). left [N, D, d], mid [N, d, d]."""
+    the trace of its square (from the d x d product ``mid left^T left``). left [N, D, d], mid [N, d, d]. The
+    full D x D products are formed a few heads at a time (256 MiB of them at most)."""
     import torch
 
     lt, mt = torch.as_tensor(left), torch.as_tensor(mid)
     small = mt @ (lt.transpose(1, 2) @ lt)
     tr = torch.einsum("nii->n", small).numpy()
     tr2 = (small * small.transpose(1, 2)).sum((1, 2)).numpy()
-    l32 = lt.float()
-    g = (l32 @ mt.float()) @ l32.transpose(1, 2)
-    i, j = torch.triu_indices(left.shape[1], left.shape[1])
+    n, d_model = left.shape[:2]
+    i, j = torch.triu_indices(d_model, d_model)
     scale = torch.where(i == j, 1.0, 2.0**0.5).float()
-    return (g[:, i, j] * scale).numpy(), tr, tr2
+    out = np.empty((n, len(i)), np.float32)
+    step = max(1, 2**28 // (4 * d_model * d_model))
+    for s in range(0, n, step):
+        l32 = lt[s : s + step].float()
+        g = (l32 @ mt[s : s + step].float()) @ l32.transpose(1, 2)
+        torch.mul(g[:, i, j], scale, out=torch.from_numpy(out[s : s + step]))
+    return out, tr, tr2
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -220,32 +229,51 @@ def reader_factors(hw: HeadWeights, mode: str) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"composition mode must be one of {MODES}, not {mode!r}")
 
 
-def composition(hw: HeadWeights) -> dict[str, np.ndarray]:
-    """Per mode [3, N, N] (writer, reader; N = L x H heads in layer-major order; NaN except the causal pairs,
-    writer layer < reader layer): ``score``, ``z`` (random orientations), ``null_sd`` of s^2, and ``causal``
-    [N, N] those pairs."""
+def composition(hw: HeadWeights, max_layer_gap: int | None = None, memory_gb: float = 4.0) -> dict[str, np.ndarray]:
+    """Per mode [3, N, N] (writer, reader; N = L x H heads in layer-major order; NaN except the scored pairs):
+    ``score``, ``z`` (random orientations), ``null_sd`` of s^2; ``causal`` [N, N] the pairs writer layer < reader
+    layer, ``scored`` [N, N] those at most ``max_layer_gap`` layers apart (None: every causal pair).
+
+    Memory: the Gram triangles held at once (float32, D(D+1)/2 per head) are a block of writer heads and a chunk of
+    one layer's reader heads, at most ``memory_gb`` GiB together (at least two heads). When the writers do not fit
+    in one block the readers' Grams are rebuilt for every block; the scores are the same for any ``memory_gb``."""
     n_layers, n_heads, d_model, d_head = hw.shape
     n = n_layers * n_heads
+    layer = np.repeat(np.arange(n_layers), n_heads)
+    gap = n_layers if max_layer_gap is None else int(max_layer_gap)
+    causal = layer[:, None] < layer[None, :]
+    scored = causal & (layer[None, :] - layer[:, None] <= gap)
+    hold = max(2, int(memory_gb * 2**30) // (2 * d_model * (d_model + 1)))  # Gram triangles in memory
+    n_read = min(n_heads, hold // 2)
+    n_write = hold - n_read
     v = hw.v.reshape(n, d_model, d_head)
     o = hw.o.reshape(n, d_head, d_model)
-    ga, tra, tra2 = _gram(o.transpose(0, 2, 1), _matmul(v.transpose(0, 2, 1), v))  # W_OV^T W_OV = W_O^T (W_V^T W_V) W_O
+    wmid = _matmul(v.transpose(0, 2, 1), v)  # W_OV^T W_OV = W_O^T (W_V^T W_V) W_O
+    readers = [reader_factors(hw, mode) for mode in MODES]
     dim = hw.d_eff
-    pa = tra2 / tra**2
     score = np.full((len(MODES), n, n), np.nan)
     z, sd = score.copy(), score.copy()
-    for mi, mode in enumerate(MODES):
-        left, mid = reader_factors(hw, mode)
-        for layer in range(1, n_layers):  # readers of one layer against the writers below it (causal pairs only)
-            r, w = slice(layer * n_heads, (layer + 1) * n_heads), slice(0, layer * n_heads)
-            gb, trb, trb2 = _gram(left[r], mid[r])
-            s2 = np.maximum(_matmul(ga[w], gb.T).astype(np.float64), 0.0) / (tra[w, None] * trb[None, :])
-            pb = trb2 / trb**2
-            var = 2 * (dim * pa[w, None] - 1) * (dim * pb[None, :] - 1) / (dim**2 * (dim - 1) * (dim + 2))
-            score[mi, w, r] = np.sqrt(s2)
-            sd[mi, w, r] = np.sqrt(np.maximum(var, 1e-30))
-            z[mi, w, r] = (s2 - 1.0 / dim) / sd[mi, w, r]
-    layer = np.repeat(np.arange(n_layers), n_heads)
-    return {"score": score, "z": z, "null_sd": sd, "causal": layer[:, None] < layer[None, :]}
+    writers = (n_layers - 1) * n_heads  # the last layer's heads write to no later head
+    for w0 in range(0, writers, n_write):
+        w1 = min(w0 + n_write, writers)
+        ga, tra, tra2 = _gram(o[w0:w1].transpose(0, 2, 1), wmid[w0:w1])
+        pa = tra2 / tra**2
+        for mi, (left, mid) in enumerate(readers):
+            for rl in range(layer[w0] + 1, min(n_layers, layer[w1 - 1] + gap + 1)):
+                # readers of layer rl against the block's writers below it, at most gap layers below
+                w = slice(max(w0, (rl - gap) * n_heads), min(w1, rl * n_heads))
+                wb = slice(w.start - w0, w.stop - w0)  # the same writers' rows of ga
+                for r0 in range(rl * n_heads, (rl + 1) * n_heads, n_read):
+                    r = slice(r0, min(r0 + n_read, (rl + 1) * n_heads))
+                    gb, trb, trb2 = _gram(left[r], mid[r])
+                    s2 = np.maximum(_matmul(ga[wb], gb.T).astype(np.float64), 0.0) / (tra[wb, None] * trb[None, :])
+                    pb = trb2 / trb**2
+                    var = 2 * (dim * pa[wb, None] - 1) * (dim * pb[None, :] - 1) / (dim**2 * (dim - 1) * (dim + 2))
+                    score[mi, w, r] = np.sqrt(s2)
+                    sd[mi, w, r] = np.sqrt(np.maximum(var, 1e-30))
+                    z[mi, w, r] = (s2 - 1.0 / dim) / sd[mi, w, r]
+        del ga  # before the next block's
+    return {"score": score, "z": z, "null_sd": sd, "causal": causal, "scored": scored}
 
 
 # --- copying and successor scores ----------------------------------------------------------------------------
@@ -301,12 +329,12 @@ def extended_embedding(model, ids: np.ndarray) -> np.ndarray:
     layer 0 left out), for the pre-norm families."""
     import torch
 
-    fam = family(model.config)
-    if fam == "bert":
+    lay = layout(model.config)
+    if lay == "bert":
         raise UnsupportedModel("post-LN encoder: no extended embedding")
     with torch.inference_mode():
         e = word_embeddings(model)(torch.as_tensor(np.asarray(ids), dtype=torch.long))
-        if fam == "gpt2":
+        if lay == "gpt2":
             blk = _module(model, "h.0")
             m = blk.mlp(blk.ln_2(e))
         else:
@@ -321,11 +349,11 @@ def extended_embedding(model, ids: np.ndarray) -> np.ndarray:
 def unembedding(lm_model) -> np.ndarray:
     """W_U [V, D] of a model with an LM head, the final norm's gamma folded (centred for LayerNorm)."""
     base = lm_model.base_model
-    fam = family(lm_model.config)
+    lay = layout(lm_model.config)
     w = lm_model.get_output_embeddings().weight.detach().double().cpu().numpy()
-    final = _module(base, "ln_f" if fam == "gpt2" else "norm")
+    final = _module(base, "ln_f" if lay == "gpt2" else "norm")
     w = w * _gamma(final, lm_model.config.model_type)[None, :]
-    return w - w.mean(1, keepdims=True) if fam == "gpt2" else w
+    return w - w.mean(1, keepdims=True) if lay == "gpt2" else w
 
 
 def _normalise(x: np.ndarray, norm: str) -> np.ndarray:

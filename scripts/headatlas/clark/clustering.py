@@ -9,6 +9,12 @@ Summed over a sequence's query rows this is a sum over its (allowed) cells c of
     (P_c ln P_c + Q_c ln Q_c) / 2 - M_c ln M_c,
 which is computed for a block of heads against all heads at once by broadcasting
 (about 1 s per 128-token sequence for 270 heads on one CPU core).
+
+The cost grows with the square of the head count; above ``clustering.max_heads`` the distances, the MDS and
+the layer test are those of a seeded sample of heads, the same number from every layer (:func:`sample_heads`).
+Such a stratified sample gives every within-layer pair the same chance to be drawn, and every between-layer
+pair too, so the sample's mean within- and between-layer distances are unbiased for the means over every head
+(checked exactly in tests/test_clustering.py by enumerating the samples; their spread is in docs/plan.md).
 """
 
 from __future__ import annotations
@@ -29,6 +35,19 @@ def smoothed_cells(maps: np.ndarray, causal: bool, smoothing: float) -> np.ndarr
         rows, cols = np.tril_indices(n)
         return (1 - smoothing) * maps[:, rows, cols] + smoothing / (rows + 1)
     return ((1 - smoothing) * maps + smoothing / n).reshape(h, n * n)
+
+
+def sample_heads(n_layers: int, n_heads: int, max_heads: int | None, seed: int = 0) -> np.ndarray:
+    """Layer-major indices of the heads whose JS distances are computed: every head when ``max_heads`` is None or
+    at least L x H; else ``k = min(H, max(2, max_heads // L))`` heads of every layer (two at least, so that
+    within-layer pairs exist), drawn without replacement with ``seed``, sorted."""
+    n = n_layers * n_heads
+    if max_heads is None or max_heads >= n:
+        return np.arange(n)
+    k = min(n_heads, max(2, max_heads // n_layers))
+    rng = np.random.default_rng([seed, n_layers, n_heads, k])
+    pick = rng.permuted(np.tile(np.arange(n_heads), (n_layers, 1)), axis=1)[:, :k]
+    return np.sort((np.arange(n_layers)[:, None] * n_heads + pick).ravel())
 
 
 def js_sums(cells, max_elements: int = 1_000_000):
@@ -66,17 +85,13 @@ def js_sums(cells, max_elements: int = 1_000_000):
     return out.clamp_(min=0.0).numpy()
 
 
-def head_index(n_layers: int, n_heads: int) -> pd.DataFrame:
-    """layer, head of every row of a layer-major distance matrix."""
-    return pd.DataFrame(
-        {"layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers)}
-    )
-
-
-def distance_long(d: np.ndarray, n_layers: int, n_heads: int, model: str, n_tokens: int) -> pd.DataFrame:
-    """Tidy pairs (a <= b) of a distance matrix: summed JS and JS per query token."""
+def distance_long(
+    d: np.ndarray, n_layers: int, n_heads: int, model: str, n_tokens: int, heads: np.ndarray | None = None
+) -> pd.DataFrame:
+    """Tidy pairs (a <= b) of a distance matrix: summed JS and JS per query token. ``heads``: the layer-major
+    index of each row of ``d`` (None: every head in order)."""
     a, b = np.triu_indices(len(d))
-    layer, head = np.divmod(np.arange(len(d)), n_heads)
+    layer, head = np.divmod(np.arange(len(d)) if heads is None else np.asarray(heads), n_heads)
     return pd.DataFrame(
         {
             "model": model,
@@ -90,18 +105,20 @@ def distance_long(d: np.ndarray, n_layers: int, n_heads: int, model: str, n_toke
     )
 
 
-def distance_square(long: pd.DataFrame) -> tuple[np.ndarray, int, int]:
-    """The symmetric matrix (layer-major) back from :func:`distance_long`; uses js_per_token."""
-    n_layers = int(max(long["layer_a"].max(), long["layer_b"].max())) + 1
+def distance_square(long: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """The symmetric matrix back from :func:`distance_long` (uses js_per_token) over the heads of the table, and
+    their ``layer``, ``head`` (layer-major order: every head, or the sample of ``clustering.max_heads``)."""
     n_heads = int(max(long["head_a"].max(), long["head_b"].max())) + 1
-    a = long["layer_a"].to_numpy() * n_heads + long["head_a"].to_numpy()
-    b = long["layer_b"].to_numpy() * n_heads + long["head_b"].to_numpy()
-    d = np.full((n_layers * n_heads,) * 2, np.nan)
+    ka = long["layer_a"].to_numpy() * n_heads + long["head_a"].to_numpy()
+    kb = long["layer_b"].to_numpy() * n_heads + long["head_b"].to_numpy()
+    keys = np.unique(np.concatenate([ka, kb]))
+    a, b = np.searchsorted(keys, ka), np.searchsorted(keys, kb)
+    d = np.full((len(keys),) * 2, np.nan)
     d[a, b] = long["js_per_token"].to_numpy()
     d[b, a] = long["js_per_token"].to_numpy()
     if np.isnan(d).any():
         raise ValueError("distance table is missing pairs of heads")
-    return d, n_layers, n_heads
+    return d, pd.DataFrame({"layer": keys // n_heads, "head": keys % n_heads})
 
 
 def within_between(d: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
@@ -182,10 +199,11 @@ def mds_tables(
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Rule clark_mds: per head its MDS coordinates and behaviour label (``heads``), the
     within- vs between-layer distance test with the MDS stress (``layers``), and the test's
-    statistics, from the long JS distance table and the behaviour table."""
-    d, n_layers, n_heads = distance_square(long)
+    statistics, from the long JS distance table and the behaviour table. Over the heads of the distance table:
+    when they are a sample (``clustering.max_heads``), ``heads`` has their rows only and ``layers`` says how many
+    of how many heads (``heads_sampled``, ``heads_total``)."""
+    d, heads = distance_square(long)
     coords, stress = mds_embedding(d, seed, n_init, max_iter, eps)
-    heads = head_index(n_layers, n_heads)
     heads = heads.merge(
         behaviour[["model", "layer", "head", "label"]], on=["layer", "head"], how="left", validate="1:1"
     )
@@ -202,4 +220,7 @@ def mds_tables(
             )
         ]
     )
+    total = int(behaviour[["layer", "head"]].drop_duplicates().shape[0])
+    if len(heads) < total:
+        layers["heads_sampled"], layers["heads_total"] = len(heads), total
     return heads, layers, stats

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.figures import head_label
+from ..core.io import layer_count
 from .surface import ExampleSettings, best_heads, example_index, punct_mask
 
 LABEL_COLOURS = {
@@ -116,7 +117,7 @@ def fig2_surface(table: pd.DataFrame, model: str, corpus: str):
     previous and current token; per head (dots) and per layer (line)."""
     plt = _plt()
     decoder = table.get("model_kind", pd.Series(["encoder"])).iloc[0] == "decoder"
-    n_layers = int(table["layer"].max()) + 1
+    n_layers = layer_count(table)
     first = "BOS" if decoder else "[CLS]"
     panels = [
         ("cls", f"attention to {first}", "#d62728", f"no {first} token in the sequences"),
@@ -162,7 +163,7 @@ def fig4_entropy(table: pd.DataFrame, model: str, corpus: str, broad_entropy: fl
     entropy of the summary token's row ([CLS], or the last token of a decoder)."""
     plt = _plt()
     decoder = table.get("model_kind", pd.Series(["encoder"])).iloc[0] == "decoder"
-    n_layers = int(table["layer"].max()) + 1
+    n_layers = layer_count(table)
     fig, axes = plt.subplots(1, 2, figsize=(12 if n_layers <= 12 else 15, 5.0))
     panels = [
         (
@@ -217,7 +218,7 @@ def fig3_gradients(table: pd.DataFrame, model: str, corpus: str):
             continue
         label = name or ("BOS" if decoder else "[SEP]")
         ax.plot(part["layer"] + 1, part["mean_abs_grad"], color=colour, ls=ls, marker="o", ms=3, label=label)
-    n_layers = int(table["layer"].max()) + 1
+    n_layers = layer_count(table)
     _layer_axis(ax, n_layers)
     ax.set_yscale("log")
     ax.set_ylabel("mean |dL/d attention| (log scale)")

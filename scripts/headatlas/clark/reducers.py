@@ -21,7 +21,7 @@ from ..core.reduce import (
     stack_layers,
 )
 from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer, clean_maps, scratch
-from .clustering import js_sums, smoothed_cells
+from .clustering import js_sums, sample_heads, smoothed_cells
 from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
@@ -372,13 +372,16 @@ def _surface_frame(total: np.ndarray, count: np.ndarray, model: str, kind: str, 
 
 
 class JSResult(tuple):
-    """(D [L*H, L*H], sequences used, query tokens) of :class:`JSReducer`, with what combining shards needs:
-    ``limit`` (the reducer's n_sequences), ``first_index`` (records before the feed) and ``n_fed``
+    """(D [m, m], sequences used, query tokens) of :class:`JSReducer`, with ``heads`` (the layer-major index of
+    D's rows: every head, m = L*H, or the sample of ``max_heads``; None: every head) and what combining shards
+    needs: ``limit`` (the reducer's n_sequences), ``first_index`` (records before the feed) and ``n_fed``
     (sequences in the feed)."""
 
-    def __new__(cls, d, k: int, tokens: int, limit: int = 0, first_index: int = 0, n_fed: int | None = None):
+    def __new__(cls, d, k: int, tokens: int, limit: int = 0, first_index: int = 0, n_fed: int | None = None,
+                heads: np.ndarray | None = None):  # fmt: skip
         out = super().__new__(cls, (d, int(k), int(tokens)))
         out.limit, out.first_index, out.n_fed = int(limit), int(first_index), int(k if n_fed is None else n_fed)
+        out.heads = None if heads is None else np.asarray(heads, dtype=np.int64)
         return out
 
 
@@ -387,7 +390,8 @@ class JSReducer(Reducer):
     ``n_sequences`` sequences in feed order: ``js_distance_matrix`` (tests/reference/clark.py)'s
     (D [L*H, L*H], sequences used, query tokens). The sequences are taken one by one (each has its own
     n), on the host with the reference's :func:`~headatlas.clark.clustering.js_sums`: only the first
-    ``n_sequences`` sequences' maps leave the device."""
+    ``n_sequences`` sequences' maps leave the device. Above ``max_heads`` heads, the heads of
+    :func:`~headatlas.clark.clustering.sample_heads` (``seed``) only: D [m, m] over them, their maps alone kept."""
 
     name = "clark_js"
     analysis = "clark_surface"
@@ -397,19 +401,29 @@ class JSReducer(Reducer):
     def from_settings(cls, settings: SurfaceSettings) -> "JSReducer":
         """The reducer of analysis.clark_surface's clustering settings (the plan and the rule script build it here)."""
         c = settings.clustering
-        return cls(c.n_segments, c.smoothing, c.max_elements)
+        return cls(c.n_segments, c.smoothing, c.max_elements, c.max_heads, c.seed)
 
-    def __init__(self, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000):
+    def __init__(self, n_sequences: int = 200, smoothing: float = 1e-3, max_elements: int = 1_000_000,
+                 max_heads: int | None = None, seed: int = 0):  # fmt: skip
         self.n_sequences, self.smoothing, self.max_elements = n_sequences, smoothing, max_elements
+        self.max_heads, self.seed = max_heads, seed
 
     def start(self, info) -> None:
         super().start(info)
         # the first n_sequences of the corpus: a shard that starts at record first_index takes what is left
         left = max(0, self.n_sequences - info.first_index)
         self.k_stop = min(left, info.n_sequences) if self.n_sequences else info.n_sequences
-        h = info.n_layers * info.n_heads
+        self.heads = sample_heads(info.n_layers, info.n_heads, self.max_heads, self.seed)
+        h = len(self.heads)
+        layer, head = np.divmod(self.heads, info.n_heads)
+        # per layer the sampled heads (None: every head, the maps as they come)
+        self.picks = None if h == info.n_layers * info.n_heads else [head[layer == i] for i in range(info.n_layers)]
         self.total = np.zeros((h, h))
         self.tokens = 0
+
+    def _pick(self, maps, layer: int):
+        """One layer's maps [b, H, n, n] -> those of its sampled heads."""
+        return maps if self.picks is None else maps[:, self.picks[layer]]
 
     def wants(self, batch: ReduceBatch) -> bool:
         return bool((batch.seq < self.k_stop).any())
@@ -419,7 +433,7 @@ class JSReducer(Reducer):
 
         wanted = np.flatnonzero(batch.seq < self.k_stop)
         if len(wanted):
-            self._add(torch.cat([a[wanted] for a in attn], dim=1), wanted, batch)
+            self._add(torch.cat([self._pick(a[wanted], i) for i, a in enumerate(attn)], dim=1), wanted, batch)
 
     def mapfree_needs(self, batch: ReduceBatch, causal: bool):
         return Needs()
@@ -435,13 +449,14 @@ class JSReducer(Reducer):
             return
         key = ("clark_js_rows", id(self))
         kept = batch.memo(key, dict)
-        kept[layer] = view.rows(seqs=wanted)
+        kept[layer] = self._pick(view.rows(seqs=wanted), layer)
         if len(kept) == self.info.n_layers:
             batch.forget(key)
             self._add(torch.cat([kept[i] for i in range(self.info.n_layers)], dim=1), wanted, batch)
 
     def _add(self, stacked, wanted: np.ndarray, batch: ReduceBatch) -> None:
-        """The JS sums of the ``wanted`` sequences' maps ``stacked`` [len(wanted), L*H, n, n] (layer-major)."""
+        """The JS sums of the ``wanted`` sequences' maps ``stacked`` [len(wanted), m, n, n] (the heads of
+        ``self.heads``, layer-major)."""
         for i, b in enumerate(wanted):  # per sequence: each has its own length and its own JS sum
             n = int(batch.lengths[b])
             maps = stacked[i, :, :n, :n].float().cpu().numpy()
@@ -452,15 +467,28 @@ class JSReducer(Reducer):
 
     def result(self) -> JSResult:
         return JSResult(
-            self.total, self.k_stop, self.tokens, self.n_sequences, self.info.first_index, self.info.n_sequences
-        )
+            self.total, self.k_stop, self.tokens, self.n_sequences, self.info.first_index, self.info.n_sequences,
+            self.heads,
+        )  # fmt: skip
 
     def params(self) -> dict:
+        """(max_heads and seed are checked through the heads they sample: :meth:`heads_of`.)"""
         return {
             "n_sequences": int(self.n_sequences),
             "smoothing": float(self.smoothing),
             "max_elements": int(self.max_elements),
         }
+
+    def heads_of(self, result: JSResult, n_layers: int, n_heads: int) -> np.ndarray:
+        """The heads of ``result``'s rows, checked against this reducer's sample of an L x H model (a reduction
+        stored under another max_heads or seed is an error that says to rerun)."""
+        got, want = _heads(result), sample_heads(n_layers, n_heads, self.max_heads, self.seed)
+        if not np.array_equal(got, want):
+            raise ReduceError(
+                f"{self.name}: the stored distances are over {len(got)} heads, but clustering.max_heads "
+                f"{self.max_heads} with seed {self.seed} samples {len(want)} (other heads); rerun the extraction"
+            )
+        return got
 
     def to_arrays(self, result: JSResult) -> dict:
         return {
@@ -470,13 +498,14 @@ class JSReducer(Reducer):
             "limit": np.array(result.limit),
             "first_index": np.array(result.first_index),
             "n_fed": np.array(result.n_fed),
+            **({} if result.heads is None else {"heads": result.heads}),
         }
 
     @classmethod
     def from_arrays(cls, arrays: dict) -> JSResult:
         return JSResult(
             arrays["distance"], int(arrays["n_sequences"]), int(arrays["tokens"]), int(arrays["limit"]),
-            int(arrays["first_index"]), int(arrays["n_fed"]),
+            int(arrays["first_index"]), int(arrays["n_fed"]), arrays.get("heads"),
         )  # fmt: skip
 
     @classmethod
@@ -492,8 +521,16 @@ class JSReducer(Reducer):
                     f"(records of an earlier shard were skipped as too long); extract this corpus in one shard or with overflow: truncate"
                 )
             before += p.n_fed
+            if not np.array_equal(_heads(p), _heads(parts[0])):
+                raise ReduceError(f"{cls.name}: shard {i} sampled other heads than shard 0 (max_heads, seed)")
         d = sum(p[0] for p in parts)
-        return JSResult(d, sum(p[1] for p in parts), sum(p[2] for p in parts), parts[0].limit, 0, before)
+        return JSResult(d, sum(p[1] for p in parts), sum(p[2] for p in parts), parts[0].limit, 0, before,
+                        parts[0].heads)  # fmt: skip
+
+
+def _heads(result: JSResult) -> np.ndarray:
+    """The layer-major heads of a result's rows (a result stored before ``heads`` existed: every head)."""
+    return np.arange(len(result[0])) if result.heads is None else result.heads
 
 
 def fused_plan(section: dict, corpus: str) -> list[Reducer]:

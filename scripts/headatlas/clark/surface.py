@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_NONE
+from ..core.io import layer_count
 from ..core.settings import Settings
 
 PUNCT = {".", ","}
@@ -71,6 +72,7 @@ class ClusteringSettings(Settings):
     n_segments: int = 200
     smoothing: float = 1e-3
     max_elements: int = 1_000_000
+    max_heads: int | None = 512
     mds_n_init: int = 5
     mds_max_iter: int = 1000
     mds_eps: float = 1e-10
@@ -227,7 +229,7 @@ def clark_headlines(
     early layers are taken at BERT-base's relative depth (see :func:`relative_layers`).
     """
     t = behaviour
-    n_layers = int(t["layer"].max()) + 1
+    n_layers = layer_count(t)
     decoder = (t.get("model_kind", pd.Series(["encoder"])) == "decoder").any()
     by_layer = t.groupby("layer")
     rows = []

@@ -13,7 +13,8 @@ working directory's ``results/``). Every failure names the config key.
 - :func:`model_corpora`, :func:`corpus_model`, :func:`helper_models`: who extracts what, with which settings;
 - :func:`check_packages`, :func:`check_models`, :func:`check_corpus_lengths`: every model's files and package, and
   every ``max_length`` (a model's, or a long corpus's ``tokens``) against the position limit of the model's
-  ``config.json`` where it is readable now (the others are checked when extraction loads them).
+  ``config.json`` where it is readable now (the others are checked when extraction loads them);
+  :func:`check_without_maps`: its ``maps: sample`` corpora against its model type's capabilities.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .inputs import bos_warning, local_model_config, model_files
+from .inputs import bos_warning, local_model_config, map_setting, model_files
 from .integrity import check_name
-from .models import ModelSpec, check_installed, check_max_length
+from .models import ARCHITECTURES, ModelError, ModelSpec, check_installed, check_max_length, without_maps
 
 DERIVED_SOURCES = ("finetuned", "random_init")  # sources that are another config model, changed by a rule
 # source kind -> the directory under results/models/ its own rule writes the model to
@@ -142,8 +143,9 @@ def check_packages(models: dict[str, dict]) -> None:
 
 def check_models(config: dict, models: dict[str, dict]) -> list[str]:
     """Every local model directory, package and GGUF file exists (else an error naming its path); max_length against
-    the position limit of every model whose config.json is readable now (a derived model against its base's).
-    Returns the warnings for decoders that get no BOS."""
+    the position limit of every model whose config.json is readable now (a derived model against its base's), and
+    its ``maps: sample`` corpora against its model type (:func:`check_without_maps`). Returns the warnings for
+    decoders that get no BOS."""
     past_last = config["extraction"]["rep_position"] == "past_last"
     warnings = []
     for name, m in models.items():
@@ -152,10 +154,30 @@ def check_models(config: dict, models: dict[str, dict]) -> list[str]:
         found = local_model_config(base)
         if found:
             check_max_length(ModelSpec.from_config(m), found[0], found[1], past_last)
+            check_without_maps(config, models, name, found[0].get("model_type", ""))
             warning = bos_warning(ModelSpec.from_config(m), found[0])
             if warning:
                 warnings.append(warning)
     return warnings
+
+
+def check_without_maps(config: dict, models: dict[str, dict], name: str, model_type: str) -> None:
+    """A ``maps: sample`` corpus of the model is reduced while the model runs (as is a ``maps: none`` one that an
+    analysis reduces, which its extraction checks); a model type whose row of
+    :data:`~headatlas.core.models.ARCHITECTURES` allows that on no attention path (extraction's ``attention``) is
+    an error naming the corpus's key."""
+    arch = ARCHITECTURES.get(model_type)
+    attention = config["extraction"].get("attention", "auto")  # the schema's default
+    why = None if arch is None else without_maps(arch, attention)  # an unknown type fails at load
+    for corpus in model_corpora(config, models, name) if why else ():
+        if map_setting(config["corpora"][corpus], f"corpora.{corpus}")[0] == "sample":
+            auto = attention != "auto" and without_maps(arch) is None
+            raise ModelError(
+                f"config key corpora.{corpus}.maps: sample on model {name!r} (model type {model_type!r}): its "
+                f"attention cannot be reduced without stored maps: {why}; set maps: full for this corpus"
+                + (" or extraction.attention: auto" if auto else "")
+                + " (docs/models.md 'Supported model types')"
+            )
 
 
 def check_corpus_lengths(config: dict, models: dict[str, dict]) -> None:

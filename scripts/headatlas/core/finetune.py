@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from .extract import length_batches
 from .integrity import check_target, replace_dir
 from .models import ModelError, ModelSpec, model_kind, resolve
 from .progress import progress
+from .settings import Settings, from_section, settings_params
 
 log = logging.getLogger("headatlas.core.finetune")
 
@@ -95,6 +97,26 @@ def length_bucketed_batches(
     return out[:steps]
 
 
+@dataclass(frozen=True, kw_only=True)
+class FinetuneSettings(Settings):
+    """The training settings of a ``finetune_tasks`` entry (workflow/schemas/config.schema.yaml); its files and
+    columns (``train``, ``dev``, ``text_columns``, ``label_column``) are read from the entry itself."""
+
+    SECTION = "finetune_tasks.NAME"
+
+    steps: int = 300
+    lr: float = 5e-5
+    batch_size: int = 32
+    max_length: int = 64
+    dev_limit: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def of_task(cls, task: dict) -> FinetuneSettings:
+        """From a whole task entry (with its ``name``, where the config gave one), errors naming its key path."""
+        return from_section(cls, settings_params(cls, task), key=f"finetune_tasks.{task.get('name', 'NAME')}")
+
+
 def finetune(
     base_spec: ModelSpec, base_dir: str | None, task: dict, out_dir: str, threads: int = 1, device: str | None = None
 ) -> dict:
@@ -107,14 +129,11 @@ def finetune(
     t0 = time.time()
     check_target(out_dir)  # before the training, not after it
     torch.set_num_threads(threads)
-    steps = int(task.get("steps", 300))
-    batch_size = int(task.get("batch_size", 32))
-    max_length = int(task.get("max_length", 64))
-    lr = float(task.get("lr", 5e-5))
-    seed = int(task.get("seed", 0))
+    ft = FinetuneSettings.of_task(task)
+    steps, batch_size, max_length, lr, seed = ft.steps, ft.batch_size, ft.max_length, ft.lr, ft.seed
     name = task.get("name", "task")
     train = tsv_records(task["train"], task["text_columns"], task["label_column"])
-    dev = tsv_records(task["dev"], task["text_columns"], task["label_column"])[: task.get("dev_limit") or None]
+    dev = tsv_records(task["dev"], task["text_columns"], task["label_column"])[: ft.dev_limit]
     labels = label_index(train, dev, task)
     to_id = {lab: i for i, lab in enumerate(labels)}
     y_train = np.array([to_id[r.label] for r in train])

@@ -1,5 +1,5 @@
 """Atomic file output: write under a temporary name, rename when complete (and seal: core.integrity); the TSV
-writer."""
+writer; the readers of a table's shape and of its boolean columns."""
 
 from __future__ import annotations
 
@@ -30,7 +30,34 @@ def atomic_path(path: str | Path, sealed: bool | None = None):
 
 def head_shape(table) -> tuple[int, int]:
     """(layers, heads) of a per-head table with 0-based ``layer`` and ``head`` columns."""
-    return int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    return layer_count(table), int(table["head"].max()) + 1
+
+
+def layer_count(table) -> int:
+    """The number of layers of a table with a 0-based ``layer`` column (per head or per layer)."""
+    return int(table["layer"].max()) + 1
+
+
+def flags(values, na: bool | None = False):
+    """A column of booleans as read back from a TSV, as booleans: ``True``, the string ``"True"`` and the
+    number 1 are true; ``False``, ``"False"``, 0 and any other value false; a missing value (an empty cell:
+    NaN, None, NA) is ``na``, or stays missing with ``na=None``. ``values``: a pandas Series, an array, a list
+    or one value. Returns a numpy bool array, with ``na=None`` a pandas "boolean" array; for one value, a
+    bool (or ``pd.NA``)."""
+    import numpy as np
+    import pandas as pd
+
+    if np.ndim(values) == 0:
+        one = flags(pd.Series([values], dtype=object), na)
+        return one[0] if na is None else bool(one[0])
+    s = values if isinstance(values, pd.Series) else pd.Series(values)
+    missing = s.isna().to_numpy(bool)
+    v = s.to_numpy(object).copy()
+    v[missing] = False
+    true = (v.astype(str) == "True") | (v == 1)
+    if na is None:
+        return pd.arrays.BooleanArray(true & ~missing, missing)
+    return np.where(missing, bool(na), true)
 
 
 def write_tsv(table, path: str | Path, float_format: str | None = "%.6g", na_rep: str = "") -> None:

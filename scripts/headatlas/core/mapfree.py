@@ -28,8 +28,8 @@ with ``set_attn_implementation`` while a :class:`MapFreeFeed` is open and back t
 A reducer has a map-free form when it defines ``mapfree_needs(batch, causal) -> Needs`` and
 ``update_free(layer, view: FreeLayer, batch)``; one that needs whole rows says why in ``full_rows``.
 :func:`plan_feed` picks the map-free feed when every reducer has a map-free form and the model type's score is
-bilinear (:func:`mapfree_support`), else the eager :class:`~headatlas.core.reduce.FusedFeed` (the reference);
-:func:`headatlas.core.reduce.open_feed` opens the one it picks and says which and why once in the log.
+bilinear (:func:`mapfree_support`: the ``mapfree`` field of its row of ``core.models.ARCHITECTURES``), else the
+eager :class:`~headatlas.core.reduce.FusedFeed` (the reference); :func:`headatlas.core.reduce.open_feed` opens the one it picks and says which and why once in the log.
 """
 
 from __future__ import annotations
@@ -60,37 +60,19 @@ log = logging.getLogger(__name__)
 
 MAPFREE = "headatlas_mapfree"  # the attention implementation's name in transformers' registries
 
-# model type -> why its statistics cannot be computed map-free (every other type of core.models.ARCHITECTURES can)
-NOT_MAPFREE = {
-    "deberta": "disentangled relative-position scores, not in transformers' attention functions",
-    "deberta-v2": "disentangled relative-position scores, not in transformers' attention functions",
-    "mpnet": "relative-position bucket bias added to the scores",
-    "openai-gpt": "attention not in transformers' attention functions",
-    "gemma2": "logit soft-capping and sliding-window layers",
-    "gemma3_text": "sliding-window layers",
-}
-
 
 def mapfree_support(config, longest: int = 0) -> str | None:
-    """None when a model of ``config`` can go map-free on sequences of up to ``longest`` tokens, else why not."""
-    mt = getattr(config, "model_type", "")
-    if mt in NOT_MAPFREE:
-        return NOT_MAPFREE[mt]
+    """None when a model of ``config`` can go map-free on sequences of up to ``longest`` tokens, else why not (the
+    model type's ``mapfree`` in :data:`~headatlas.core.models.ARCHITECTURES`, then this config's options)."""
+    arch = ARCHITECTURES.get(getattr(config, "model_type", ""))
+    if arch is not None and arch.mapfree is not None:
+        return arch.mapfree.why
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return "logit soft-capping"
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) and int(window) < longest:
         return f"sliding window of {window} tokens, shorter than the longest sequence ({longest})"
     return None
-
-
-def mapfree_markdown() -> str:
-    """The map-free column of the architecture table (docs/mapfree.md; tests/test_mapfree.py checks both)."""
-    lines = ["| model type | map-free |", "|---|---|"]
-    for mt in ARCHITECTURES:
-        why = NOT_MAPFREE.get(mt)
-        lines.append(f"| `{mt}` | {'yes' if why is None else 'no: ' + why} |")
-    return "\n".join(lines) + "\n"
 
 
 # --- the kernel ------------------------------------------------------------------------------------------------
@@ -998,10 +980,15 @@ PATHS = ("auto", "eager", "mapfree")
 
 def plan_feed(model, reducers: Sequence[Reducer], longest: int = 0, path: str = "auto") -> tuple[str, str]:
     """("mapfree" | "eager", why): the cheapest feed that serves every reducer on ``model`` (``path`` auto), or
-    the one asked for (``mapfree`` fails with the reason when it cannot serve them)."""
+    the one asked for (``mapfree`` fails with the reason when it cannot serve them; ``eager``, or auto falling back
+    to it, fails on a model type whose row of :data:`~headatlas.core.models.ARCHITECTURES` says it is not fusable)."""
     if path not in PATHS:
         raise ValueError(f"attention path must be one of {PATHS}, not {path!r}")
+    mt = getattr(model.config, "model_type", "")
+    arch = ARCHITECTURES.get(mt)
     if path == "eager":
+        if arch is not None and arch.fused is not None:
+            raise ModelError(f"model type {mt!r}: cannot be reduced fused ({arch.fused.why})")
         return "eager", "asked for"
     why = mapfree_support(model.config, longest)
     if why is None:
@@ -1015,7 +1002,13 @@ def plan_feed(model, reducers: Sequence[Reducer], longest: int = 0, path: str = 
     if why is None:
         return "mapfree", "every reducer has a map-free form"
     if path == "mapfree":
-        raise ModelError(f"model type {model.config.model_type}: cannot run map-free: {why}")
+        raise ModelError(f"model type {mt}: cannot run map-free: {why}")
+    if arch is not None and arch.fused is not None:
+        raise ModelError(
+            f"model type {mt!r}: its attention cannot be reduced while the model runs: not map-free ({why}) and not "
+            f"fusable ({arch.fused.why}); only analyses of stored maps (maps: full) read it (docs/models.md "
+            "'Supported model types')"
+        )
     return "eager", why
 
 

@@ -25,10 +25,12 @@ a missing package is an error that shows it.
 Models are always loaded with eager attention, the only implementation that returns
 attention probabilities.
 
-Which model types are supported, and where headatlas finds each one's parts, is ONE table:
-:data:`ARCHITECTURES` (one :class:`Architecture` row per transformers ``model_type``). Kind
-detection, the per-head output hook, the representation shapes, the BOS convention, the
-embeddings kept by random-init and the LM head of the gradient analysis all read it; a model
+Which model types are supported, where headatlas finds each one's parts and what it can do with
+each, is ONE table: :data:`ARCHITECTURES` (one :class:`Architecture` row per transformers
+``model_type``). Kind detection, the per-head output hook, the representation shapes, the BOS
+convention, the embeddings kept by random-init, the LM head of the gradient analysis, the map-free
+path (:mod:`headatlas.core.mapfree`), the fused reduction, the circuits' weight scores
+(:mod:`headatlas.circuits.weights`) and the generated table of docs/models.md all read it; a model
 type outside it fails at load with the list of supported types.
 """
 
@@ -57,6 +59,13 @@ class ModelError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class No:
+    """A capability a model type lacks (a field of :class:`Architecture`), and why."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class Architecture:
     """How headatlas reads one transformers model type. Module paths are those of the base
     model (``AutoModel``); a wrapper's prefix (``bert.``, ``model.``) is allowed in front."""
@@ -67,6 +76,8 @@ class Architecture:
     lm_head: (
         tuple[str, ...] | None
     )  # modules of the LM head in AutoModelForMaskedLM (encoders) / ForCausalLM (decoders); None: no such class
+    # the circuits' weight scores: the layout headatlas.circuits.weights reads (one of its LAYOUTS), or No(why)
+    weight_layout: str | No
     conv1d: bool = False  # projection weight stored [in, out] (GPT-2's Conv1D), not nn.Linear's [out, in]
     bos: bool = False  # decoders: bos_token 'auto' prepends a BOS (the tokenizer's, else config.<bos_field>)
     bos_field: str = "bos_token_id"
@@ -75,6 +86,12 @@ class Architecture:
     # models that declare no attention modules (_can_record_outputs): the self-attention module ({layer}) that
     # returns (output, probabilities) when called with output_attentions=True; fused reduction asks it alone
     attention: str | None = None
+    # capabilities, None = yes: the statistics without maps (core.mapfree: the score is a plain softmax of q.k, so
+    # q, k and the LSE give every reducer's sums), and the eager fused reduction (core.reduce.attention_modules:
+    # one attention module per layer hands its probabilities to the reducers); a corpus with `maps: sample` or
+    # `none` needs one of them (:func:`without_maps`)
+    mapfree: No | None = None
+    fused: No | None = None
 
     @property
     def rep_position(self) -> str:
@@ -92,28 +109,53 @@ _BERTLIKE = "encoder.layer.{layer}.attention.output.dense"
 _BERT_EMB = ("embeddings.word_embeddings", "embeddings.position_embeddings")
 _LLAMALIKE = "layers.{layer}.self_attn.o_proj"
 _GQA = "num_key_value_heads"
+_DISENTANGLED = No("disentangled relative-position scores, not in transformers' attention functions")
+_DEBERTA_MODULES = No("declares no attention modules and passes output_attentions positionally")
+_NOT_DESCRIBED = No("weight layout not described in circuits.weights")
 
-# model type -> where its parts are. Every row has a tiny random-weight test (tests/test_architectures.py)
-# through extraction, the per-head vectors and an analysis; docs/models.md "Supported model types" is checked against it.
+# model type -> where its parts are and what it can do. Every row has a tiny random-weight test
+# (tests/test_architectures.py) through extraction, the per-head vectors, an analysis and each capability it
+# claims or denies; docs/models.md "Supported model types" is checked against it.
 ARCHITECTURES: dict[str, Architecture] = {
-    "bert": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
-    "electra": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("generator_predictions", "generator_lm_head")),
-    "roberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("lm_head",)),
-    "xlm-roberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("lm_head",)),
-    "deberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
-    "deberta-v2": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",)),
+    "bert": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",), weight_layout="bert"),
+    "electra": Architecture(
+        "encoder", _BERTLIKE, _BERT_EMB, ("generator_predictions", "generator_lm_head"), weight_layout="bert"
+    ),
+    "roberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("lm_head",), weight_layout="bert"),
+    "xlm-roberta": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("lm_head",), weight_layout="bert"),
+    "deberta": Architecture(
+        "encoder",
+        _BERTLIKE,
+        _BERT_EMB,
+        ("cls.predictions",),
+        weight_layout=No("q, k, v fused in one in_proj; relative-position terms outside W_Q W_K^T"),
+        mapfree=_DISENTANGLED,
+        fused=_DEBERTA_MODULES,
+    ),
+    "deberta-v2": Architecture(
+        "encoder",
+        _BERTLIKE,
+        _BERT_EMB,
+        ("cls.predictions",),
+        weight_layout=No("relative-position terms outside W_Q W_K^T"),
+        mapfree=_DISENTANGLED,
+        fused=_DEBERTA_MODULES,
+    ),
     "mpnet": Architecture(
         "encoder",
         "encoder.layer.{layer}.attention.attn.o",
         _BERT_EMB,
         ("lm_head",),
         attention="encoder.layer.{layer}.attention.attn",
+        weight_layout=_NOT_DESCRIBED,
+        mapfree=No("relative-position bucket bias added to the scores"),
     ),
     "distilbert": Architecture(
         "encoder",
         "transformer.layer.{layer}.attention.out_lin",
         _BERT_EMB,
         ("vocab_transform", "vocab_layer_norm", "vocab_projector"),
+        weight_layout=_NOT_DESCRIBED,
     ),
     "albert": Architecture(
         "encoder",
@@ -121,8 +163,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         _BERT_EMB,
         ("predictions",),
         shared_layers=True,
+        weight_layout=_NOT_DESCRIBED,
+        fused=No("one attention module serves every layer of a group"),
     ),
-    "gpt2": Architecture("decoder", "h.{layer}.attn.c_proj", ("wte", "wpe"), ("lm_head",), conv1d=True, bos=True),
+    "gpt2": Architecture(
+        "decoder", "h.{layer}.attn.c_proj", ("wte", "wpe"), ("lm_head",), conv1d=True, bos=True, weight_layout="gpt2"
+    ),
     "openai-gpt": Architecture(
         "decoder",
         "h.{layer}.attn.c_proj",
@@ -130,38 +176,122 @@ ARCHITECTURES: dict[str, Architecture] = {
         ("lm_head",),
         conv1d=True,
         attention="h.{layer}.attn",
+        weight_layout=_NOT_DESCRIBED,
+        mapfree=No("attention not in transformers' attention functions"),
     ),
-    "gptj": Architecture("decoder", "h.{layer}.attn.out_proj", ("wte",), ("lm_head",), bos=True),
-    "gpt_neox": Architecture("decoder", "layers.{layer}.attention.dense", ("embed_in",), ("lm_head",), bos=True),
+    "gptj": Architecture(
+        "decoder", "h.{layer}.attn.out_proj", ("wte",), ("lm_head",), bos=True, weight_layout=_NOT_DESCRIBED
+    ),
+    "gpt_neox": Architecture(
+        "decoder", "layers.{layer}.attention.dense", ("embed_in",), ("lm_head",), bos=True, weight_layout=_NOT_DESCRIBED
+    ),
     "opt": Architecture(
         "decoder",
         "decoder.layers.{layer}.self_attn.out_proj",
         ("decoder.embed_tokens", "decoder.embed_positions"),
         ("lm_head",),
         bos=True,
+        weight_layout=_NOT_DESCRIBED,
     ),
     "phi": Architecture(
-        "decoder", "layers.{layer}.self_attn.dense", ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA
+        "decoder",
+        "layers.{layer}.self_attn.dense",
+        ("embed_tokens",),
+        ("lm_head",),
+        bos=True,
+        kv_heads_field=_GQA,
+        weight_layout=_NOT_DESCRIBED,
     ),
-    "llama": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
-    "mistral": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
-    "phi3": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
-    "gemma": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
-    "gemma2": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
-    "gemma3_text": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA),
-    "qwen2": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
-    "qwen3": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
-    "olmo": Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA),
+    "llama": Architecture(
+        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA, weight_layout="llama"
+    ),
+    "mistral": Architecture(
+        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA, weight_layout="llama"
+    ),
+    "phi3": Architecture(
+        "decoder",
+        _LLAMALIKE,
+        ("embed_tokens",),
+        ("lm_head",),
+        bos=True,
+        kv_heads_field=_GQA,
+        weight_layout=_NOT_DESCRIBED,
+    ),
+    "gemma": Architecture(
+        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA, weight_layout="llama"
+    ),
+    "gemma2": Architecture(
+        "decoder",
+        _LLAMALIKE,
+        ("embed_tokens",),
+        ("lm_head",),
+        bos=True,
+        kv_heads_field=_GQA,
+        weight_layout="llama",
+        mapfree=No("logit soft-capping and sliding-window layers"),
+    ),
+    "gemma3_text": Architecture(
+        "decoder",
+        _LLAMALIKE,
+        ("embed_tokens",),
+        ("lm_head",),
+        bos=True,
+        kv_heads_field=_GQA,
+        weight_layout="llama",
+        mapfree=No("sliding-window layers"),
+    ),
+    "qwen2": Architecture(
+        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA, weight_layout="llama"
+    ),
+    "qwen3": Architecture(
+        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA, weight_layout="llama"
+    ),
+    "olmo": Architecture(
+        "decoder",
+        _LLAMALIKE,
+        ("embed_tokens",),
+        ("lm_head",),
+        kv_heads_field=_GQA,
+        weight_layout=No("LayerNorm without weights, not the llama layout's RMSNorm"),
+    ),
 }
 
 
+def _can(capability: No | None) -> str:
+    return "yes" if capability is None else "no: " + capability.why
+
+
+def without_maps(arch: Architecture, attention: str = "auto") -> str | None:
+    """Why a corpus with ``maps: sample`` or ``none`` cannot be reduced on a model of this type when extraction's
+    ``attention`` is ``attention`` (auto | eager | mapfree); None when it can (map-free, else fused)."""
+    free = None if arch.mapfree is None else f"not map-free ({arch.mapfree.why})"
+    fused = None if arch.fused is None else f"not fusable ({arch.fused.why})"
+    if attention == "eager":
+        return fused
+    if attention == "mapfree":
+        return free
+    return f"{free} and {fused}" if free and fused else None
+
+
+def _maps_cell(arch: Architecture) -> str:
+    """The table's ``maps: sample`` / ``none`` cell: on which attention path such a corpus is reduced."""
+    if without_maps(arch):
+        return "no: keep `maps: full`"
+    if arch.fused is not None:
+        return "yes, map-free only (not with `attention: eager`)"
+    return "yes" if arch.mapfree is None else "yes, fused"
+
+
 def architecture_markdown() -> str:
-    """The README's table of supported model types (``tests/test_architectures.py`` checks the README against it)."""
+    """The table of supported model types in docs/models.md (``tests/test_architectures.py`` checks the doc against
+    it): one row per :data:`ARCHITECTURES` entry, one column per field and capability."""
     lines = [
-        "| model type | kind | per-head output projection | weight | representation | embeddings (kept by random-init) | LM head | BOS (`auto`) | KV heads |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model type | kind | per-head output projection | weight | representation | embeddings (kept by random-init) "
+        "| LM head | BOS (`auto`) | KV heads | map-free | fused | `maps: sample` / `none` | circuits' weight scores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mt, a in ARCHITECTURES.items():
+        layout = a.weight_layout
         cells = [
             f"`{mt}`",
             a.kind,
@@ -172,6 +302,10 @@ def architecture_markdown() -> str:
             ", ".join(f"`{h}`" for h in a.lm_head) if a.lm_head else "none",
             f"yes, `{a.bos_field}`" if a.bos else ("no" if a.kind == "decoder" else ""),
             f"`{a.kv_heads_field}`" if a.kv_heads_field else "",
+            _can(a.mapfree),
+            _can(a.fused),
+            _maps_cell(a),
+            f"yes, {layout} layout" if isinstance(layout, str) else "no: " + layout.why,
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

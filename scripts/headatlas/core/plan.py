@@ -26,6 +26,7 @@ import numpy as np
 
 from .config_checks import resolve_models, rule_model_dir
 from .corpora import build_corpus
+from .finetune import FinetuneSettings
 from .inputs import config_bases, corpus_build_spec, merge_config
 from .io import atomic_path
 from .models import ModelSpec, resolve
@@ -200,6 +201,7 @@ def _config_paths(name: str, source: dict, directory: Path):
 # --- corpora ---------------------------------------------------------------------------------------------
 
 TOKENS_PER_WORD = 1.35  # sub-word pieces per word, English text, BERT and BPE vocabularies (docs/plan.md)
+ICL_PAIR_TOKENS = 8.8  # tokens per demonstration of an ICL prompt (SmolLM2's 10-shot prompts: 97 tokens)
 SPECIAL_TOKENS = 2
 PROBING_SEQUENCES_PER_ITEM = 5.6  # probing corpus sequences per generator item (measured, quick config)
 
@@ -359,8 +361,10 @@ FAMILIES = {
     "probe": ["one", "LHprobe"],  # one probe per head and task: L*H*sentences*head_dim*epochs
     "ablation_exact": ["one", "P", "abl"],  # one forward per ablated head (or per checked head)
     "ablation": ["one", "P", "PTabl"],  # a few forwards per ablated set
-    "weights": ["one", "P", "LH2"],  # composition scores: (L*H)^2 * head_dim * d
+    "weights": ["one", "P", "LH2"],  # composition scores: Gram builds and head-pair products
     "forward_own": ["one", "P", "PT", "attn"],  # detectors, circuits: forwards on their own inputs
+    "forward_long": ["one", "P", "PT", "attn_free"],  # map-free or SDPA passes over long inputs
+    "icl": ["one", "P", "PT", "abl"],  # ICL prompts through the model, one patched forward per head (or checked)
     "summary": ["one", "LH"],  # tables, figures, pages
 }
 RULE_FAMILY = {
@@ -383,6 +387,11 @@ RULE_FAMILY = {
     "circuits_weights": "weights",
     "circuits_causal": "forward_own",
     "detectors": "forward_own",
+    "detectors_long": "forward_long",
+    "quiet": "forward_own",
+    "quiet_ablation": "ablation_exact",
+    "icl_heads": "icl",
+    "icl_exclusion": "ablation",
     "clark_gradients": "forward_own",
     "clark_syntax_probe": "reader",
 }
@@ -395,22 +404,61 @@ FEATURE_KEYS = {
     "P": "model size (loading the weights)",
     "PT": "tokens through the model: corpora.*.limit / n_segments, max_length",
     "attn": "tokens^2 per sequence: max_length, corpora.*.max_words / tokens",
+    "attn_free": "tokens^2 per long input (map-free or SDPA): corpora.*.tokens, analysis.circuits.long.lengths",
     "P_ft": "finetune_tasks.*.steps, batch_size, max_length",
     "W": "corpus size: corpora.*.limit / n_segments",
     "LH": "head count",
     "LHT": "heads x tokens (word-level values): corpora.*.limit, reps",
     "LHS2": "heads x tokens^2 (stored maps): corpora.*.maps, sample",
-    "LH2N": "(heads)^2 x sequences: analysis.clark_surface.clustering.n_segments",
+    "LH2N": "(heads)^2 x sequences: analysis.clark_surface.clustering.max_heads, n_segments",
     "LHprobe": "heads x probe sentences x head_dim x epochs: analysis.jomyaeng.generator.sizes, probe.max_epoch",
     "abl": "one forward per head: analysis.ablation.exact_max_heads, check_heads, lm_sequences, lm_max_tokens",
     "PTabl": "ablated sets: analysis.ablation.random_sets, pruning_fractions, lm_sequences",
-    "LH2": "(heads)^2 x head_dim x d: composition scores over all head pairs (analysis.circuits)",
+    "LH2": "composition's Gram builds and head-pair products: analysis.circuits.composition.max_layer_gap, memory_gb",
     "Pbytes": "the weights in memory: parameters x bytes of the model's dtype",
     "LHn2": "one sequence's maps: max_length (the ablations: lm_max_tokens)",
     "LHS2kept": "stored maps: corpora.*.maps, sample",
 }
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-FLOPS_PER_UNIT = {"PT": 2.0, "attn": 4.0, "abl": 2.0, "PTabl": 2.0, "LH2": 2.0, "P_ft": 6.0}
+FLOPS_PER_UNIT = {"PT": 2.0, "attn": 4.0, "attn_free": 4.0, "abl": 2.0, "PTabl": 2.0, "LH2": 2.0, "P_ft": 6.0}
+
+
+# seconds per multiply-add of composition's two loops, least squares over six Qwen2.5-Coder-1.5B runs
+# (benchmarks/bench_pairwise.py): Gram builds, and pair products (memory-bound; an upper bound for wider layers)
+GRAM_BUILD_S = 9.7e-11
+PAIR_PRODUCT_S = 8.0e-11
+
+
+def composition_counts(n_layers: int, n_heads: int, d_model: int, max_layer_gap: int | None, memory_gb: float) -> dict:
+    """Gram builds, scored pairs per mode, writer blocks and Gram GiB held of
+    :func:`headatlas.circuits.weights.composition` under its bounds, counted as it loops."""
+    gap = n_layers if max_layer_gap is None else int(max_layer_gap)
+    per = 2 * d_model * (d_model + 1)  # bytes of one head's float32 Gram triangle
+    hold = max(2, int(memory_gb * 2**30) // per)
+    n_read = min(n_heads, hold // 2)
+    n_write = hold - n_read
+    writers = (n_layers - 1) * n_heads
+    builds = blocks = 0
+    for w0 in range(0, writers, n_write):
+        w1 = min(w0 + n_write, writers)
+        lo, hi = w0 // n_heads, (w1 - 1) // n_heads
+        builds += (w1 - w0) + 3 * n_heads * (min(n_layers, hi + gap + 1) - lo - 1)
+        blocks += 1
+    apart = np.arange(1, n_layers)
+    pairs = int(((n_layers - apart) * (apart <= gap)).sum()) * n_heads**2
+    return {
+        "builds": builds,
+        "blocks": blocks,
+        "pairs": pairs,
+        "gram_gb": (min(n_write, writers) + n_read) * per / 2**30,
+    }
+
+
+def composition_work(counts: dict, d_model: int, d_head: int) -> float:
+    """Composition's work in pair-product multiply-adds: the Gram builds (D^2 d each, weighted by their measured
+    cost per multiply-add) and the 3 modes' pair products (D(D+1)/2 each)."""
+    builds = counts["builds"] * d_model**2 * d_head * GRAM_BUILD_S / PAIR_PRODUCT_S
+    return builds + 3 * counts["pairs"] * d_model * (d_model + 1) / 2
 
 
 def _section(cfg: dict, key: str) -> dict:
@@ -485,9 +533,14 @@ class Features:
         dtype = str(self.models[model].get("dtype", "float32"))
         f.update(Pbytes=s.params * DTYPE_BYTES.get(dtype, 4))
         f.update(P=s.params, LH=lh, PT=s.body_params * t, attn=lh * s.head_dim * s2, LHT=lh * t, LHS2=lh * s2)
-        f.update(LHn2=lh * longest**2, LHS2kept=lh * kept, LH2=lh**2 * s.head_dim * s.d_model)
+        comp = _section(self.cfg, "circuits").get("composition", {})
+        c = composition_counts(s.layers, s.heads, s.d_model, comp.get("max_layer_gap"), comp.get("memory_gb", 4.0))
+        f.update(LHn2=lh * longest**2, LHS2kept=lh * kept, LH2=composition_work(c, s.d_model, s.head_dim))
         cl = _section(self.cfg, "clark_surface").get("clustering", {})
-        f["LH2N"] = lh**2 * min(n, float(cl.get("n_segments", 200)))
+        js_heads = lh
+        if cl.get("max_heads", 512) is not None and lh > cl.get("max_heads", 512):  # a sample, as many per layer
+            js_heads = float(s.layers * max(2, int(cl.get("max_heads", 512)) // s.layers))
+        f["LH2N"] = js_heads**2 * min(n, float(cl.get("n_segments", 200)))
         jm = _section(self.cfg, "jomyaeng")
         f["LHprobe"] = lh * n * s.head_dim * float(jm.get("probe", {}).get("max_epoch", 200))
         t_abl = float(
@@ -507,34 +560,79 @@ class Features:
             if not task:
                 src = self.models[model].get("source", {}).get("finetuned", {})
                 task = self.cfg.get("finetune_tasks", {}).get(src.get("task", ""), {})
-            f["P_ft"] = s.params * task.get("steps", 300) * task.get("batch_size", 32) * task.get("max_length", 64)
-        if job.family_rule in ("detectors", "circuits_causal", "clark_gradients"):
-            f.update(self._own_inputs(job.family_rule, s, model))
+            ft = FinetuneSettings.of_task(task)
+            f["P_ft"] = s.params * ft.steps * ft.batch_size * ft.max_length
+        if job.family_rule in ("detectors", "circuits_causal", "clark_gradients", "quiet", "detectors_long"):
+            f.update(self._own_inputs(job.family_rule, s, model, corpus))
+        if job.family_rule == "quiet_ablation":
+            f["abl"] = self._quiet_ablation(s, model, logits)
+        if job.family_rule in ("icl_heads", "icl_exclusion"):
+            f.update(self._icl(job.family_rule, s, model, logits))
         return f
 
-    def _own_inputs(self, rule: str, s: Shape, model: str) -> dict[str, float]:
-        """Tokens the detectors, the circuits' causal tests and the gradients feed the model themselves."""
+    def _gpu(self, model: str) -> bool:
+        return self.models[model].get("device", "auto") not in ("cpu", "auto")
+
+    def _checked_forwards(self, s: Shape, model: str, section: dict) -> float:
+        """Forwards of exact patching: every head up to ``exact_max_heads`` on a CPU (a GPU: always), else the
+        per-layer check's heads (layers failing the check add theirs: not known before the run)."""
+        if s.cells <= section.get("exact_max_heads", 200) or self._gpu(model):
+            return float(s.cells)
+        return s.layers * section.get("check_heads", 4) + 4.0
+
+    def _quiet_ablation(self, s: Shape, model: str, logits: float) -> float:
+        q = _section(self.cfg, "quiet")
+        rows = min(int(q.get("ablation_sequences", 32)), int(q.get("n_sequences", 64)) * len(q.get("corpora", [])))
+        return self._checked_forwards(s, model, q) * logits * rows * float(q.get("length", 64))
+
+    def _icl(self, rule: str, s: Shape, model: str, logits: float) -> dict[str, float]:
+        """The ICL prompts' tokens (clean and corrupted, ICL_PAIR_TOKENS per demonstration) and the patched
+        forwards of rule icl_heads; the exclusion test's evaluations (intact, both sets, their random sets) of
+        the prompts and of its running text."""
+        c = _section(self.cfg, "icl")
+        prompts = len(c.get("tasks", [])) * int(c.get("n_prompts", 25))
+        prompt_tokens = prompts * (int(c.get("shots", 10)) + 1) * ICL_PAIR_TOKENS
+        if rule == "icl_heads":
+            return {"PT": s.body_params * 2 * prompt_tokens,
+                    "abl": self._checked_forwards(s, model, c) * s.body_params * prompt_tokens}  # fmt: skip
+        e = c.get("exclusion", {})
+        late = min(int(e.get("late", 500)), int(self.models[model].get("max_length", 512)) - 1)
+        text = int(e.get("n_texts", 16)) * (late + 1)
+        runs = 2 + 2 * (1 + int(e.get("random_sets", 10)))  # the means, intact, each set and its random sets
+        return {"PTabl": runs * (s.body_params * prompt_tokens + logits * text)}
+
+    def _own_inputs(self, rule: str, s: Shape, model: str, corpus: str | None = None) -> dict[str, float]:
+        """Tokens the detectors, the circuits' causal tests, the gradients and the quiet statistics feed the
+        model themselves. Long inputs (map-free passes, SDPA prompts) count in ``attn_free``, not ``attn``."""
         lengths: list[float] = []
+        long: list[float] = []
         if rule == "detectors":
             d = _section(self.cfg, "detectors")
             lengths = [2.0 * d.get("length", 64)] * int(d.get("n_sequences", 64))
         elif rule == "circuits_causal":
             c = _section(self.cfg, "circuits")
-            long = c.get("long", {})
-            lengths = (
-                [float(n) for n in long.get("lengths", [])] * len(long.get("depths", [])) * int(long.get("needles", 1))
-            )
+            lr = c.get("long", {})
+            long = [float(n) for n in lr.get("lengths", [])] * len(lr.get("depths", [])) * int(lr.get("needles", 1))
+            long += [2.0 * m for m in lr.get("block_lengths", [])] * int(lr.get("blocks", 1))  # repeated blocks
             ind = c.get("induction", {})
-            lengths += [64.0] * int(ind.get("n_sequences", 16)) * (1 + int(ind.get("random_sets", 10)))
+            lengths = [64.0] * int(ind.get("n_sequences", 16)) * (1 + int(ind.get("random_sets", 10)))
+        elif rule == "quiet":
+            q = _section(self.cfg, "quiet")
+            lengths = [float(q.get("length", 64))] * int(q.get("n_sequences", 64)) * len(q.get("corpora", []))
+        elif rule == "detectors_long":
+            n_seq = int(_section(self.cfg, "detectors").get("long", {}).get("n_sequences", 2))
+            if corpus in self.cfg["corpora"]:
+                long = [float(x) for x in self.stats(corpus).tokens(self._max_length(model, corpus))[:n_seq]]
         elif rule == "clark_gradients":
             g = _section(self.cfg, "clark_surface").get("gradients", {})
             max_len = float(self.models[model].get("max_length", 128))
             lengths = [min(max_len, 100 * TOKENS_PER_WORD)] * int(g.get("n_segments", 100))
-        arr = np.asarray(lengths, dtype=float)
+        arr, free = np.asarray(lengths, dtype=float), np.asarray(long, dtype=float)
         lh = float(s.cells)
         return {
-            "PT": s.body_params * arr.sum(),
+            "PT": s.body_params * (arr.sum() + free.sum()),
             "attn": lh * s.head_dim * (arr**2).sum(),
+            "attn_free": lh * s.head_dim * (free**2).sum(),
             "LHn2": lh * arr.max(initial=0) ** 2,
         }
 
@@ -845,14 +943,16 @@ def check_holdout(rows, held: set[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m headatlas.core.plan fit RUN_DIR:CONFIG ... [--hold-out MODELS]``: fit the cost model on finished
-    runs (and check it on the held-out models' jobs)."""
+    """``python -m headatlas.core.plan fit RUN_DIR:CONFIG[@MODELS] ... [--hold-out MODELS]``: fit the cost model on
+    finished runs (and check it on the held-out models' jobs)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m headatlas.core.plan")
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser(
-        "fit", help="fit on finished runs: RUN_DIR:CONFIGFILE[:SNAKEFILE] (CONFIGFILE relative to RUN_DIR)"
+        "fit",
+        help="fit on finished runs: RUN_DIR:CONFIGFILE[:SNAKEFILE][@MODEL,...] (CONFIGFILE relative to RUN_DIR; "
+        "@: only these models' jobs)",
     )
     f.add_argument("runs", nargs="+")
     f.add_argument("--out", default=str(COST_MODEL))
@@ -860,8 +960,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows, runs = [], []
     for run in args.runs:
-        directory, configfile, *snakefile = run.split(":")
+        run_spec, _, only = run.partition("@")
+        directory, configfile, *snakefile = run_spec.split(":")
         got = measured_rows(configfile, directory, snakefile[0] if snakefile else None)
+        if only:  # the jobs of these models only (the run's other jobs were measured under another config)
+            got = [r for r in got if r[0].model() in set(only.split(","))]
         rows += got
         runs.append({"directory": directory, "configfile": configfile, "jobs": len(got),
                      "models": sorted({j.model() for j, _, _ in got if j.model()})})  # fmt: skip

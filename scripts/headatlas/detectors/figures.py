@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from ..core.figures import save_figure  # noqa: E402
-from ..core.io import head_shape
+from ..core.io import flags, head_shape  # noqa: E402
 from .registry import REGISTRY  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def detector_figure(heads: pd.DataFrame, sinks: pd.DataFrame, model: str, png, s
         t = heads[(heads["detector"] == det) & (heads["input"] == main[det])].sort_values(["layer", "head"])
         grid = t["mean"].to_numpy(float).reshape(n_layers, n_heads)
         im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, origin="upper", aspect="equal")
-        sig = t["significant"].astype(str).eq("True").to_numpy().reshape(n_layers, n_heads)
+        sig = flags(t["significant"]).reshape(n_layers, n_heads)
         yy, xx = np.nonzero(sig)
         ax.plot(xx, yy, ".", color="white", markersize=3)
         groups = t["kv_group"].to_numpy().reshape(n_layers, n_heads)[0]

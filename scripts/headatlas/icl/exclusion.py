@@ -45,7 +45,6 @@ from ..core.figures import head_label
 from ..core.settings import Settings
 from .analysis import IclSettings, pooled, prepare_tasks
 from .figures import induction_scores
-from .patching import LAST_LOGITS
 
 log = logging.getLogger("headatlas.icl.exclusion")
 
@@ -130,7 +129,7 @@ class TokenLossEvaluation(Evaluation):
         early, late = self.positions
         logits = out.logits.float()
         if logits.shape[1] not in (2, targets.shape[1]):
-            raise RuntimeError(f"logits of {logits.shape[1]} positions: the model was set to the last logits only")
+            raise RuntimeError(f"logits of {logits.shape[1]} positions, not 2 or {targets.shape[1]}")
         if logits.shape[1] != 2:  # all positions (a model without logits_to_keep)
             logits = logits[:, [early - 1, late - 1]]
         lp = logits.log_softmax(-1)
@@ -160,8 +159,6 @@ def text_evaluation(model, tokenizer, bos, text: str, s: ExclusionSettings, posi
 
     import torch
 
-    if getattr(model, LAST_LOGITS, False):
-        raise RuntimeError("the token-loss evaluation must run before the ICL evaluations (last logits only)")
     early, late = positions
     n = late + 1
     records = wiki_long_segments(text, s.n_texts, n, seed)
@@ -273,7 +270,6 @@ def exclusion_table(model_name: str, loaded, pairs: dict, heads: pd.DataFrame, d
     flat = [sets[k]["set"] for k in SETS] + [d for k in SETS for d in draws[k]]
     masks = [head_mask(f, L, H) for f in flat]
     R = s.random_sets
-    # the text first: the ICL evaluations make the model compute the last logits only
     early, late = token_positions(s, max_tokens)
     if (early, late) != (s.early, s.late):
         log.warning("model %s: input length %d: tokens %d and %d in place of %d and %d", model_name, max_tokens,

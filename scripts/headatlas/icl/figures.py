@@ -6,11 +6,12 @@ import numpy as np
 import pandas as pd
 
 from ..core.figures import layer_head_axes, save_figure
+from ..core.io import flags, head_shape
 
 
 def grid(table: pd.DataFrame, value: str) -> np.ndarray:
     """A [layers, heads] array of ``value`` from a table with layer and head columns (NaN where absent)."""
-    L, H = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    L, H = head_shape(table)
     g = np.full((L, H), np.nan)
     g[table["layer"].to_numpy(int), table["head"].to_numpy(int)] = table[value].to_numpy(float)
     return g
@@ -20,7 +21,7 @@ def induction_scores(detectors: pd.DataFrame | None) -> pd.DataFrame | None:
     """The detectors' main induction row per head (layer, head, mean), or None without one."""
     if detectors is None:
         return None
-    d = detectors[(detectors["detector"] == "induction") & (detectors["main"].astype(str) == "True")]
+    d = detectors[(detectors["detector"] == "induction") & flags(detectors["main"])]
     return d[["layer", "head", "mean"]] if len(d) else None
 
 
@@ -33,7 +34,7 @@ def fv_figure(heads: pd.DataFrame, detectors: pd.DataFrame | None, model: str, p
     import matplotlib.pyplot as plt
 
     ind = induction_scores(detectors)
-    L, H = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    L, H = head_shape(heads)
     w = min(5.0, 1.2 + 0.35 * H)
     fig, axes = plt.subplots(1, 2, figsize=(2 * w + 1, min(9.0, 1.5 + 0.22 * L)), squeeze=False)
     ax = axes[0][0]
@@ -42,9 +43,9 @@ def fv_figure(heads: pd.DataFrame, detectors: pd.DataFrame | None, model: str, p
         m = max(float(np.nanmax(np.abs(aie))), 1e-9)
         im = ax.imshow(aie, cmap="RdBu_r", vmin=-m, vmax=m, aspect="auto")
         fig.colorbar(im, ax=ax, label="AIE (change in p(target), 0-1)")
-        top = heads[heads["top"].astype(str) == "True"]
+        top = heads[flags(heads["top"])]
         ax.scatter(top["head"], top["layer"], s=60, facecolors="none", edgecolors="k", linewidths=1, label="top-k")
-        sig = heads[heads["above_null"].astype(str) == "True"]
+        sig = heads[flags(heads["above_null"])]
         ax.scatter(sig["head"], sig["layer"], s=6, c="k", label="CI above the null")
         ax.legend(fontsize=6, loc="lower right")
         kinds = heads["kind"].value_counts().to_dict()

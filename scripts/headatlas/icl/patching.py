@@ -26,8 +26,6 @@ from ..ablation.patch import HeadPatch
 from ..ablation.tasks import Evaluation, stack_layers
 from ..core.device import input_device
 
-LAST_LOGITS = "_headatlas_last_logits_only"  # set on a model whose forward computes only the last position's logits
-
 
 @dataclass
 class TaskMeans:
@@ -76,10 +74,8 @@ class FVEvaluation(Evaluation):
         super().__post_init__()
         self.patch = LastPositionPatch(self.patch.modules, self.n_heads, self.patch.layers)
         self.values = None  # the TaskMeans that ``replacement`` hands to the ablation's tables
-        model = self.model
-        if "logits_to_keep" in inspect.signature(model.forward).parameters and not getattr(model, LAST_LOGITS, False):
-            model.register_forward_pre_hook(lambda m, a, kw: (a, dict(kw, logits_to_keep=1)), with_kwargs=True)
-            setattr(model, LAST_LOGITS, True)  # once per model: every evaluation of it needs the last logits only
+        if "logits_to_keep" in inspect.signature(self.model.forward).parameters:  # only the last logits are read
+            self.batches = [(dict(inputs, logits_to_keep=1), t, pos) for inputs, t, pos in self.batches]
 
     def _metrics(self, out, targets):
         logits = out.logits[:, -1].float()

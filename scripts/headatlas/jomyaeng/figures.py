@@ -11,7 +11,7 @@ from typing import Sequence
 
 import matplotlib
 
-from ..core.io import head_shape
+from ..core.io import head_shape, layer_count
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -129,7 +129,7 @@ def category_scatter(heads: pd.DataFrame, path, svg, model: str) -> None:
         save_figure(fig, path, svg)
         return
     fig, axes = plt.subplots(1, len(pairs), figsize=(4.3 * len(pairs) + 0.8, 4), squeeze=False)
-    L = int(cats["layer"].max()) + 1
+    L = layer_count(cats)
     for ax, (a, b) in zip(axes.flat, pairs):
         sc = ax.scatter(
             cats[a],
@@ -209,7 +209,7 @@ def layer_profile(heads: pd.DataFrame, layers: pd.DataFrame, path, svg, model: s
     """Where each task's information sits: per layer, the best head's test accuracy scaled to
     0..1 within the task (left) and the layer probe's (right); a dot marks the maximum."""
     tasks = [t for t in tasks if t in set(heads["task"])]
-    L = int(heads["layer"].max()) + 1
+    L = layer_count(heads)
     fig, axes = plt.subplots(
         1, 2, figsize=(2 * (2.5 + 0.22 * L) + 2.5, 1 + 0.36 * len(tasks)), squeeze=False, sharey=True
     )

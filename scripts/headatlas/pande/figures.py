@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.figures import head_label, layer_head_axes, layer_ticks, panel_columns, save_figure
-from ..core.io import head_shape
+from ..core.io import head_shape, layer_count
 from .roles import figure_order
 
 MODES = {"faithful": "significant_faithful", "fdr": "significant_fdr"}
@@ -225,7 +225,7 @@ def layer_figure(counts: pd.DataFrame, path: str | Path, svg: str | Path, model:
             ax.plot(
                 c["layer"] + jitter[role], c[mode], marker=marker, color=color, label=role, linewidth=1, markersize=4
             )
-        ax.set_xticks(*layer_ticks(int(counts["layer"].max()) + 1))  # a per-layer table: no head column
+        ax.set_xticks(*layer_ticks(layer_count(counts)))
         ax.set_xlabel("layer (1-based)")
         ax.set_ylim(-0.3, n_heads + 0.3)
         ax.set_title(MODE_TITLES[mode], fontsize=9)
@@ -375,7 +375,7 @@ def compare_roles_figure(
         ax.tick_params(labelsize=7)
     for ax in axes.ravel()[len(roles) :]:
         ax.axis("off")
-    n_layers = int(cmp["layer"].max()) + 1  # a per-layer table: no head column
+    n_layers = layer_count(cmp)
     for ax in axes.ravel():
         ax.set_xticks(*layer_ticks(n_layers))
     for ax in axes[-1]:
@@ -416,7 +416,7 @@ def compare_sep_figure(
     if not np.isfinite(before.loc[before["role"] == role, "mean"].to_numpy(dtype=float)).any():
         ax.text(0.5, 0.5, f"no {role} score: the inputs have no [SEP] token", transform=ax.transAxes, ha="center")
     ax.set_yscale("log")
-    ax.set_xticks(*layer_ticks(int(before["layer"].max()) + 1))
+    ax.set_xticks(*layer_ticks(layer_count(before)))
     ax.set_xlabel("layer (1-based)")
     ax.set_ylabel(f"mean {role} sieve score per head")
     ax.legend(fontsize=7, frameon=False)

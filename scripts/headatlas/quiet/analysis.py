@@ -11,7 +11,7 @@ zero-ablation runs the ablation package's batched exact head patching and its ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,7 @@ from ..ablation.tasks import token_evaluation
 from ..core.batching import pad_token
 from ..core.bootstrap import bootstrap_ci, resample_counts
 from ..core.figures import head_label
+from ..core.io import flags, head_shape
 from ..core.models import decoder_bos, lm_head_model, model_kind, resolve
 from ..core.reduce import fused_reduce
 from ..core.settings import Settings
@@ -53,6 +54,18 @@ class QuietSettings(Settings):
     bootstrap: int = 1000
     ci: float = 0.95
     seed: int = 0
+
+    # keys read by one model-running rule only (sink_massive_share: by rule quiet_heads only); each rule's params
+    # leave out the others', so changing a zero-ablation key reruns the zero-ablation and not the statistics
+    ZERO_ABLATION_KEYS = ("ablation_sequences", "exact_max_heads", "exact_max_rows", "check_heads", "check_seed",
+                          "on_check_fail")  # fmt: skip
+    STATISTICS_KEYS = ("positional_share", "massive_threshold", "massive_ratio")
+
+    @classmethod
+    def rule_keys(cls, rule: str) -> tuple[str, ...]:
+        """The config keys rule ``quiet`` or ``quiet_ablation`` reads."""
+        other = {"quiet": cls.ZERO_ABLATION_KEYS, "quiet_ablation": cls.STATISTICS_KEYS}[rule]
+        return tuple(f.name for f in fields(cls) if f.name not in other and f.name != "sink_massive_share")
 
     def __post_init__(self):
         if self.ablation_sequences == 1:
@@ -231,7 +244,7 @@ def sink_flags(stats: pd.DataFrame, detectors: pd.DataFrame | None, settings: Qu
     sink = stats[KEY].merge(d[KEY + ["above_threshold"]], on=KEY, how="left")["above_threshold"]
     if sink.isna().any():
         raise ValueError("detectors heads.tsv: no natural-text sink row for some heads; rebuild it")
-    sink = sink.map(lambda v: str(v) == "True").to_numpy()
+    sink = flags(sink)
     massive = stats["quiet_massive_first"].to_numpy() >= settings.sink_massive_share
     out["quiet_sink_after_massive"] = pd.array(np.where(sink, massive, pd.NA), dtype="boolean")
     out["quiet_sink_after_massive_kind"] = EXACT
@@ -314,7 +327,7 @@ def heads_table(
     """The rule's heads.tsv: stats.tsv with the sink flags (:func:`sink_flags`) and the ``quiet_zero_*`` columns of
     zero_ablation.tsv (:func:`zero_table`; None: the zero-ablation was not run, every head skipped)."""
     if zero is None:
-        n_layers, n_heads = int(stats["layer"].max()) + 1, int(stats["head"].max()) + 1
+        n_layers, n_heads = head_shape(stats)
         zero = skipped_zero(str(stats["model"].iloc[0]), n_layers, n_heads, "no zero-ablation table")
     cols = KEY + [c for c in zero.columns if c.startswith("quiet_zero_")]
     z = stats[KEY].merge(zero[cols], on=KEY, how="left", validate="one_to_one")

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..core.figures import layer_head_axes, save_figure  # noqa: E402
-from ..core.io import head_shape  # noqa: E402
+from ..core.io import flags, head_shape  # noqa: E402
 
 # column, title, colour map, colour bar label, the flag column marked with dots (or None)
 GRIDS = (
@@ -30,10 +30,6 @@ MARKS = {
 }
 
 
-def _flag(values: pd.Series) -> np.ndarray:
-    return values.map(lambda v: str(v) == "True").to_numpy()
-
-
 def quiet_figure(heads: pd.DataFrame, layers: pd.DataFrame, model: str, png, svg) -> None:
     n_layers, n_heads = head_shape(heads)
     h = heads.sort_values(["layer", "head"])
@@ -48,7 +44,7 @@ def quiet_figure(heads: pd.DataFrame, layers: pd.DataFrame, model: str, png, svg
         vmax = 1.0 if col in ("quiet_positional", "quiet_max_weight") else None
         im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=vmax, origin="upper", aspect="auto")
         if flag is not None and flag in h:
-            yy, xx = np.nonzero(_flag(h[flag]).reshape(n_layers, n_heads))
+            yy, xx = np.nonzero(flags(h[flag]).reshape(n_layers, n_heads))
             ax.plot(xx, yy, ".", color="white", markeredgecolor="black", markeredgewidth=0.3, markersize=4)
         layer_head_axes(ax, n_layers, n_heads, fontsize=5)
         ax.set_title(title, fontsize=6)
