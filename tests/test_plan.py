@@ -175,6 +175,11 @@ def test_features_of_the_icl_quiet_and_long_input_rules():
     assert circ["attn"] == 16 * 16 * 2 * 2 * 64**2  # the induction check's sequences only
     assert circ["attn_free"] == 16 * 16 * (2 * (100**2 + 400**2) + 3 * 100**2)
     assert circ["PT"] == 1e6 * (2 * 2 * 64 + 2 * 500 + 3 * 100) and circ["LHn2"] == 16 * 64**2
+    encoder = plan.Features(cfg, ".", {"a": Shape(4, 4, 4, 64, 16, 1e6, decoder=False)})
+    for rule in ("icl_heads", "icl_exclusion", "quiet_ablation"):  # skipped rows: start-up only
+        assert encoder.job(Job(rule, {"model": "a"})) == {"one": 1.0}
+    assert not plan.shape_from_config(plan.BUILTIN_SHAPES["google-bert/bert-base-uncased"]).decoder
+    assert plan.shape_from_config(plan.BUILTIN_SHAPES["qwen2.5-coder-0.5b"]).decoder
     feats._stats["long"] = plan.CorpusStats(3, [700, 700, 700])  # three segments; the detectors read two
     lengths = feats.stats("long").tokens(1000)[:2]
     long = feats.job(Job("detectors_long", {"model": "a", "corpus": "long"}))

