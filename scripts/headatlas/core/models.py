@@ -113,6 +113,13 @@ _DISENTANGLED = No("disentangled relative-position scores, not in transformers' 
 _DEBERTA_MODULES = No("declares no attention modules and passes output_attentions positionally")
 _NOT_DESCRIBED = No("weight layout not described in circuits.weights")
 
+
+def _llamalike(bos: bool = True, weight_layout: str | No = "llama", **capabilities) -> Architecture:
+    """A Llama-style decoder row: o_proj per layer, embed_tokens, lm_head, grouped KV heads."""
+    return Architecture("decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=bos, kv_heads_field=_GQA,
+                        weight_layout=weight_layout, **capabilities)  # fmt: skip
+
+
 # model type -> where its parts are and what it can do. Every row has a tiny random-weight test
 # (tests/test_architectures.py) through extraction, the per-head vectors, an analysis and each capability it
 # claims or denies; docs/models.md "Supported model types" is checked against it.
@@ -202,58 +209,15 @@ ARCHITECTURES: dict[str, Architecture] = {
         kv_heads_field=_GQA,
         weight_layout=_NOT_DESCRIBED,
     ),
-    "llama": Architecture(
-        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA, weight_layout="llama"
-    ),
-    "mistral": Architecture(
-        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA, weight_layout="llama"
-    ),
-    "phi3": Architecture(
-        "decoder",
-        _LLAMALIKE,
-        ("embed_tokens",),
-        ("lm_head",),
-        bos=True,
-        kv_heads_field=_GQA,
-        weight_layout=_NOT_DESCRIBED,
-    ),
-    "gemma": Architecture(
-        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), bos=True, kv_heads_field=_GQA, weight_layout="llama"
-    ),
-    "gemma2": Architecture(
-        "decoder",
-        _LLAMALIKE,
-        ("embed_tokens",),
-        ("lm_head",),
-        bos=True,
-        kv_heads_field=_GQA,
-        weight_layout="llama",
-        mapfree=No("logit soft-capping and sliding-window layers"),
-    ),
-    "gemma3_text": Architecture(
-        "decoder",
-        _LLAMALIKE,
-        ("embed_tokens",),
-        ("lm_head",),
-        bos=True,
-        kv_heads_field=_GQA,
-        weight_layout="llama",
-        mapfree=No("sliding-window layers"),
-    ),
-    "qwen2": Architecture(
-        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA, weight_layout="llama"
-    ),
-    "qwen3": Architecture(
-        "decoder", _LLAMALIKE, ("embed_tokens",), ("lm_head",), kv_heads_field=_GQA, weight_layout="llama"
-    ),
-    "olmo": Architecture(
-        "decoder",
-        _LLAMALIKE,
-        ("embed_tokens",),
-        ("lm_head",),
-        kv_heads_field=_GQA,
-        weight_layout=No("LayerNorm without weights, not the llama layout's RMSNorm"),
-    ),
+    "llama": _llamalike(),
+    "mistral": _llamalike(),
+    "phi3": _llamalike(weight_layout=_NOT_DESCRIBED),
+    "gemma": _llamalike(),
+    "gemma2": _llamalike(mapfree=No("logit soft-capping and sliding-window layers")),
+    "gemma3_text": _llamalike(mapfree=No("sliding-window layers")),
+    "qwen2": _llamalike(bos=False),
+    "qwen3": _llamalike(bos=False),
+    "olmo": _llamalike(bos=False, weight_layout=No("LayerNorm without weights, not the llama layout's RMSNorm")),
 }
 
 
