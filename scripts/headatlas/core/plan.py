@@ -550,9 +550,7 @@ class Features:
         t_abl = float(
             ab.get("lm_sequences", 16) * ab.get("lm_max_tokens", 36) + ab.get("classification_examples", 200) * 24
         )
-        # a CPU run (device auto on a machine without a GPU) ablates exactly up to exact_max_heads
-        exact = lh <= ab.get("exact_max_heads", 200) or self.models[model].get("device", "auto") not in ("cpu", "auto")
-        forwards = lh if exact else s.layers * ab.get("check_heads", 4) + 4.0
+        forwards = self._checked_forwards(s, model, ab)
         if job.family_rule == "ablation_exact":  # split into exact_jobs jobs
             forwards /= float(ab.get("exact_jobs", 2))
         logits = s.body_params + s.vocab * s.d_model  # the ablations score the next token: logits too
@@ -580,8 +578,9 @@ class Features:
         return self.models[model].get("device", "auto") not in ("cpu", "auto")
 
     def _checked_forwards(self, s: Shape, model: str, section: dict) -> float:
-        """Forwards of exact patching: every head up to ``exact_max_heads`` on a CPU (a GPU: always), else the
-        per-layer check's heads (layers failing the check add theirs: not known before the run)."""
+        """Forwards of exact ablation or patching: every head up to ``exact_max_heads`` on a CPU run (device auto on
+        a machine without a GPU; a GPU: always), else the per-layer check's heads (layers failing the check add
+        theirs: not known before the run)."""
         if s.cells <= section.get("exact_max_heads", 200) or self._gpu(model):
             return float(s.cells)
         return s.layers * section.get("check_heads", 4) + 4.0
