@@ -67,7 +67,7 @@ def test_every_figure_is_a_png_with_an_svg_beside_it(tmp_path, tiny_models):
 
 
 def test_rule_scripts_are_named_after_their_rules():
-    """Every rule's script is scripts/<rule>.py (docs/architecture.md), and every script of scripts/ has a rule."""
+    """Every rule's script is workflow/scripts/<rule>.py (docs/architecture.md), and every script there has a rule."""
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
@@ -78,9 +78,9 @@ def test_rule_scripts_are_named_after_their_rules():
             m = re.match(r"\s*rule (\w+):", line)
             if m:
                 rule = m.group(1)
-            m = re.search(r'"\.\./\.\./scripts/(\w+)\.py"', line)
+            m = re.search(r'"\.\./scripts/(\w+)\.py"', line)
             if m:
                 pairs.append((smk.name, rule, m.group(1)))
     assert len(pairs) > 40
     assert [p for p in pairs if p[1] != p[2]] == []
-    assert {p.stem for p in (repo / "scripts").glob("*.py")} == {p[2] for p in pairs}
+    assert {p.stem for p in (repo / "workflow" / "scripts").glob("*.py")} == {p[2] for p in pairs}

@@ -37,7 +37,7 @@ def test_rule_scripts_have_no_path_lines_noqa_or_own_tsv_writer():
     from conftest import REPO
 
     found = []
-    for script in sorted((REPO / "scripts").glob("*.py")):
+    for script in sorted((REPO / "workflow" / "scripts").glob("*.py")):
         text = script.read_text()
         found += [f"{script.name}: {s}" for s in ("sys.path", "# noqa", ".to_csv(") if s in text]
     assert not found, found

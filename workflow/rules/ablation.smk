@@ -27,7 +27,7 @@ rule ablation_exact:
         jobs=ABLATION["exact_jobs"],
         part=lambda wc: int(wc.part),
     script:
-        "../../scripts/ablation_exact.py"
+        "../scripts/ablation_exact.py"
 
 
 rule ablation_heads:
@@ -71,7 +71,7 @@ rule ablation_heads:
         task=ablation_task,
         ablation=ABLATION_SETTINGS,
     script:
-        "../../scripts/ablation_heads.py"
+        "../scripts/ablation_heads.py"
 
 
 rule ablation_roles:
@@ -113,4 +113,4 @@ rule ablation_roles:
         task=ablation_task,
         ablation=ABLATION_SETTINGS,
     script:
-        "../../scripts/ablation_roles.py"
+        "../scripts/ablation_roles.py"

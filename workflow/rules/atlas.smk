@@ -59,7 +59,7 @@ rule atlas:
     params:
         atlas=settings_params(AtlasSettings, ATLAS),
     script:
-        "../../scripts/atlas.py"
+        "../scripts/atlas.py"
 
 
 rule atlas_cross_model:
@@ -122,7 +122,7 @@ rule atlas_cross_model:
     params:
         models=ATLAS_MODELS,
     script:
-        "../../scripts/atlas_cross_model.py"
+        "../scripts/atlas_cross_model.py"
 
 
 rule atlas_page:
@@ -150,4 +150,4 @@ rule atlas_page:
         page=settings_params(PageSettings, ATLAS["page"]),
         sources=atlas_page_sources(),
     script:
-        "../../scripts/atlas_page.py"
+        "../scripts/atlas_page.py"

@@ -31,7 +31,7 @@ rule circuits_weights:
         circuits=settings_params(CircuitSettings, CIRCUITS),
         model=lambda wc: MODELS[wc.model],
     script:
-        "../../scripts/circuits_weights.py"
+        "../scripts/circuits_weights.py"
 
 
 rule circuits_causal:
@@ -82,7 +82,7 @@ rule circuits_causal:
         ),
         model=lambda wc: MODELS[wc.model],
     script:
-        "../../scripts/circuits_causal.py"
+        "../scripts/circuits_causal.py"
 
 
 rule circuits_model:
@@ -128,4 +128,4 @@ rule circuits_model:
     params:
         circuits=settings_params(CircuitSettings, CIRCUITS),
     script:
-        "../../scripts/circuits_model.py"
+        "../scripts/circuits_model.py"

@@ -78,7 +78,7 @@ rule clark_surface_stats:
     params:
         surface=settings_params(SurfaceSettings, CLARK, "smoothing"),
     script:
-        "../../scripts/clark_surface_stats.py"
+        "../scripts/clark_surface_stats.py"
 
 
 rule clark_behaviour:
@@ -112,7 +112,7 @@ rule clark_behaviour:
             "special_threshold",
         ),
     script:
-        "../../scripts/clark_behaviour.py"
+        "../scripts/clark_behaviour.py"
 
 
 rule clark_surface_figures:
@@ -150,7 +150,7 @@ rule clark_surface_figures:
     params:
         surface=settings_params(SurfaceSettings, CLARK, "broad_entropy"),
     script:
-        "../../scripts/clark_surface_figures.py"
+        "../scripts/clark_surface_figures.py"
 
 
 rule clark_gradients:
@@ -182,7 +182,7 @@ rule clark_gradients:
         overflow=lambda wc: CORPORA[wc.corpus].get("overflow", EXTRACTION["overflow"]),
         surface=settings_params(SurfaceSettings, CLARK, "gradients"),
     script:
-        "../../scripts/clark_gradients.py"
+        "../scripts/clark_gradients.py"
 
 
 rule clark_gradient_figure:
@@ -208,7 +208,7 @@ rule clark_gradient_figure:
         mem_mb=1000,
         runtime=5,
     script:
-        "../../scripts/clark_gradient_figure.py"
+        "../scripts/clark_gradient_figure.py"
 
 
 rule clark_js_distances:
@@ -237,7 +237,7 @@ rule clark_js_distances:
             "clustering.seed",
         ),
     script:
-        "../../scripts/clark_js_distances.py"
+        "../scripts/clark_js_distances.py"
 
 
 rule clark_mds:
@@ -292,7 +292,7 @@ rule clark_mds:
             "clustering.permutations",
         ),
     script:
-        "../../scripts/clark_mds.py"
+        "../scripts/clark_mds.py"
 
 
 rule clark_examples:
@@ -322,7 +322,7 @@ rule clark_examples:
     params:
         surface=settings_params(SurfaceSettings, CLARK, "examples"),
     script:
-        "../../scripts/clark_examples.py"
+        "../scripts/clark_examples.py"
 
 
 rule clark_headlines:
@@ -352,4 +352,4 @@ rule clark_headlines:
     params:
         surface=settings_params(SurfaceSettings, CLARK, "broad_entropy"),
     script:
-        "../../scripts/clark_headlines.py"
+        "../scripts/clark_headlines.py"

@@ -25,7 +25,7 @@ rule clark_syntax_relation_map:
         mem_mb=500,
         runtime=5,
     script:
-        "../../scripts/clark_syntax_relation_map.py"
+        "../scripts/clark_syntax_relation_map.py"
 
 
 rule clark_syntax_heads:
@@ -57,7 +57,7 @@ rule clark_syntax_heads:
         corpus=CLARK_SYNTAX["syntax_corpus"],
         heads=settings_params(HeadSettings, CLARK_SYNTAX),
     script:
-        "../../scripts/clark_syntax_heads.py"
+        "../scripts/clark_syntax_heads.py"
 
 
 rule clark_syntax_coref:
@@ -89,7 +89,7 @@ rule clark_syntax_coref:
         splits=CLARK_SYNTAX["coref_corpora"],
         coref=settings_params(CorefSettings, CLARK_SYNTAX),
     script:
-        "../../scripts/clark_syntax_coref.py"
+        "../scripts/clark_syntax_coref.py"
 
 
 rule clark_syntax_probe:
@@ -118,7 +118,7 @@ rule clark_syntax_probe:
         word_mode=CLARK_SYNTAX["word_mode"],
         probe=settings_params(ProbeSettings, CLARK_SYNTAX["probe"]),
     script:
-        "../../scripts/clark_syntax_probe.py"
+        "../scripts/clark_syntax_probe.py"
 
 
 rule clark_syntax_table3:
@@ -154,7 +154,7 @@ rule clark_syntax_table3:
     params:
         random_model=lambda wc: clark_random_model(wc.model),
     script:
-        "../../scripts/clark_syntax_table3.py"
+        "../scripts/clark_syntax_table3.py"
 
 
 rule clark_syntax_figures:
@@ -214,7 +214,7 @@ rule clark_syntax_figures:
         syntax_corpus=CLARK_SYNTAX["syntax_corpus"],
         coref_corpora=CLARK_SYNTAX["coref_corpora"],
     script:
-        "../../scripts/clark_syntax_figures.py"
+        "../scripts/clark_syntax_figures.py"
 
 
 rule clark_syntax_examples:
@@ -253,4 +253,4 @@ rule clark_syntax_examples:
         max_words=CLARK_SYNTAX["examples"]["max_words"],
         word_mode=CLARK_SYNTAX["word_mode"],
     script:
-        "../../scripts/clark_syntax_examples.py"
+        "../scripts/clark_syntax_examples.py"

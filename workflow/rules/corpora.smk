@@ -17,4 +17,4 @@ rule prepare_corpus:
     params:
         spec=lambda wc: corpus_build_spec(CORPORA[wc.corpus]),
     script:
-        "../../scripts/prepare_corpus.py"
+        "../scripts/prepare_corpus.py"

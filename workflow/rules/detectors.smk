@@ -81,7 +81,7 @@ rule detectors:
         model=lambda wc: MODELS[wc.model],
         corpora=lambda wc: analysis_corpora("detectors", wc.model),
     script:
-        "../../scripts/detectors.py"
+        "../scripts/detectors.py"
 
 
 rule detectors_figure:
@@ -108,7 +108,7 @@ rule detectors_figure:
         mem_mb=1000,
         runtime=5,
     script:
-        "../../scripts/detectors_figure.py"
+        "../scripts/detectors_figure.py"
 
 
 rule detectors_sinks_by_model:
@@ -136,7 +136,7 @@ rule detectors_sinks_by_model:
         mem_mb=1000,
         runtime=5,
     script:
-        "../../scripts/detectors_sinks_by_model.py"
+        "../scripts/detectors_sinks_by_model.py"
 
 
 # the same job on one long corpus: every input kind as long as its `tokens`, the model spec's max_length (checked
@@ -189,7 +189,7 @@ rule detectors_long:
         long=settings_params(LongDetectorSettings, DETECTORS["long"]),
         model=lambda wc: corpus_model(wc.model, wc.corpus),
     script:
-        "../../scripts/detectors_long.py"
+        "../scripts/detectors_long.py"
 
 
 rule detectors_long_figure:
@@ -216,4 +216,4 @@ rule detectors_long_figure:
         mem_mb=1000,
         runtime=5,
     script:
-        "../../scripts/detectors_long_figure.py"
+        "../scripts/detectors_long_figure.py"

@@ -31,7 +31,7 @@ if EXTRACTION["jobs"] == "corpus":
             shard=lambda wc: int(wc.shard),
             n_shards=lambda wc: int(wc.nshards),
         script:
-            "../../scripts/extract_attention.py"
+            "../scripts/extract_attention.py"
 
 else:
     for _model in MODELS:
@@ -75,4 +75,4 @@ else:
                 },
                 n_shards={c: n_shards(c) for c in _corpora},
             script:
-                "../../scripts/extract_attention.py"
+                "../scripts/extract_attention.py"

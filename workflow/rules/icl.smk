@@ -45,7 +45,7 @@ rule icl_heads:
         model=lambda wc: MODELS[wc.model],
         icl=ICL_SETTINGS,
     script:
-        "../../scripts/icl_heads.py"
+        "../scripts/icl_heads.py"
 
 
 rule icl_figure:
@@ -73,7 +73,7 @@ rule icl_figure:
     params:
         title=lambda wc: wc.model,
     script:
-        "../../scripts/icl_figure.py"
+        "../scripts/icl_figure.py"
 
 
 rule icl_agreement:
@@ -106,7 +106,7 @@ rule icl_agreement:
         bootstrap=ICL["bootstrap"],
         seed=ICL["seed"],
     script:
-        "../../scripts/icl_agreement.py"
+        "../scripts/icl_agreement.py"
 
 
 rule icl_exclusion:
@@ -140,4 +140,4 @@ rule icl_exclusion:
         icl=ICL_SETTINGS,
         exclusion=ICL_EXCLUSION,
     script:
-        "../../scripts/icl_exclusion.py"
+        "../scripts/icl_exclusion.py"

@@ -74,7 +74,7 @@ rule jomyaeng_probing_tasks:
         sources=JM["sources"],
         generator=settings_params(GeneratorConfig, JM["generator"]),
     script:
-        "../../scripts/jomyaeng_probing_tasks.py"
+        "../scripts/jomyaeng_probing_tasks.py"
 
 
 rule jomyaeng_downstream_tasks:
@@ -106,7 +106,7 @@ rule jomyaeng_downstream_tasks:
         tasks=JM["downstream"],
         seed=JM["downstream_seed"],
     script:
-        "../../scripts/jomyaeng_downstream_tasks.py"
+        "../scripts/jomyaeng_downstream_tasks.py"
 
 
 # Jo & Myaeng's probes: one job per model x task, or (probe_jobs: model) one job per model
@@ -151,7 +151,7 @@ if JM["probe_jobs"] == "task":
                 else JM["downstream"][wc.task]
             ),
         script:
-            "../../scripts/jomyaeng_probe.py"
+            "../scripts/jomyaeng_probe.py"
 
 else:
 
@@ -185,7 +185,7 @@ else:
                 for t in JM_TASKS
             },
         script:
-            "../../scripts/jomyaeng_probe.py"
+            "../scripts/jomyaeng_probe.py"
 
 
 rule jomyaeng_tables:
@@ -223,7 +223,7 @@ rule jomyaeng_tables:
     params:
         top=settings_params(TopNSettings, JM, "top_n"),
     script:
-        "../../scripts/jomyaeng_tables.py"
+        "../scripts/jomyaeng_tables.py"
 
 
 rule jomyaeng_figures:
@@ -258,7 +258,7 @@ rule jomyaeng_figures:
         probing=JM_PROBING,
         downstream=JM_DOWNSTREAM,
     script:
-        "../../scripts/jomyaeng_figures.py"
+        "../scripts/jomyaeng_figures.py"
 
 
 rule jomyaeng_summary:
@@ -284,4 +284,4 @@ rule jomyaeng_summary:
         mem_mb=1000,
         runtime=5,
     script:
-        "../../scripts/jomyaeng_summary.py"
+        "../scripts/jomyaeng_summary.py"

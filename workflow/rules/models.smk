@@ -17,7 +17,7 @@ rule cache_model:
     params:
         model=lambda wc: model_source(wc.model),
     script:
-        "../../scripts/cache_model.py"
+        "../scripts/cache_model.py"
 
 
 rule finetune_model:
@@ -40,7 +40,7 @@ rule finetune_model:
     params:
         finetune=finetune_params,
     script:
-        "../../scripts/finetune_model.py"
+        "../scripts/finetune_model.py"
 
 
 rule random_init_model:
@@ -62,7 +62,7 @@ rule random_init_model:
     params:
         random_init=random_init_params,
     script:
-        "../../scripts/random_init_model.py"
+        "../scripts/random_init_model.py"
 
 
 rule assemble_model:
@@ -82,4 +82,4 @@ rule assemble_model:
     params:
         model=lambda wc: model_source(wc.model),
     script:
-        "../../scripts/assemble_model.py"
+        "../scripts/assemble_model.py"

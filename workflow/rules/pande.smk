@@ -81,7 +81,7 @@ rule parse_corpus:
     params:
         parser=PANDE["parser"],
     script:
-        "../../scripts/parse_corpus.py"
+        "../scripts/parse_corpus.py"
 
 
 rule pande_scores:
@@ -104,7 +104,7 @@ rule pande_scores:
     params:
         sieves=settings_params(SieveSettings, PANDE),
     script:
-        "../../scripts/pande_scores.py"
+        "../scripts/pande_scores.py"
 
 
 rule pande_test:
@@ -144,7 +144,7 @@ rule pande_test:
     params:
         tests=settings_params(HypothesisSettings, PANDE),
     script:
-        "../../scripts/pande_test.py"
+        "../scripts/pande_test.py"
 
 
 rule pande_length:
@@ -180,7 +180,7 @@ rule pande_length:
         bins=PANDE["length_bins"],
         heads=PANDE["length_heads"],
     script:
-        "../../scripts/pande_length.py"
+        "../scripts/pande_length.py"
 
 
 rule pande_figures:
@@ -250,7 +250,7 @@ rule pande_figures:
     params:
         near_p=PANDE["near_p"],
     script:
-        "../../scripts/pande_figures.py"
+        "../scripts/pande_figures.py"
 
 
 rule pande_finetune_compare:
@@ -289,4 +289,4 @@ rule pande_finetune_compare:
         mem_mb=2000,
         runtime=10,
     script:
-        "../../scripts/pande_finetune_compare.py"
+        "../scripts/pande_finetune_compare.py"

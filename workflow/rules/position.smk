@@ -32,7 +32,7 @@ rule position_stats:
     params:
         position=settings_params(PositionSettings, POSITION),
     script:
-        "../../scripts/position_stats.py"
+        "../scripts/position_stats.py"
 
 
 rule position_figure:
@@ -54,4 +54,4 @@ rule position_figure:
     params:
         title=lambda wc: f"{wc.model} on {wc.corpus}",
     script:
-        "../../scripts/position_figure.py"
+        "../scripts/position_figure.py"

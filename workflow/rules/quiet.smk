@@ -36,7 +36,7 @@ rule quiet:
         model=lambda wc: MODELS[wc.model],
         corpora=lambda wc: analysis_corpora("quiet", wc.model),
     script:
-        "../../scripts/quiet.py"
+        "../scripts/quiet.py"
 
 
 rule quiet_ablation:
@@ -75,7 +75,7 @@ rule quiet_ablation:
         model=lambda wc: MODELS[wc.model],
         corpora=lambda wc: analysis_corpora("quiet", wc.model),
     script:
-        "../../scripts/quiet_ablation.py"
+        "../scripts/quiet_ablation.py"
 
 
 rule quiet_heads:
@@ -111,7 +111,7 @@ rule quiet_heads:
     params:
         quiet=settings_params(QuietSettings, QUIET),
     script:
-        "../../scripts/quiet_heads.py"
+        "../scripts/quiet_heads.py"
 
 
 rule quiet_figure:
@@ -140,4 +140,4 @@ rule quiet_figure:
         mem_mb=1000,
         runtime=5,
     script:
-        "../../scripts/quiet_figure.py"
+        "../scripts/quiet_figure.py"

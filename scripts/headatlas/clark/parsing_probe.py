@@ -415,7 +415,7 @@ def run_probes(
         sentences, n_layers * n_heads, glove.dim, hidden=settings.hidden, epochs=epochs, lr=settings.lr, seed=seed
     )
     n_train = len(train)
-    del train
+    train = None  # the training maps are not needed from here on
     log.info(
         "%s: trained %s on %d sentences x %d epochs in %.1f s; GloVe OOV rate %.3f",
         model,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,8 @@ from ..core.settings import Settings
 
 # torch is imported in the functions that use it: the TSV-only rules that import this module
 # (through jomyaeng.analysis) do not pay its start-up
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = ("train", "dev", "test")
 
