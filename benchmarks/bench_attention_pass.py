@@ -24,7 +24,7 @@ fastest (milliseconds):
   5), ``cpu_pass_columns`` the position column (and an encoder's two lower columns), and ``cpu_pass`` Clark's
   smoothed entropy (eps 1e-4): every statistic.
 
-Their equality with an explicit softmax is tested in tests/test_mapfree.py (``test_cpu_attention_pass``,
+Their equality with an explicit softmax is tested in tests/unit/core/test_mapfree.py (``test_cpu_attention_pass``,
 ``test_blocked_attention``).
 """
 

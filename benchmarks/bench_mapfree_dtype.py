@@ -23,7 +23,7 @@ EWT = Path("/work/shared/data/ud_english_ewt")
 def main(argv=None) -> int:
     import numpy as np
     import torch
-    from test_mapfree import REAL, mapfree_reducers
+    from unit.core.test_mapfree import REAL, mapfree_reducers
 
     from headatlas.core.corpora import read_conllu, sentence_records
     from headatlas.core.extract import tokenize_records

@@ -34,7 +34,7 @@ cat "$OUT/gpu.txt"
 
 t0=$SECONDS
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m cuda -rs --junitxml="$OUT/pytest_cuda.xml" \
-    tests/test_device.py tests/test_extract.py tests/test_gradients.py tests/test_reduce.py tests/test_mapfree.py > "$OUT/pytest_cuda.log" 2>&1
+    tests/unit/core/test_device.py tests/integration/test_extract.py tests/unit/clark/test_gradients.py tests/unit/core/test_reduce.py tests/unit/core/test_mapfree.py > "$OUT/pytest_cuda.log" 2>&1
 echo "pytest_rc=$? pytest_s=$((SECONDS - t0))" >> "$OUT/steps.txt"
 tail -3 "$OUT/pytest_cuda.log"
 

@@ -4,7 +4,7 @@
 #   bash scripts/lint.sh          # fix: ruff check --fix, ruff format, snakefmt
 #   bash scripts/lint.sh --check  # what CI runs (.ci/run): change nothing, fail on a finding
 # Formatting changes no output; prove it with the golden check afterwards:
-#   python -m pytest -q tests/test_golden.py
+#   python -m pytest -q tests/acceptance/test_golden.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

@@ -347,6 +347,6 @@ def bpe_tokenizer(tiny_loaded):
 def golden_results(tmp_path_factory):
     """results/ of one run of the golden tiny configuration (test_golden.run_tiny: every analysis), shared by
     the slow tests that read a whole run (the digests, stability, ablation, fused vs full, the atlas page)."""
-    from test_golden import run_tiny
+    from acceptance.test_golden import run_tiny
 
     return run_tiny(tmp_path_factory.mktemp("golden"))

@@ -22,7 +22,7 @@ from ..detectors.registry import REGISTRY as DETECTORS
 
 KEY = ["layer", "head"]
 # Pande's main roles in their order (the markers of the atlas grid, the cross-model panels): the registry's
-# pande.roles.main_roles(), copied because the atlas imports no paper package; tests/test_roles.py checks it
+# pande.roles.main_roles(), copied because the atlas imports no paper package; tests/unit/pande/test_roles.py checks it
 PANDE_ROLES_MAIN = ["local", "syntactic", "delimiter", "block"]
 # Jo & Myaeng's categories (syntactic_semantic_head_distribution.ipynb): surface is a sum there; we use means.
 JM_CATEGORIES = {

@@ -14,7 +14,7 @@ The cost grows with the square of the head count; above ``clustering.max_heads``
 the layer test are those of a seeded sample of heads, the same number from every layer (:func:`sample_heads`).
 Such a stratified sample gives every within-layer pair the same chance to be drawn, and every between-layer
 pair too, so the sample's mean within- and between-layer distances are unbiased for the means over every head
-(checked exactly in tests/test_clustering.py by enumerating the samples; their spread is in docs/plan.md).
+(checked exactly in tests/unit/clark/test_clustering.py by enumerating the samples; their spread is in docs/plan.md).
 """
 
 from __future__ import annotations

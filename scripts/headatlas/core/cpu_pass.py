@@ -5,7 +5,7 @@ the fused kernel returns) and every statistic's sums: the row entropy, the smoot
 (A.m)_i, lower columns sum_{j <= i} A_ij m_j and the attention to each query's target keys: what
 :func:`headatlas.core.mapfree.layer_attention` and :class:`~headatlas.core.mapfree.FreeLayer`'s targets and
 smoothed entropy compute with torch on every device, in one pass (2.6-4x faster on a CPU, docs/mapfree.md);
-tests/test_mapfree.py checks both against an explicit softmax.
+tests/unit/core/test_mapfree.py checks both against an explicit softmax.
 
 Opt-in by ``extraction.cpu_pass`` (auto: used where it loads; off: never, every layer takes
 :func:`headatlas.core.mapfree.layer_attention`, the same Python a GPU runs). The library is built with the

@@ -121,7 +121,7 @@ def _llamalike(bos: bool = True, weight_layout: str | No = "llama", **capabiliti
 
 
 # model type -> where its parts are and what it can do. Every row has a tiny random-weight test
-# (tests/test_architectures.py) through extraction, the per-head vectors, an analysis and each capability it
+# (tests/integration/test_architectures.py) through extraction, the per-head vectors, an analysis and each capability it
 # claims or denies; docs/models.md "Supported model types" is checked against it.
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture("encoder", _BERTLIKE, _BERT_EMB, ("cls.predictions",), weight_layout="bert"),
@@ -247,7 +247,7 @@ def _maps_cell(arch: Architecture) -> str:
 
 
 def architecture_markdown() -> str:
-    """The table of supported model types in docs/models.md (``tests/test_architectures.py`` checks the doc against
+    """The table of supported model types in docs/models.md (``tests/integration/test_architectures.py`` checks the doc against
     it): one row per :data:`ARCHITECTURES` entry, one column per field and capability."""
     lines = [
         "| model type | kind | per-head output projection | weight | representation | embeddings (kept by random-init) "

@@ -15,7 +15,7 @@ is no setting of the class is an error naming its config key path. ``settings_pa
 from a whole section: what a rule passes through ``params:`` (so there is no second list of keys in the rule
 files); ``Cls.pick(section)`` builds from a whole section that holds other readers' keys too. Defaults are
 written in the schema (``workflow/schemas/``); the field defaults are their copies for library callers, and
-``tests/test_settings.py`` checks that every one equals the schema's.
+``tests/unit/core/test_settings.py`` checks that every one equals the schema's.
 """
 
 from __future__ import annotations

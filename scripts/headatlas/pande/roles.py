@@ -15,7 +15,7 @@ the maps and without them (map-free):
 ``main`` is a role's place among the paper's four role families (1 first, 0: not one of them): the figures
 list the main roles first in that order, then the others in registry order. The atlas and the ablation, which
 may not import this package, keep their copy of the main roles (``atlas.analysis.PANDE_ROLES_MAIN``, the
-ablation's ``pande_roles`` default in its schema); tests/test_roles.py checks both against :func:`main_roles`.
+ablation's ``pande_roles`` default in its schema); tests/unit/pande/test_roles.py checks both against :func:`main_roles`.
 
 Adding a role whose sieve is one of these kinds is one entry here plus its docs (docs/architecture.md, "Add a
 Pande role"; docs/pande.md).

@@ -1,0 +1,1 @@
+"""Integration tests: tiny random models, the tiny workflow and its dry runs, runs across modules."""

@@ -1,0 +1,278 @@
+"""headatlas.core.plan: shapes, the dry-run job list, the non-negative fit (exact on synthetic cost records),
+predictions, the parse-time memory warning and ``headatlas plan`` on the tiny config."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from headatlas.core import plan
+from headatlas.core.plan import Job, Shape
+
+
+def test_shapes_of_known_configs():
+    """Parameter counts from the widths: Llama-3-8B 8.03e9 and 70B 70.55e9 (their model cards: 8.0B, 70.6B);
+    GPT-2 small 124.4M with its tied embeddings (position embeddings are not counted: 0.8M)."""
+    s8 = plan.shape_from_config(plan.BUILTIN_SHAPES["meta-llama/Meta-Llama-3-8B"])
+    assert (s8.layers, s8.heads, s8.kv_heads, s8.d_model, s8.head_dim) == (32, 32, 8, 4096, 128)
+    assert s8.params == pytest.approx(8.03e9, rel=2e-3)
+    assert s8.body_params == pytest.approx(8.03e9 - 2 * 128256 * 4096, rel=2e-3)  # without embeddings, output
+    s70 = plan.shape_from_config(plan.BUILTIN_SHAPES["meta-llama/Meta-Llama-3-70B"])
+    assert (s70.layers, s70.heads, s70.cells) == (80, 64, 5120)
+    assert s70.params == pytest.approx(70.55e9, rel=2e-3)
+    gpt2 = plan.shape_from_config({"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257})
+    assert gpt2.params == pytest.approx(123.5e6, rel=1e-3) and gpt2.head_dim == 64
+    assert plan.parse_shape("32,32,8,4096,8B") == Shape(32, 32, 8, 4096, 128, 8e9, 12 * 32 * 4096**2)
+    with pytest.raises(plan.PlanError, match="L,H,KV,d,P"):
+        plan.parse_shape("32,32")
+
+
+def test_model_shape_lookup_order(tmp_path):
+    """A hint first, then the config.json the workflow wrote, then the built-in table; a derived model has its
+    base's shape; an unknown model is an error that says how to give its shape."""
+    models = {
+        "llama": {"name": "llama", "source": {"hub": "meta-llama/Meta-Llama-3-8B"}},
+        "ft": {"name": "ft", "source": {"finetuned": {"base": "llama", "task": "sst2"}}},
+        "g": {"name": "g", "source": {"gguf": "x.gguf", "package": "p"}},
+        "odd": {"name": "odd", "source": {"hub": "someone/unknown"}},
+    }
+    assert plan.model_shape("ft", models, tmp_path).cells == 1024
+    hint = Shape(2, 2, 2, 8, 4, 100.0)
+    assert plan.model_shape("llama", models, tmp_path, {"llama": hint}) == hint
+    written = tmp_path / "results" / "models" / "gguf" / "g"
+    written.mkdir(parents=True)
+    (written / "config.json").write_text(json.dumps({"num_hidden_layers": 3, "num_attention_heads": 5,
+                                                     "hidden_size": 40, "vocab_size": 10}))  # fmt: skip
+    assert plan.model_shape("g", models, tmp_path).cells == 15
+    with pytest.raises(plan.PlanError, match="--shape odd=L,H,KV,d,P"):
+        plan.model_shape("odd", models, tmp_path)
+
+
+def _rows(coeffs: dict[str, dict[str, float]], n: int, seed: int = 0):
+    """Synthetic cost records: each rule's jobs with random features, their CPU-seconds exactly the sum of
+    ``coeffs[rule][feature] * feature``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for rule, c in coeffs.items():
+        for i in range(n):
+            feats = {k: float(rng.uniform(1, 100)) * (1e9 if k != "one" else 1 / 100) for k in plan.FAMILIES[
+                plan.family(rule)]}  # fmt: skip
+            feats["one"] = 1.0
+            cpu = sum(v * feats[k] for k, v in c.items())
+            job = Job(rule, {"model": f"m{i}"})
+            rows.append((job, feats, {"cpu_s": cpu, "peak_rss_bytes": 1e9 + feats.get("P", 0), "output_bytes": 0}))
+    return rows
+
+
+def test_fit_recovers_known_coefficients():
+    """Records that are exactly a non-negative sum of the family's features give back those coefficients, a
+    zero coefficient stays zero, and the prediction for a new job is exact."""
+    truth = {
+        "extract_attention": {"one": 3.0, "P": 0.0, "PT": 2e-9, "attn": 5e-10},
+        "ablation_exact": {"one": 1.5, "P": 1e-8, "abl": 3e-10},
+        "clark_js_distances": {"one": 0.7, "LH2N": 4e-9},
+    }
+    coeffs = plan.fit(_rows(truth, 12))
+    for rule, c in truth.items():
+        got = coeffs[rule]["cpu_s"]
+        for k, v in c.items():
+            assert got.get(k, 0.0) == pytest.approx(v, rel=1e-6, abs=1e-12), (rule, k)
+    assert coeffs["extract_attention"]["family"] == "forward" and coeffs["extract_attention"]["jobs"] == 12
+    (job, feats, meas), *_ = _rows(truth, 1, seed=7)
+    assert plan.predict(coeffs, job, feats)["cpu_s"] == pytest.approx(meas["cpu_s"], rel=1e-6)
+    assert plan.predict(coeffs, Job("never_measured"), {"one": 1.0})["cpu_s"] is None
+
+
+def test_holdout_check_is_exact_when_the_model_is():
+    truth = {"extract_attention": {"one": 3.0, "PT": 2e-9, "attn": 5e-10}}
+    rows = _rows(truth, 10)
+    check = plan.check_holdout(rows, {"m9"})
+    assert check["held_out"] == ["m9"] and check["total"]["error"] == pytest.approx(0.0, abs=1e-6)
+    assert check["rules"]["extract_attention"]["measured"] == pytest.approx(rows[9][2]["cpu_s"])
+
+
+def test_features_scale_as_the_formulas_say():
+    """Doubling the heads doubles the per-head terms and quadruples the head-pair terms; the exact ablation
+    runs one forward per head up to exact_max_heads, then L * check_heads + 4."""
+    cfg = {
+        "models": [
+            {"name": "a", "source": {"hub": "x/a"}, "max_length": 16},
+            {"name": "b", "source": {"hub": "x/b"}, "max_length": 16},
+        ],  # fmt: skip
+        "corpora": {"c": {"kind": "conllu", "path": "none"}},
+        "analysis": {
+            "ablation": {"exact_max_heads": 50, "check_heads": 2, "exact_jobs": 1},
+            "clark_surface": {"clustering": {}},
+        },
+    }
+    hints = {"a": Shape(4, 4, 4, 64, 16, 1e6), "b": Shape(4, 8, 8, 128, 16, 2e6)}
+    feats = plan.Features(cfg, ".", hints)
+    feats._stats["c"] = plan.CorpusStats(3, [4, 8, 100])  # lengths 8, 13 and 16 (cut at max_length) tokens
+    job = Job("clark_js_distances", {"model": "a", "corpus": "c"})
+    fa, fb = feats.job(job), feats.job(Job("clark_js_distances", {"model": "b", "corpus": "c"}))
+    assert fa["PT"] == 1e6 * (8 + 13 + 16) and fa["attn"] == 16 * 16 * (64 + 169 + 256)
+    assert fb["LHT"] == 2 * fa["LHT"] and fb["LH2N"] == 4 * fa["LH2N"] == 4 * 16**2 * 3
+    ta = 16 * 36 + 200 * 24
+    assert feats.job(Job("ablation_exact", {"model": "a"}))["abl"] == 16 * 1e6 * ta  # 16 heads <= 50: exact
+    assert feats.job(Job("ablation_exact", {"model": "b"}))["abl"] == 32 * 2e6 * ta
+    cfg["analysis"]["ablation"]["exact_jobs"] = 2  # the forwards split over two jobs
+    assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == 16 * 2e6 * ta
+    cfg["analysis"]["ablation"]["exact_jobs"] = 1
+    cfg["analysis"]["ablation"]["exact_max_heads"] = 20  # 32 heads > 20: checked estimates, L * check_heads + 4
+    assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == (4 * 2 + 4) * 2e6 * ta
+
+
+def test_features_of_the_icl_quiet_and_long_input_rules():
+    """By hand: the ICL prompts' tokens and patched forwards, the exclusion test's evaluations, the zero-ablation's
+    forwards, the quiet statistics' inputs, and long inputs (needles, repeated blocks, long corpora) counted in the
+    map-free term, never in the eager one."""
+    cfg = {
+        "models": [{"name": "a", "source": {"hub": "x/a"}, "max_length": 128}],
+        "corpora": {"long": {"kind": "wikitext_long", "path": "none", "tokens": 1000}},
+        "analysis": {
+            "icl": {
+                "tasks": ["t1", "t2"],
+                "n_prompts": 3,
+                "shots": 4,
+                "exact_max_heads": 50,
+                "check_heads": 2,
+                "exclusion": {"random_sets": 5, "n_texts": 2, "late": 500},
+            },  # fmt: skip
+            "quiet": {
+                "corpora": ["c1", "c2"],
+                "n_sequences": 10,
+                "length": 32,
+                "ablation_sequences": 8,
+                "exact_max_heads": 8,
+                "check_heads": 1,
+            },  # fmt: skip
+            "circuits": {
+                "long": {"lengths": [100, 400], "depths": [0.5], "needles": 2, "block_lengths": [50], "blocks": 3},
+                "induction": {"n_sequences": 2, "random_sets": 1},
+            },  # fmt: skip
+            "detectors": {"long": {"n_sequences": 2}},
+        },
+    }
+    shape = Shape(4, 4, 4, 64, 16, 1e6)  # 16 heads; no vocabulary: the logits cost nothing extra
+    feats = plan.Features(cfg, ".", {"a": shape})
+    tokens = 2 * 3 * (4 + 1) * plan.ICL_PAIR_TOKENS  # tasks x prompts x (shots + 1) demonstrations
+    icl = feats.job(Job("icl_heads", {"model": "a"}))
+    assert icl["PT"] == pytest.approx(1e6 * 2 * tokens) and icl["abl"] == pytest.approx(16 * 1e6 * tokens)
+    runs = 2 + 2 * (1 + 5)
+    late = 127  # token 500 cut to max_length - 1
+    assert feats.job(Job("icl_exclusion", {"model": "a"}))["PTabl"] == pytest.approx(
+        runs * (1e6 * tokens + 1e6 * 2 * (late + 1))
+    )
+    assert feats.job(Job("quiet_ablation", {"model": "a"}))["abl"] == (4 * 1 + 4) * 1e6 * 8 * 32  # 16 > 8 heads
+    quiet = feats.job(Job("quiet", {"model": "a"}))
+    assert quiet["PT"] == 1e6 * 2 * 10 * 32 and quiet["attn"] == 16 * 16 * 2 * 10 * 32**2 and quiet["attn_free"] == 0
+    circ = feats.job(Job("circuits_causal", {"model": "a"}))
+    assert circ["attn"] == 16 * 16 * 2 * 2 * 64**2  # the induction check's sequences only
+    assert circ["attn_free"] == 16 * 16 * (2 * (100**2 + 400**2) + 3 * 100**2)
+    assert circ["PT"] == 1e6 * (2 * 2 * 64 + 2 * 500 + 3 * 100) and circ["LHn2"] == 16 * 64**2
+    encoder = plan.Features(cfg, ".", {"a": Shape(4, 4, 4, 64, 16, 1e6, decoder=False)})
+    for rule in ("icl_heads", "icl_exclusion", "quiet_ablation"):  # skipped rows: start-up only
+        assert encoder.job(Job(rule, {"model": "a"})) == {"one": 1.0}
+    assert not plan.shape_from_config(plan.BUILTIN_SHAPES["google-bert/bert-base-uncased"]).decoder
+    assert plan.shape_from_config(plan.BUILTIN_SHAPES["qwen2.5-coder-0.5b"]).decoder
+    feats._stats["long"] = plan.CorpusStats(3, [700, 700, 700])  # three segments; the detectors read two
+    lengths = feats.stats("long").tokens(1000)[:2]
+    long = feats.job(Job("detectors_long", {"model": "a", "corpus": "long"}))
+    assert long["attn_free"] == pytest.approx(16 * 16 * (lengths**2).sum()) and long["PT"] == 1e6 * lengths.sum()
+
+
+def test_measured_reads_the_cost_record_then_the_benchmark(tmp_path):
+    job = Job("r", log="logs/r.log", benchmark="results/benchmarks/r.tsv", outputs=["out.bin"])
+    assert plan.measured(job, tmp_path) is None
+    (tmp_path / "results" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "results" / "benchmarks" / "r.tsv").write_text(
+        "s\th:m:s\tmax_rss\tcpu_time\n2.5\t0:00:02\t100.0\t4.0\n"
+    )
+    (tmp_path / "out.bin").write_bytes(b"x" * 10)
+    assert plan.measured(job, tmp_path) == {"cpu_s": 4.0, "peak_rss_bytes": 100 * 2**20, "output_bytes": 10.0,
+                                            "wall_s": 2.5}  # fmt: skip
+    (tmp_path / "logs").mkdir()
+    rec = {"cpu_s": 7.0, "peak_rss_bytes": 5.0, "output_bytes": 3.0, "wall_s": 8.0, "failed": None}
+    (tmp_path / "logs" / "r.log.cost.json").write_text(json.dumps(rec))
+    assert plan.measured(job, tmp_path)["cpu_s"] == 7.0
+    (tmp_path / "logs" / "r.log.cost.json").write_text(json.dumps(dict(rec, failed="ValueError")))
+    assert plan.measured(job, tmp_path) is None  # a failed job measures nothing
+
+
+def test_memory_warning_names_rule_and_both_numbers(tmp_path):
+    model = tmp_path / "cost.json"
+    model.write_text(json.dumps({"rules": {"extract_attention": {"peak_rss_bytes": {"one": 5e8, "Pbytes": 1.0}},
+                                           "atlas": {"peak_rss_bytes": {"one": 9e12}}}}))  # fmt: skip
+    cfg = {"models": [], "corpora": {}}
+    models = {"big": {"name": "big", "source": {"hub": "meta-llama/Meta-Llama-3-70B"}, "max_length": 128},
+              "small": {"name": "small", "source": {"hub": "openai-community/gpt2"}, "max_length": 128}}  # fmt: skip
+    warnings = plan.memory_warnings(cfg, models, limit_mb=24000, model_path=model)
+    assert len(warnings) == 1  # the 70B model's extraction; gpt2 fits; atlas runs no model
+    assert "rule extract_attention on model big" in warnings[0]
+    assert "282.7 GB exceeds the 24.0 GB" in warnings[0], warnings[0]
+    assert plan.memory_warnings(cfg, models, 24000, model_path=tmp_path / "none.json") == []
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_plan")
+    subprocess.run([sys.executable, str(REPO / "tests" / "tiny_workflow.py"), "build", str(out), "--limit", "3"],
+                   check=True, capture_output=True)  # fmt: skip
+    (out / "resources").symlink_to(REPO / "resources")
+    return out
+
+
+def test_cli_plan_on_the_tiny_config(tiny_run, tmp_path, capsys):
+    """Every job of the tiny config's dry run, each measured at 10 CPU-s: the fitted model predicts 10 s a job,
+    and `headatlas plan` prints each rule, the total (10 s x jobs) and what dominates."""
+    from headatlas.cli import main
+
+    config = str(tiny_run / "config.yaml")
+    cfg = plan.load_config(config)
+    jobs = plan.dry_run_jobs(config, tiny_run)
+    assert {"extract_attention", "ablation_exact", "clark_js_distances", "jomyaeng_probe"} <= {
+        j.family_rule for j in jobs}  # fmt: skip
+    feats = plan.Features(cfg, tiny_run)
+    rows = [(j, feats.job(j), {"cpu_s": 10.0, "peak_rss_bytes": 2e9, "output_bytes": 1e6}) for j in jobs]
+    cost = tmp_path / "cost.json"
+    plan.save_model(plan.fit(rows), [{"models": ["tinybert", "tinygpt2"]}], cost)
+    args = ["plan", "--configfile", config, "--directory", str(tiny_run), "--cost-model", str(cost)]
+    assert main(args + ["--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["total"]["jobs"] == len(jobs) and summary["total"]["unknown"] == 0
+    assert summary["total"]["cpu_s"] == pytest.approx(10.0 * len(jobs), rel=1e-6)
+    assert main(args + ["--cores", "2", "--memory", "1"]) == 0
+    text = capsys.readouterr().out
+    assert f"{len(jobs)} jobs" in text and "EXCEEDS 1 GB" in text and "dominated by:" in text
+    assert f"wall on 2 core(s): at least {10 * len(jobs) / 2 / 60:.1f} min" in text
+    assert main(["plan", "--configfile", str(tmp_path / "missing.yaml"), "--cost-model", str(cost)]) == 1
+
+
+def test_composition_and_js_bounds_in_the_features():
+    """Composition's work as it loops, by hand (3 layers x 2 heads: 4 writers, one block; 12 causal pairs, 8 at most
+    one layer apart), and the JS distances' head sample above ``clustering.max_heads`` (as many per layer)."""
+    c = plan.composition_counts(3, 2, 4, None, 4.0)
+    assert (c["builds"], c["blocks"], c["pairs"]) == (4 + 3 * 2 * 2, 1, 12)
+    assert plan.composition_counts(3, 2, 4, 1, 4.0)["pairs"] == 8
+    tight = plan.composition_counts(3, 2, 4, None, 1e-9)  # two Grams at a time: one writer per block
+    assert tight["blocks"] == 4 and tight["builds"] > c["builds"]
+    assert plan.composition_work(c, 4, 2) == pytest.approx(
+        16 * 4**2 * 2 * plan.GRAM_BUILD_S / plan.PAIR_PRODUCT_S + 3 * 12 * 4 * 5 / 2
+    )
+    cfg = {
+        "models": [{"name": "big", "source": {"hub": "x/big"}, "max_length": 16}],
+        "corpora": {"c": {"kind": "conllu", "path": "none"}},
+        "analysis": {
+            "clark_surface": {"clustering": {"max_heads": 512, "n_segments": 200}},
+            "circuits": {"composition": {"max_layer_gap": 2}},
+        },  # fmt: skip
+    }
+    feats = plan.Features(cfg, ".", {"big": Shape(10, 60, 60, 64, 8, 1e6)})  # 600 heads > 512
+    feats._stats["c"] = plan.CorpusStats(3, [4, 8, 100])
+    f = feats.job(Job("clark_js_distances", {"model": "big", "corpus": "c"}))
+    assert f["LH2N"] == (10 * 51) ** 2 * 3  # 51 heads per layer, 3 sequences
+    gap = plan.composition_counts(10, 60, 64, 2, 4.0)
+    assert f["LH2"] == plan.composition_work(gap, 64, 8)
