@@ -346,7 +346,7 @@ def bpe_tokenizer(tiny_loaded):
 @pytest.fixture(scope="session")
 def golden_results(tmp_path_factory):
     """results/ of one run of the golden tiny configuration (test_golden.run_tiny: every analysis), shared by
-    the slow tests that read a whole run (the digests, stability, ablation, fused vs full, the atlas page)."""
+    the slow tests that read a whole run (acceptance/: the digests, and test_golden_run.py)."""
     from acceptance.test_golden import run_tiny
 
     return run_tiny(tmp_path_factory.mktemp("golden"))

@@ -3,8 +3,8 @@
 tests/golden/tiny_outputs.json holds the sha256 of every TSV the tiny configuration writes: two random
 models through every analysis of the default config's ``analysis:`` block and the atlas (``run_tiny``).
 The same run is shared by the slow tests that read a whole run (conftest's ``golden_results``: these
-digests, the stability and ablation end-to-end checks, the fused-vs-full comparison, the atlas page in a
-browser), so the suite pays for one tiny run of every analysis. A refactoring must leave the digests
+digests, and test_golden_run.py: the atlas and stability end-to-end checks, the ablation rules, the fused-vs-full
+comparison, the atlas page in a browser, no clipped figure), so the suite pays for one tiny run of every analysis. A refactoring must leave the digests
 unchanged. When a change of outputs is intended (a tokenizer fix, a new column), refresh it on purpose and
 commit the new file with the change:
 

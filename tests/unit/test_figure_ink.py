@@ -154,11 +154,3 @@ def test_constrained_figures_keep_their_ink_inside(tmp_path, draw):
     draw(tmp_path / "f.png", tmp_path / "f.svg")
     assert edge_ink(tmp_path / "f.png") == [], f"{draw.__name__}: ink on the image edge (clipped)"
     assert (tmp_path / "f.svg").stat().st_size > 0
-
-
-@pytest.mark.slow  # reads the shared golden run of every analysis (conftest.golden_results)
-def test_no_figure_of_the_tiny_run_is_clipped(golden_results):
-    """Every PNG of the shared tiny run (every analysis) keeps its ink off the edge."""
-    pngs = list(golden_results.rglob("*.png"))
-    assert pngs
-    assert clipped_figures(golden_results) == {}

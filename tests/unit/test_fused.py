@@ -388,29 +388,6 @@ def _tables_close(a: Path, b: Path, skip: tuple[str, ...] = ()) -> list[str]:
     return problems
 
 
-@pytest.mark.slow
-def test_tiny_workflow_fused_gives_the_full_tables(tmp_path, golden_results):
-    """The tiny workflow's Clark surface and Pande with wiki reduced fused (maps: sample, 4 kept) and sick
-    (maps: none) give the tables of the golden run, which stores every map (the atlas excepted: the golden run's
-    has every analysis's columns)."""
-    from conftest import run_snakemake
-    from tiny_workflow import REPO, write_tiny
-
-    config = write_tiny(tmp_path, analyses=["clark_surface", "pande"], maps="config", sample=4)
-    (tmp_path / "resources").symlink_to(REPO / "resources")
-    env = {"PYTHONPATH": str(REPO / "scripts"), "HF_HUB_OFFLINE": "1"}
-    proc = run_snakemake(tmp_path, None, "--configfile", str(config), "--quiet", timeout=None, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = tmp_path / "results"
-    fused = results / "attention" / "tinygpt2" / "wiki" / "shard0of1"
-    assert (fused / "reduced" / "pande_sieves.h5").is_file() and (fused / "sample" / "manifest.json").is_file()
-    with AttentionStore(fused / "sample") as s:
-        assert len(s) == 4
-    assert not (results / "attention" / "tinygpt2" / "sick" / "shard0of1" / "sample").exists()
-    assert len(list((results / "pande").rglob("*.tsv"))) > 5 and len(list((results / "clark").rglob("*.tsv"))) > 5
-    assert _tables_close(results, golden_results, skip=("atlas",)) == []
-
-
 def test_empty_shard_combines(tiny_loaded, records, stores, tmp_path):
     """A shard without records (more shards than records) is a valid fused store that adds nothing."""
     run_extract(

@@ -570,29 +570,6 @@ def test_atlas_columns_never_show_an_unreliable_estimate():
     assert cols["ablation_lm_loss_effect_kind"].tolist() == kinds
 
 
-@pytest.mark.slow
-def test_tiny_workflow_ablation(golden_results):
-    """The real rules on the tiny workflow's models (the golden run, test_golden.run_tiny): heads, check,
-    roles, pruning and the atlas columns."""
-    res = golden_results
-    heads = pd.read_csv(res / "ablation/tinygpt2/heads.tsv", sep="\t")
-    lm = heads[heads["task"] == "lm"]
-    assert len(lm) == 8 and (lm["status"] == "ok").all()
-    bert = pd.read_csv(res / "ablation/tinybert/heads.tsv", sep="\t")
-    assert (bert["status"] == "skipped").all()
-    assert "no masked-LM head" in (res.parent / "logs/ablation_heads/tinybert.log").read_text()
-    roles = pd.read_csv(res / "ablation/tinygpt2/roles.tsv", sep="\t")
-    assert "status" in roles
-    atlas = pd.read_csv(res / "atlas/tinybert/atlas.tsv", sep="\t")
-    assert atlas["ablation_lm_loss_method"].str.startswith("skipped").all()
-    assert atlas["ablation_lm_loss_effect_kind"].str.startswith("skipped").all()
-    gpt = pd.read_csv(res / "atlas/tinygpt2/atlas.tsv", sep="\t")
-    assert (gpt["ablation_lm_loss_effect_kind"] == "exact").all()
-    assert (res / "ablation/tinygpt2/removable.tsv").is_file()
-    for m in ("tinybert", "tinygpt2"):
-        assert (res / f"ablation/{m}/pruning.svg").is_file()
-
-
 def test_atlas_figure_marks_estimates_and_never_draws_unreliable_values():
     import matplotlib
 

@@ -535,23 +535,6 @@ def test_damaged_sample_maps_are_logged_and_counted_on_the_page(run, caplog):
     assert facts["card"].startswith("1 example sentence left out"), facts
 
 
-@pytest.mark.slow
-def test_page_in_chromium_tiny_run(golden_results):
-    """The page of the tiny workflow run (the golden configuration) in headless Chromium."""
-    if CHROMIUM is None:
-        pytest.skip("no chromium on this machine (apt-get install -y chromium); CI installs it in .ci/run")
-    results = golden_results
-    html = results / "atlas" / "index.html"
-    assert html.is_file()
-    data = pg.read_embedded(html.read_text(encoding="utf-8"))
-    models = [m["model"] for m in data["models"]]
-    assert models and all(m["examples"]["sentences"] for m in data["models"]), [
-        m["examples"]["note"] for m in data["models"]
-    ]
-    (_artifacts() / "tiny_index.html").write_bytes(html.read_bytes())
-    drive_page(html, {m: results / "atlas" / m / "atlas.tsv" for m in models}, "tiny")
-
-
 FIREFOX = shutil.which("firefox-esr") or shutil.which("firefox")
 
 

@@ -380,36 +380,6 @@ def test_atlas_script_writes_well_formed_tables_with_nan(tmp_path):
 # --- end to end: the tiny models through every analysis of the default config ------------------
 
 
-@pytest.mark.slow
-def test_tiny_models_through_every_analysis(golden_results):
-    """clark_surface, pande, clark_syntax, jomyaeng and the atlas on the tiny BERT and GPT-2
-    (the default config's analysis block, corpora cut by tests/tiny_workflow.py), built from a checkout that
-    holds a finished run's results/ (files there that the tiny run must neither read nor depend on:
-    test_golden.run_tiny)."""
-    res = golden_results
-    for model in ("tinybert", "tinygpt2"):
-        atlas = pd.read_csv(res / "atlas" / model / "atlas.tsv", sep="\t")
-        assert len(atlas) == 2 * 4 and (atlas["model"] == model).all()
-        assert sorted(zip(atlas["layer"], atlas["head"])) == [(a, b) for a in range(2) for b in range(4)]
-        for col in ("clark_behaviour", "pande_local_effect", "pande_local_sig_fdr", "pande_local_stability_fdr", "pande_local_corpus_share_faithful",
-                    "syntax_all_accuracy", "probe_syntactic_mean_acc"):  # fmt: skip
-            assert col in atlas.columns, (model, col)
-        stab = atlas.filter(like="_stability_").to_numpy(dtype=float)
-        assert ((stab >= 0) & (stab <= 1) | np.isnan(stab)).all()
-        ag = pd.read_csv(res / "atlas" / model / "agreement.tsv", sep="\t")
-        assert len(ag) and ag["n_heads"].le(8).all()
-        ok = ag["ci_low"].notna()
-        assert (ag.loc[ok, "ci_low"] <= ag.loc[ok, "ci_high"]).all()
-        for f in ("atlas.png", "agreement.png", "profile.tsv", "relation_heads.tsv"):
-            assert (res / "atlas" / model / f).stat().st_size > 0
-        heads = pd.read_csv(res / "pande" / model / "heads.tsv", sep="\t")
-        assert list(heads.columns) == COLUMNS + STABILITY_COLUMNS
-        by_corpus = pd.read_csv(res / "pande" / model / "heads_by_corpus.tsv", sep="\t")
-        assert len(by_corpus) == len(heads) * by_corpus["corpus"].nunique() and by_corpus["corpus"].nunique() == 3
-        assert (res / "pande" / model / "length.png").stat().st_size > 0
-    assert [p for p in res.rglob("*") if ".tmp" in p.name] == []
-
-
 def test_config_keys_have_schema_defaults_and_reach_the_settings():
     import yaml
     from tiny_workflow import REPO
