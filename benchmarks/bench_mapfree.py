@@ -16,7 +16,7 @@ its fastest repetition:
 - ``eager``: the same forward with eager attention (the maps exist; the reference path runs it);
 - ``eager_fused``: :func:`headatlas.core.reduce.fused_reduce` on the eager path with every map-free reducer
   (position-bucket statistics, detectors);
-- ``free_targets``: the map-free path with the detectors only (a few target keys per query);
+- ``shared_targets``: the map-free path with the detectors only (a few target keys per query);
 - ``free_entropy``: the detectors and the row entropy;
 - ``free_all``: the map-free path with every map-free reducer (the targets, the entropy, the position column
   and for an encoder the two lower columns of the mean distance).
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_scaling import BOS, MODELS, WIKI, model_dir  # noqa: E402
 
-MODES = ("sdpa", "eager", "eager_fused", "free_targets", "free_entropy", "free_all")
+MODES = ("sdpa", "eager", "eager_fused", "shared_targets", "free_entropy", "free_all")
 
 
 def reducers(mode: str):
@@ -52,16 +52,16 @@ def reducers(mode: str):
     class EntropyPass(Reducer):  # the entropy pass alone (its result is discarded): the cost of one K pass
         name = "entropy_pass"
 
-        def mapfree_needs(self, batch, causal):
+        def layer_needs(self, batch, causal):
             return Needs(entropy=True)
 
-        def update_free(self, layer, view, batch):
+        def update(self, layer, view, batch):
             view.entropy()
 
         def result(self):
             return None
 
-    if mode == "free_targets":
+    if mode == "shared_targets":
         return [DetectorReducer()]
     if mode == "free_entropy":
         return [DetectorReducer(), EntropyPass()]

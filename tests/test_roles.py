@@ -18,8 +18,9 @@ from test_reduce import hand_batch
 from headatlas.ablation.analysis import AblationSettings
 from headatlas.atlas.analysis import PANDE_ROLES_MAIN
 from headatlas.atlas.figures import ROLE_MARKERS
+from headatlas.core.layer_view import feed_layer
 from headatlas.core.reduce import padded
-from headatlas.core.reducer import FeedInfo, ReduceError, feed_layer
+from headatlas.core.reducer import FeedInfo, ReduceError
 from headatlas.pande.figures import ordered_roles
 from headatlas.pande.reducers import SieveReducer
 from headatlas.pande.roles import (
