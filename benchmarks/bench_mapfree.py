@@ -52,10 +52,10 @@ def reducers(mode: str):
     class EntropyPass(Reducer):  # the entropy pass alone (its result is discarded): the cost of one K pass
         name = "entropy_pass"
 
-        def mapfree_needs(self, batch, causal):
+        def layer_needs(self, batch, causal):
             return Needs(entropy=True)
 
-        def update_free(self, layer, view, batch):
+        def update(self, layer, view, batch):
             view.entropy()
 
         def result(self):

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
-from headatlas.core.reducer import FeedInfo, ReduceBatch, feed_layer
+from headatlas.core.layer_view import feed_layer
+from headatlas.core.reducer import FeedInfo, ReduceBatch
 from headatlas.pande.reducers import SieveReducer
 from headatlas.pande.sieves import SieveSettings
 

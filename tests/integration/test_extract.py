@@ -10,16 +10,11 @@ import pytest
 from conftest import TINY_NAMES, tiny_spec
 
 from headatlas.core.align import bos_id, encode_record
+from headatlas.core.batching import length_batches, storage_windows
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS
-from headatlas.core.extract import (
-    ExtractSettings,
-    check_attentions,
-    extract,
-    length_batches,
-    shard_slice,
-    storage_windows,
-)
+from headatlas.core.extract import ExtractSettings, extract, shard_slice
 from headatlas.core.models import ModelError, ModelSpec, load, model_kind, resolve
+from headatlas.core.reduce import check_attentions
 from headatlas.core.store import AttentionStore
 
 DECODERS = {"gpt2", "llama"}

@@ -15,7 +15,7 @@ from headatlas.core.mapfree import plan_feed
 from headatlas.core.models import decoder_bos, model_kind
 from headatlas.core.reduce import fused_reduce
 from headatlas.detectors.reducers import DetectorReducer
-from headatlas.pande.reducers import SieveReducer, free_key_masses
+from headatlas.pande.reducers import SieveReducer, view_key_masses
 from headatlas.pande.sieves import SieveSettings
 from headatlas.position.reducers import PositionReducer
 
@@ -111,8 +111,8 @@ def test_sieves_share_one_feed(name, tiny_loaded, ewt_records):
     assert not np.allclose(np.nan_to_num(e[0]["scores"]), np.nan_to_num(e[2]["scores"]))  # the settings differ
 
 
-def test_free_key_masses_per_group():
-    """A [CLS] A [SEP] B [SEP] pair and a shorter single sentence: free_key_masses sums the attention to the
+def test_view_key_masses_per_group():
+    """A [CLS] A [SEP] B [SEP] pair and a shorter single sentence: view_key_masses sums the attention to the
     special tokens per group ([CLS]/BOS, [SEP]), each sequence its own."""
     from headatlas.core.mapfree import FreeLayer
     from headatlas.core.reducer import ReduceBatch
@@ -128,7 +128,7 @@ def test_free_key_masses_per_group():
     lse = torch.logsumexp(s, -1)
     a = torch.nan_to_num(torch.softmax(s, -1)) * batch.masks("cpu", False)["valid"][:, None, :, None]
     view = FreeLayer(q, k, lse, 1.0, batch, False, {}, {}, None)
-    got = free_key_masses(view, batch)
+    got = view_key_masses(view, batch)
     cls = a[..., 0]
     sep = torch.stack([a[0, :, :, 3] + a[0, :, :, 5], a[1, :, :, 2]])
     torch.testing.assert_close(got, torch.stack([cls, sep], -1), rtol=0, atol=1e-6)

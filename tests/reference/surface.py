@@ -8,8 +8,13 @@ import pandas as pd
 
 from headatlas.clark.surface import STATS, punct_mask
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from headatlas.core.patterns import prev_token_score
 from headatlas.core.progress import progress
+
+
+def prev_token_score(maps: np.ndarray, n) -> np.ndarray:
+    """Clark's previous-token score of maps [..., n, n]: ``(1/n) sum_{i >= 1} maps[..., i, i-1]``."""
+    rows = np.arange(1, maps.shape[-1])
+    return maps[..., rows, rows - 1].sum(-1) / n
 
 
 def causal_allowed(n: int) -> np.ndarray:

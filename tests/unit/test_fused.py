@@ -256,7 +256,7 @@ class _Boom(Reducer):
     def __init__(self, where="update"):
         self.where = where
 
-    def update(self, layer, attn, batch):
+    def update(self, layer, view, batch):
         if self.where == "update" and layer == 1:
             raise ValueError("bad statistic")
 

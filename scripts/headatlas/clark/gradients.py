@@ -33,7 +33,7 @@ from ..core.device import input_device, job_device
 from ..core.extract import tokenize_records
 from ..core.models import (
     decoder_bos,
-    lm_head_model,  # noqa: F401  (moved to core: the ablation analysis loads it too)
+    lm_head_model,
     model_kind,
     resolve,
     word_embeddings,

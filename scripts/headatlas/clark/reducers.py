@@ -1,6 +1,7 @@
 """Clark et al.'s per-head statistics as reducers (:mod:`headatlas.core.reduce`): the same numbers as
 ``surface_table`` (tests/reference/surface.py) and ``js_distance_matrix`` (tests/reference/clark.py),
-computed on a padded ``[B, H, n, n]`` batch with masks, on the device where the attention is.
+computed from each layer's :class:`~headatlas.core.layer_view.LayerView` (maps or map-free) of a padded batch, on
+the device where the attention is.
 """
 
 from __future__ import annotations
@@ -11,69 +12,20 @@ import numpy as np
 import pandas as pd
 
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
-from ..core.mapfree import offset_target
-from ..core.patterns import prev_token_score, prev_token_score_free
-from ..core.reduce import (
-    cat_chunks,
-    check_layers_done,
-    key_masses,
-    map_chunks,
-    stack_layers,
-)
-from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer, clean_maps, scratch
+from ..core.layer_view import offset_target
+from ..core.patterns import prev_token_score
+from ..core.reduce import check_layers_done, stack_layers
+from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer
 from .clustering import js_sums, sample_heads, smoothed_cells
 from .surface import STATS, SurfaceSettings, punct_mask
 
 COL = {s: i for i, s in enumerate(STATS)}
 
 
-def batch_surface_stats(attn, batch: ReduceBatch, causal: bool, smoothing: float):
-    """[B, H, len(STATS)] float64 statistics of each sequence of a padded batch, NaN where undefined:
-    ``sequence_stats`` (tests/reference/surface.py) for every sequence at once.
-
-    Work on cells is done in float32 (the maps' precision; float64 doubles the time of the log on a CPU),
-    sums over a row or column are taken in float32 and everything after them in float64: the result differs
-    from the float64 reference by float32 rounding of row sums (about 1e-7). A decoder's attention above
-    the diagonal is taken as 0 (softmax gives exactly 0 there). It is :func:`surface_sums` (the passes over
-    the maps) followed by :func:`surface_from_sums` (the rest, on [B, H, n] sums)."""
-    f = _float_masks(batch, attn.device, causal, smoothing)
-    return surface_from_sums(surface_sums(attn, batch, causal, smoothing), f)
-
-
-def surface_sums(attn, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
-    """The passes over one layer's maps that :func:`batch_surface_stats` needs, as float32 row and column
-    sums (column mass [B, H, n], next and self [B, H, 2], [SEP] mass [B, H, n], row entropy [B, H, n]) and
-    the previous-token score [B, H] (float64): what :func:`surface_from_sums` turns into the statistics."""
-    f = _float_masks(batch, attn.device, causal, smoothing)
-    a = clean_maps(attn, batch, causal)  # read-only
-    bsz, h, n, _ = a.shape
-    col = a.sum(2)  # [B, H, n]
-    # next and self: two diagonals read at once from the flattened maps; prev: the one definition shared with
-    # the previous-token detector (core.patterns.prev_token_score)
-    next_self = (a.reshape(bsz, h, n * n).index_select(2, f["diag_idx"]).view(bsz, h, 2, n) * f["diag_w"]).sum(-1)
-    prev = prev_token_score(a, f["n"][:, :, 0]).double()
-    to_sep = key_masses(a, batch)[..., 1]  # [B, H, n]: the [SEP] group, shared with the sieves
-    # entropy of the smoothed rows P = (1-eps) A + eps/k_i over each row's allowed keys. The offset adds eps/k_i
-    # on allowed cells and 1 on the others, where A is 0, so P ln P is 0 there without a mask (ln 1 = 0).
-    # Sequences are taken in chunks (core.reduce.map_chunks), so the two temporaries stay small next to the
-    # layer's maps (long inputs).
-    offset = _smooth_offset(batch, attn.device, causal, smoothing)
-    ent = cat_chunks([row_entropy(a[s], offset[s], smoothing) for s in map_chunks(a)])  # [B, H, n]
-    return col, next_self, prev, to_sep, ent
-
-
-def surface_from_sums(sums: tuple, f: dict):
-    """[..., B, H, len(STATS)] statistics from :func:`surface_sums` (or its parts stacked over layers in a
-    leading axis: the same float64 operations, once per batch instead of once per layer), ``f`` from
-    :func:`_float_masks`."""
-    col, *rest = sums
-    # [..., B, H, 3]: (1/n) sum_i sum_{j of a type} A_ij for first, sep, punct
-    return surface_from_shares((col.double() @ f["keys"], *rest), f)
-
-
 def surface_from_shares(sums: tuple, f: dict):
-    """:func:`surface_from_sums` with the key-type shares [..., B, H, 3] (float64) in place of the column mass:
-    what both paths end in (the map-free one has the shares, not the columns)."""
+    """[..., B, H, len(STATS)] float64 statistics (NaN where undefined) from :func:`surface_sums` (or its parts
+    stacked over layers in a leading axis: the same float64 operations, once per batch instead of once per
+    layer), ``f`` from :func:`_float_masks`."""
     import torch
 
     shares, next_self, prev, to_sep, ent = sums
@@ -85,17 +37,6 @@ def surface_from_shares(sums: tuple, f: dict):
     )
     out = core.index_select(-1, f["order"]) + f["constant"][:, None, :]  # [..., B, H, S]
     return torch.where(f["defined"][:, None, :], out, math.nan)
-
-
-def row_entropy(a, offset, smoothing: float):
-    """[B, H, n] float32 entropies of the smoothed rows, ``offset`` from :func:`_float_masks` (the two
-    temporaries in :func:`~headatlas.core.reduce.scratch` buffers)."""
-    import torch
-
-    smooth = torch.add(offset, a, alpha=1 - smoothing, out=scratch("surface_smooth", a.shape, a.device))
-    if smoothing > 0:  # the vectorised log is 1.5x faster than entr / xlogy on a CPU
-        return -torch.log(smooth, out=scratch("surface_log", a.shape, a.device)).mul_(smooth).sum(-1)
-    return torch.special.entr(smooth).sum(-1)  # unsmoothed rows may hold exact zeros: 0 ln 0 = 0
 
 
 def key_types(batch: ReduceBatch, causal: bool) -> np.ndarray:
@@ -110,19 +51,9 @@ def key_types(batch: ReduceBatch, causal: bool) -> np.ndarray:
     return batch.recall(key)
 
 
-def _smooth_offset(batch: ReduceBatch, dev, causal: bool, smoothing: float):
-    """[B, 1, n, n] float32 eps / k_i on each row's allowed keys and 1 elsewhere (:func:`row_entropy`; cached)."""
-    key = ("surface_offset", str(dev), causal, smoothing)
-    if batch.recall(key) is None:
-        allowed = batch.masks(dev, causal)["allowed"].float()
-        k = batch.keys_per_row(dev, causal)
-        batch.keep(key, (allowed * (smoothing / k).float()[:, :, None] + (1 - allowed))[:, None])
-    return batch.recall(key)
-
-
 def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dict:
-    """The layer-independent float masks of a batch for :func:`batch_surface_stats` (cached on the batch;
-    nothing of n x n size: the map-free path uses them too)."""
+    """The layer-independent float masks of a batch for :func:`surface_from_shares` (cached on the batch;
+    nothing of n x n size)."""
     import torch
 
     key = ("surface", str(dev), causal, smoothing)
@@ -157,20 +88,12 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     defined[:, COL["other_to_sep"]] = has_other
     defined[:, COL["cls_entropy"]] = has_summary
     defined[:, COL["cls_entropy_uniform"]] = has_summary
-    rows = torch.arange(n, device=dev)
-    diag_idx, diag_w = [], []
-    for off in (1, 0):  # next, self: cell (i, i + off) of the flattened n x n map
-        ok = (rows + off >= 0) & (rows + off < n)
-        diag_idx.append(torch.where(ok, rows * (n + 1) + off, 0))
-        diag_w.append(ok.float())
     summary_row = torch.zeros((bsz, n), dtype=torch.float64, device=dev)
     summary_row[torch.arange(bsz, device=dev), summary] = 1.0
     names = ["next", "prev", "self", "cls", "sep", "punct", "sep_to_sep", "other_to_sep", "entropy", "cls_entropy"]
     out = {
         "n": nf[:, None, None],
         "keys": torch.stack([first, sep, punct], -1).double() / nf[:, None, None],  # [B, n, 3]
-        "diag_idx": torch.cat(diag_idx),
-        "diag_w": torch.stack(diag_w),  # [2, n]
         "sep_w": torch.stack(
             [sep.double() / sep.sum(1).clamp(min=1)[:, None], other.double() / other.sum(1).clamp(min=1)[:, None]], -1
         ),  # [B, n, 2]
@@ -184,11 +107,11 @@ def _float_masks(batch: ReduceBatch, dev, causal: bool, smoothing: float) -> dic
     return out
 
 
-# --- map-free (core.mapfree): the same sums from q, k, LSE and the blocked pass ---------------------------------
+# --- one layer's sums, from the layer view ------------------------------------------------------------------------
 
 
 def surface_needs(batch: ReduceBatch, causal: bool, smoothing: float):
-    """The passes :func:`free_surface_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets at offsets
+    """What :func:`surface_sums` reads (:class:`~headatlas.core.reducer.Needs`): targets at offsets
     +1 (encoders), 0 and -1; the entropy, or with smoothing the smoothed rows' entropy. The key types' masses
     need no pass (:func:`typed_key_mass`)."""
     offsets = (0, -1) if causal else (1, 0, -1)
@@ -220,20 +143,20 @@ def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
     return batch.recall(key)
 
 
-def free_surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
-    """:func:`surface_sums` without the maps (a :class:`~headatlas.core.mapfree.FreeLayer`), with the key-type
-    shares [B, H, 3] in place of the column mass (:func:`surface_from_shares`): next and self from the offset
-    targets, prev by :func:`~headatlas.core.patterns.prev_token_score_free` of the offset -1 target, the
-    shares and the [SEP] mass per query from the typed keys (:meth:`~headatlas.core.mapfree.FreeLayer.key_mass`), the entropy from the
-    entropy pass (eps = 0) or :meth:`~headatlas.core.mapfree.FreeLayer.smoothed_entropy`."""
+def surface_sums(view, batch: ReduceBatch, causal: bool, smoothing: float) -> tuple:
+    """One layer's sums from its :class:`~headatlas.core.layer_view.LayerView`: the key-type shares [B, H, 3],
+    next and self [B, H, 2] from the offset targets, prev [B, H] (:func:`~headatlas.core.patterns.prev_token_score`
+    of the offset -1 target), the [SEP] mass per query [B, H, n] from the typed keys (``key_mass``) and the row
+    entropy [B, H, n] (eps = 0) or the smoothed rows' entropy: what :func:`surface_from_shares` turns into the
+    statistics. Cells in float32, everything after the row sums in float64."""
     import torch
 
-    n = batch.tensor("lengths", view.q.device).double()[:, None, None]  # [B, 1, 1]
-    cols = view.key_mass(*typed_keys(batch, causal, view.q.device))  # [B, H, n, 3], 0 on padded rows
+    n = batch.tensor("lengths", view.device).double()[:, None, None]  # [B, 1, 1]
+    cols = view.key_mass(*typed_keys(batch, causal, view.device))  # [B, H, n, 3], 0 on padded rows
     shares = cols.sum(2).double() / n
     nxt = view.target("offset:1") if not causal else torch.zeros_like(view.target("offset:0"))
     next_self = torch.stack([nxt.sum(-1), view.target("offset:0").sum(-1)], -1)  # [B, H, 2]
-    prev = prev_token_score_free(view.target("offset:-1"), n[:, :, 0]).double()
+    prev = prev_token_score(view.target("offset:-1"), n[:, :, 0]).double()
     ent = view.entropy() if smoothing == 0 else view.smoothed_entropy(smoothing)
     return shares, next_self, prev, cols[..., 1], ent
 
@@ -259,25 +182,18 @@ class SurfaceReducer(Reducer):
         self.count = None
         self.open = 0  # batches whose layers have not all come yet
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        """Per layer only the passes over the maps (:func:`surface_sums`); when the batch's last layer has
-        come, the statistics of all its layers at once (:func:`surface_from_sums` on the sums stacked over
-        layers: a fixed number of small operations per batch instead of per layer)."""
-        self._add(
-            layer, surface_sums(attn, batch, self.info.causal, self.smoothing), batch, attn.device, surface_from_sums
-        )
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+    def layer_needs(self, batch: ReduceBatch, causal: bool):
         return surface_needs(batch, causal, self.smoothing)
 
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """:meth:`update` without the maps: :func:`free_surface_sums`, then :func:`surface_from_shares`."""
-        sums = free_surface_sums(view, batch, self.info.causal, self.smoothing)
-        self._add(layer, sums, batch, view.q.device, surface_from_shares)
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        """Per layer its sums (:func:`surface_sums`); when the batch's last layer has come, the statistics of all
+        its layers at once (:func:`surface_from_shares` on the sums stacked over layers: a fixed number of small
+        operations per batch instead of per layer)."""
+        self._add(layer, surface_sums(view, batch, self.info.causal, self.smoothing), batch, view.device)
 
-    def _add(self, layer: int, sums: tuple, batch: ReduceBatch, dev, finish) -> None:
-        """Keep one layer's sums; at the batch's last layer, ``finish`` (the sums stacked over layers, masks) ->
-        the statistics [L, B, H, S], added to the running sums."""
+    def _add(self, layer: int, sums: tuple, batch: ReduceBatch, dev) -> None:
+        """Keep one layer's sums; at the batch's last layer the statistics [L, B, H, S] of the sums stacked over
+        layers, added to the running sums."""
         import torch
 
         key = ("clark_surface", id(self))
@@ -291,7 +207,7 @@ class SurfaceReducer(Reducer):
         batch.forget(key)
         self.open -= 1
         layers, sums = stack_layers(done)
-        s = finish(sums, _float_masks(batch, dev, self.info.causal, self.smoothing))
+        s = surface_from_shares(sums, _float_masks(batch, dev, self.info.causal, self.smoothing))
         ok = ~torch.isnan(s)  # [L, B, H, S]
         if self.total is None:
             shape = (self.info.n_layers, self.info.n_heads, len(STATS))
@@ -395,7 +311,7 @@ class JSReducer(Reducer):
 
     name = "clark_js"
     analysis = "clark_surface"
-    needs_all_layers = True
+    keeps_layers = True
 
     @classmethod
     def from_settings(cls, settings: SurfaceSettings) -> "JSReducer":
@@ -428,20 +344,9 @@ class JSReducer(Reducer):
     def wants(self, batch: ReduceBatch) -> bool:
         return bool((batch.seq < self.k_stop).any())
 
-    def update_all(self, attn: list, batch: ReduceBatch) -> None:
-        import torch
-
-        wanted = np.flatnonzero(batch.seq < self.k_stop)
-        if len(wanted):
-            self._add(torch.cat([self._pick(a[wanted], i) for i, a in enumerate(attn)], dim=1), wanted, batch)
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        return Needs()
-
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """Map-free: the wanted sequences' rows recomputed from q, k and LSE (:meth:`FreeLayer.rows`, only the
-        first ``n_sequences`` of the corpus), kept until the batch's last layer; the rest of the corpus needs
-        none."""
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The wanted sequences' rows (:meth:`~headatlas.core.layer_view.LayerView.rows`; only the first
+        ``n_sequences`` of the corpus), kept until the batch's last layer; the rest of the corpus needs none."""
         import torch
 
         wanted = np.flatnonzero(batch.seq < self.k_stop)

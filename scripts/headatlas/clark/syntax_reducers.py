@@ -1,11 +1,11 @@
 """Clark et al.'s syntax side (Tables 1-3) as reducers (:mod:`headatlas.core.reduce`): what
 :mod:`headatlas.clark.syntax`, :mod:`headatlas.clark.coref` and :mod:`headatlas.clark.parsing_probe` need
-from every head's maps, computed on a padded ``[B, H, n, n]`` batch, so that a corpus need not store every
-n x n map.
+from every head's attention, read per layer through its :class:`~headatlas.core.layer_view.LayerView` (maps or
+map-free), so that a corpus need not store every n x n map.
 
-Every reducer first takes Clark's word-level maps of the layer (:func:`batch_word_maps`: the same
-aggregation as :func:`headatlas.core.store.word_level`, as batched matrix products on the device, cached on
-the batch and shared by the reducers of one layer), then:
+Every reducer first takes Clark's word-level maps of the layer (:func:`view_word_maps`: the same aggregation
+as :func:`headatlas.core.store.word_level`, F (A M) with M the key piece -> unit indicator, the :data:`UNITS`
+value columns of the view; cached on the batch and shared by the reducers of one layer), then:
 
 - :class:`HeadPredictionReducer` (Table 1): per head and word, the most-attended other word in both
   directions (``dep->head`` argmax over the word's row, ``head->dep`` over its column), as
@@ -17,10 +17,9 @@ the batch and shared by the reducers of one layer), then:
   smaller than the piece-level store; :class:`WordMapSet` hands them to the probes as
   :class:`~headatlas.clark.syntax.WordMaps`.
 
-Map-free (:mod:`headatlas.core.mapfree`): the word-level maps are F (A M) with M the key piece -> unit
-indicator, the :data:`UNITS` value columns of one kernel pass (:func:`free_word_maps`; Tables 1 and 3); the
-coreference reducer needs only its anaphors' head-word rows, recomputed from q, k and LSE for those pieces
-(:func:`anaphor_rows`, :meth:`~headatlas.core.mapfree.FreeLayer.query_rows`; no extra pass), as long documents would need a column per word.
+The coreference reducer needs only its anaphors' head-word rows (:func:`anaphor_rows`,
+:meth:`~headatlas.core.layer_view.LayerView.query_rows`; map-free: recomputed from q, k and LSE for those pieces),
+as long documents would need a column per word.
 
 Results hold one entry per sequence in feed order (record_index, n_words), so that shards concatenate
 (``combine``) and an analysis joins them with the corpus records without a store. The rules of Tables 1 and 2,
@@ -41,7 +40,7 @@ import pandas as pd
 
 from ..core.data import SPECIAL_NONE, Record
 from ..core.reduce import reduce_corpus
-from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps
+from ..core.reducer import Needs, ReduceBatch, Reducer
 from ..core.store import decode_cells, encode_cells, lower_cells, unit_pooling, word_units
 from .coref import Anaphors, CorefResult, CorefSettings, baseline_correct, coref_tables, document_anaphors
 from .syntax import Correctness, HeadSettings, WordBlock, WordMaps, gather_correctness, syntax_tables
@@ -128,36 +127,21 @@ def _on(owner, name: str, array: np.ndarray, device):
     return owner._cache[key]
 
 
-def batch_word_maps(attn, batch: ReduceBatch, causal: bool, mode: str):
-    """[B, H, U, U] float32 word-level maps of one layer's padded attention (units of :func:`batch_units`;
-    padded units are 0). Cached on the batch for the tensor it was made from (one copy per layer, shared by
-    the reducers); treat it as read-only."""
-    hit = batch.recall(("clark_word_maps", mode))
-    if hit is not None and hit[0]() is attn and hit[1] == causal:
-        return hit[2]
-    units = batch_units(batch, mode)
-    a = clean_maps(attn, batch, causal)
-    frm = _on(units, "frm", units.frm, a.device)[:, None]
-    to = _on(units, "to", units.to, a.device)[:, None]
-    w = (frm @ a) @ to  # as word_level: (frm @ maps) @ to
-    batch.keep(("clark_word_maps", mode), (weakref.ref(attn), causal, w))
-    return w
-
-
 UNITS = "clark:units"  # the value columns of the key pieces' units (units.to: the same in every word mode)
 
 
-def free_word_maps(view, batch: ReduceBatch, mode: str):
-    """:func:`batch_word_maps` without the maps (:class:`~headatlas.core.mapfree.FreeLayer`): the key side
-    A.M (M = ``units.to``, the piece -> unit indicator) is the :data:`UNITS` value columns of the layer's
-    value pass, the query side the same ``frm`` product. Cached on the batch for the view it was made from."""
-    hit = batch.recall(("clark_free_word_maps", mode))
+def view_word_maps(view, batch: ReduceBatch, mode: str):
+    """[B, H, U, U] float32 word-level maps of one layer (units of :func:`batch_units`; padded units are 0), the
+    same aggregation as :func:`headatlas.core.store.word_level`: the key side A.M (M = ``units.to``, the piece ->
+    unit indicator) is the :data:`UNITS` value columns of the layer view, the query side the ``frm`` product.
+    Cached on the batch for the view it was made from (shared by the reducers of one layer); read-only."""
+    hit = batch.recall(("clark_word_maps", mode))
     if hit is not None and hit[0]() is view:
         return hit[1]
     units = batch_units(batch, mode)
     am = view.value(UNITS)  # [B, H, n, U]
     w = _on(units, "frm", units.frm, am.device)[:, None] @ am
-    batch.keep(("clark_free_word_maps", mode), (weakref.ref(view), w))
+    batch.keep(("clark_word_maps", mode), (weakref.ref(view), w))
     return w
 
 
@@ -423,23 +407,18 @@ class _WordReducer(Reducer):
         self.per_seq: dict[int, tuple] = {}  # feed index -> the sequence's arrays (filled layer by layer)
         self._pending: list = []
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        units = self._units(layer, batch)
-        w = batch_word_maps(attn, batch, self.info.causal, self.word_mode)
-        self._add(layer, batch, self._reduce(w, batch, units))
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+    def layer_needs(self, batch: ReduceBatch, causal: bool):
         """The word-level maps' key side: the :data:`UNITS` value columns (one per unit of the widest
         sequence), shared by the reducers of a corpus (:class:`CorefReducer` needs none)."""
         return Needs(values={UNITS: batch_units(batch, self.word_mode).to})
 
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """The same result without the maps: :func:`free_word_maps` (or the rows the reducer needs)."""
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
         units = self._units(layer, batch)
-        self._add(layer, batch, self._reduce_free(view, batch, units))
+        self._add(layer, batch, self._reduce_view(view, batch, units))
 
-    def _reduce_free(self, view, batch, units):
-        return self._reduce(free_word_maps(view, batch, self.word_mode), batch, units)
+    def _reduce_view(self, view, batch, units):
+        """The layer's result from its view: :meth:`_reduce` of the word-level maps (:func:`view_word_maps`)."""
+        return self._reduce(view_word_maps(view, batch, self.word_mode), batch, units)
 
     def _units(self, layer: int, batch: ReduceBatch) -> BatchUnits:
         units = batch_units(batch, self.word_mode)
@@ -587,13 +566,14 @@ def anaphor_pieces(batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors) ->
 
 
 def anaphor_rows(view, batch: ReduceBatch, units: BatchUnits, an: _BatchAnaphors):
-    """[A, H, U] each anaphor's head-word row of the word-level maps (0 without pieces) without the maps: the
-    exact rows of the head words' pieces (:meth:`~headatlas.core.mapfree.FreeLayer.query_rows`: one dot product per piece and key), summed into
-    key units and pooled over each head word's pieces with the ``frm`` weights (mean or first)."""
+    """[A, H, U] each anaphor's head-word row of the word-level maps (0 without pieces): the rows of the head
+    words' pieces (:meth:`~headatlas.core.layer_view.LayerView.query_rows`; map-free one dot product per piece and
+    key), summed into key units and pooled over each head word's pieces with the ``frm`` weights (mean or
+    first)."""
     import torch
 
     qp = anaphor_pieces(batch, units, an)
-    dev = view.q.device
+    dev = view.device
     rows = view.query_rows(qp.query)  # [B, H, P, n]
     bsz, h, p, n = rows.shape
     u = units.frm.shape[1]
@@ -622,23 +602,14 @@ class CorefReducer(_WordReducer):
         idx = an.per_row[b]
         return an.head[idx], an.head_unit[idx] >= 0, np.full((self.k, len(idx)), -1, dtype=np.int16), idx
 
-    def _reduce(self, w, batch, units):
-
-        an = batch_anaphors(batch, units)
-        if not len(an.seq):
-            return _no_anaphors(w.shape[1])
-        seq = _on(units, "an_seq", an.seq, w.device)
-        head = _on(units, "an_head_unit", an.head_unit, w.device)
-        return self._pick(w[seq, :, head.clamp(min=0), :], an, units)  # [A, H, U]: the head word's row
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        """No extra pass: only the anaphors' head words' rows, recomputed from q, k and LSE (``FreeLayer.query_rows``)."""
+    def layer_needs(self, batch: ReduceBatch, causal: bool):
+        """Nothing beyond rows: only the anaphors' head words' rows (``LayerView.query_rows``)."""
         return Needs()
 
-    def _reduce_free(self, view, batch, units):
+    def _reduce_view(self, view, batch, units):
         an = batch_anaphors(batch, units)
         if not len(an.seq):
-            return _no_anaphors(view.q.shape[1])
+            return _no_anaphors(view.shape[1])
         return self._pick(anaphor_rows(view, batch, units, an), an, units)
 
     def _pick(self, rows, an, units):

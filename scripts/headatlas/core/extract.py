@@ -27,15 +27,13 @@ from .figures import head_label
 from .mapfree import PATHS, longest_of
 from .models import ModelError, ModelSpec, architecture, decoder_bos, model_kind, package_versions
 from .progress import Progress
-from .reduce import (  # noqa: F401  (check_attentions: importable here)
+from .reduce import (
     FeedInfo,
     FusedFeed,
     LayerMaps,
-    Needs,
     ReduceBatch,
     Reducer,
     SampleMaps,
-    check_attentions,
     feed_record,
     forward_loop,
     open_feed,
@@ -147,13 +145,7 @@ class HeadOutputHooks(Reducer):
             h.remove()
         self.hooks, self.captured = [], []
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        pass
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool) -> Needs:
-        return Needs()
-
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
         pass
 
     def take(self) -> list:

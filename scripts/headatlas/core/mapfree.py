@@ -25,8 +25,9 @@ No [B, H, n, n] map exists. The model runs through transformers' attention-funct
 (:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
 with ``set_attn_implementation`` while a :class:`MapFreeFeed` is open and back to eager after it.
 
-A reducer has a map-free form when it defines ``mapfree_needs(batch, causal) -> Needs`` and
-``update_free(layer, view: FreeLayer, batch)``; one that needs whole rows says why in ``full_rows``.
+Every reducer reads a layer through a :class:`~headatlas.core.layer_view.LayerView`: here a :class:`FreeLayer`
+(the eager and replay feeds hand it a :class:`~headatlas.core.layer_view.MapsLayer`); one that needs the maps
+themselves says why in ``full_rows``.
 :func:`plan_feed` picks the map-free feed when every reducer has a map-free form and the model type's score is
 bilinear (:func:`mapfree_support`: the ``mapfree`` field of its row of ``core.models.ARCHITECTURES``), else the
 eager :class:`~headatlas.core.reduce.FusedFeed` (the reference); :func:`headatlas.core.reduce.open_feed` opens the one it picks and says which and why once in the log.
@@ -36,13 +37,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from . import cpu_pass
 from .device import input_device
+from .layer_view import ROW_CELLS, LayerView, layer_plan
 from .models import ARCHITECTURES, ModelError
 from .reducer import (
     FeedInfo,
@@ -469,12 +470,13 @@ def blocked_attention(
     return out.view(bsz, h, n, dv).to(v.dtype), lse.view(bsz, h, n), got
 
 
-_ACTIVE: list = []  # the open MapFreeFeed (at most one)
+FEED_ATTR = "_headatlas_mapfree_feed"  # the open MapFreeFeed, on every module of its model while it is open
 
 
 def mapfree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-function signature: the fused kernel's output (as the SDPA forward's), and the
-    layer's q, k, LSE handed to the open :class:`MapFreeFeed`'s reducers. Returns no weights."""
+    layer's q, k, LSE handed to the reducers of the :class:`MapFreeFeed` open on the module's model (the feed
+    marks the model's modules, :data:`FEED_ATTR`). Returns no weights."""
     for arg in ("softcap", "position_bias", "sliding_window"):
         if kwargs.get(arg) is not None:
             raise ModelError(f"map-free attention: {type(module).__name__} passes {arg}; its type must run eager")
@@ -484,7 +486,8 @@ def mapfree_attention(module, query, key, value, attention_mask, scaling=None, d
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    feed = _ACTIVE[-1] if _ACTIVE and _ACTIVE[-1].batch is not None else None
+    feed = getattr(module, FEED_ATTR, None)
+    feed = feed if feed is not None and feed.batch is not None else None
     if feed is None:
         mask, causal = _additive(attention_mask, query.dtype), None
     else:  # every layer gets the same mask: simplified once per forward
@@ -505,30 +508,13 @@ def register() -> None:
     AttentionMaskInterface.register(MAPFREE, sdpa_mask)
 
 
-# --- what reducers declare and receive --------------------------------------------------------------------------
+# --- the map-free backend of the layer view ---------------------------------------------------------------------
 
 
-def offset_target(batch: ReduceBatch, offset: int) -> np.ndarray:
-    """[B, n] key i + offset of every query i (-1 outside the sequence): the target named ``offset:<o>``."""
-    return offset_targets(batch, (offset,))[:, 0]
-
-
-def key_target(batch: ReduceBatch, key: int) -> np.ndarray:
-    """[B, n] the same key for every query (the target named ``key:<j>``, e.g. 0: the first token)."""
-    return np.full((len(batch), batch.n), key, dtype=np.int64)
-
-
-def key_positions(batch: ReduceBatch, device):
-    """[B, n, 1] float32 key positions 0..n-1 (the value column of mean distances)."""
-    import torch
-
-    return torch.arange(batch.n, device=device, dtype=torch.float32)[None, :, None].expand(len(batch), -1, -1)
-
-
-class FreeLayer:
-    """One layer of one batch without its maps: q [B, H, n, d], k [B, Hkv, n, d] (grouped heads not expanded;
-    kept in float32),
-    lse [B, H, n], ``scale``, and the declared passes. ``targets``: name -> [B, n] key of each query (-1: none);
+class FreeLayer(LayerView):
+    """The :class:`~headatlas.core.layer_view.LayerView` of one layer of one batch without its maps: q [B, H, n,
+    d], k [B, Hkv, n, d] (grouped heads not expanded; kept in float32), lse [B, H, n], ``scale``, and the
+    declared passes. ``targets``: name -> [B, n] key of each query (-1: none);
     ``attended``: name -> [B, H, n] their attention, and ``smoothed``: (eps, [B, H, n]) the smoothed rows'
     entropy, when the attention pass computed them; else they are computed here from q, k and LSE. Every method
     returns 0 on padded query rows."""
@@ -554,6 +540,14 @@ class FreeLayer:
             names, rows = zip(*rest.items())
             got = self.at(np.stack(rows, 1))
             self._targets.update({name: got[:, :, i] for i, name in enumerate(names)})
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.lse.shape)
+
+    @property
+    def device(self):
+        return self.q.device
 
     def shifted(self, offset: int):
         """[B, H, n] attention of each query i to key i + ``offset`` (0 outside the sequence or the mask): the
@@ -654,11 +648,10 @@ class FreeLayer:
         allowed = self.batch.masks(self.q.device, self.causal)["allowed"].gather(1, take[:, :, None].expand(bsz, p, n))
         return _exp_scores(*_prescaled(q, lse, self.scale, hk), self.k).mul_((allowed & (qi >= 0)[:, :, None])[:, None])
 
-    def key_mass(self, pos, w, cells: int = 2**22):
+    def key_mass(self, pos, w, cells: int = ROW_CELLS):
         """[B, H, n, G] sum_t w[b, t, g] A[b, h, i, pos[b, t]]: the attention of every query to a few fixed keys
         per sequence (``pos`` [B, m] key indices, ``w`` [B, m, G] weights) summed in groups, from one product of
-        the queries with the m gathered keys (no kernel pass; the map-free counterpart of
-        :func:`~headatlas.core.reduce.key_masses`); 0 where a query may not see the key and on padded rows,
+        the queries with the m gathered keys (no kernel pass); 0 where a query may not see the key and on padded rows,
         keys in chunks of about ``cells`` cells."""
         import torch
 
@@ -690,18 +683,6 @@ class FreeLayer:
             out[:, :, first:] += torch.matmul(_exp_scores(*qs, kt, "key_mass").mul_(ok[:, None]), ww[:, None])
         return out
 
-    def row_blocks(self, cells: int = 2**22):
-        """(slice of queries, :meth:`rows` of every sequence for them) in blocks of at most about ``cells``
-        cells (B x H x rows x n), so a reducer that needs whole rows never holds a layer's maps (each block in
-        one reused buffer: the caller is done with a block when it asks for the next). Under a causal
-        mask a block of rows lo..hi-1 holds keys 0..hi-1 only (every later key is 0 in those rows): about half
-        the cells of a long input."""
-        bsz, h, n, _ = self.q.shape
-        step = max(1, cells // max(1, bsz * h * n))
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            yield slice(lo, hi), self.rows(lo, hi, keys=hi if self.causal else None, slot="row_blocks")
-
     def _flat_keys(self):
         if self._flat is None:
             self._flat = self.k.reshape(-1, self.k.shape[-1])  # [B * Hkv * n, d] (one copy per layer)
@@ -725,27 +706,17 @@ class FreeLayer:
 
         return torch.where(self.valid[:, None], self._entropy, 0.0)
 
-    def smoothed_entropy(self, eps: float, cells: int = 2**22):
-        """[B, H, n] float32 entropies of the smoothed rows P = (1 - eps) A + eps / k_i over each row's k_i visible
-        keys (Clark et al.'s; no LSE identity gives them), 0 on padded rows: the attention pass's when it computed
-        them with this eps, else from exact rows recomputed in blocks (:meth:`row_blocks`), whose cells a row may
-        not see hold A = 0, so P = eps / k_i there: their -P ln P is taken back out by count, not by a mask."""
+    def row_sum(self):
+        return self.valid[:, None].float().expand(self.shape)
+
+    def smoothed_entropy(self, eps: float, cells: int = ROW_CELLS):
+        """The attention pass's smoothed entropies when it computed them with this eps, else
+        :meth:`LayerView.smoothed_entropy` from rows recomputed in blocks."""
         import torch
 
         if self._smoothed is not None and self._smoothed[0] == eps:
             return torch.where(self.valid[:, None], self._smoothed[1], 0.0)
-        dev = self.q.device
-        bsz, h, n, _ = self.q.shape
-        k = self.batch.keys_per_row(dev, self.causal)  # [B, n] float64
-        c = (eps / k).float()[:, None, :, None]  # [B, 1, n, 1] eps / k_i
-        clogc = (eps / k) * torch.log(eps / k)  # [B, n] float64
-        out = torch.empty((bsz, h, n), dtype=torch.float32, device=dev)
-        for rows, a in self.row_blocks(cells):  # a: 0 outside the allowed cells
-            p = torch.add(c[:, :, rows], a, alpha=1 - eps, out=a)  # P; eps / k_i outside
-            plp = torch.log(p, out=scratch("smoothed_log", p.shape, dev)).mul_(p).sum(-1)  # sum_j P ln P
-            outside = (a.shape[-1] - k[:, rows]) * clogc[:, rows]  # [B, rows]: what the unseen cells added
-            out[:, :, rows] = outside[:, None].float() - plp
-        return torch.where(self.valid[:, None], out, 0.0)
+        return super().smoothed_entropy(eps, cells)
 
 
 def _prescaled(q, lse, scale: float, hk: int):
@@ -779,47 +750,10 @@ def torch_where_valid(x, valid):
 # --- the feed ---------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Plan:
-    """One batch's passes, merged over its reducers: the entropy, the smoothed entropy's eps, value columns [B, n,
-    C] (None: none) and where each name's columns are, lower columns likewise, and the targets (name -> [B, n] key
-    of each query). The CPU attention pass's target arrays are kept on the batch (on the CPU)."""
-
-    entropy: bool
-    smoothing: float | None  # the smoothed entropy's eps (the first reducer's that asks for one)
-    values: object
-    value_at: dict
-    lower: object
-    lower_at: dict
-    targets: dict
-
-    def target_index(self, batch: ReduceBatch):
-        """[B, T, n] int32 of every target (in ``targets`` order), or None without targets."""
-        import torch
-
-        if not self.targets:
-            return None
-        make = lambda: torch.as_tensor(np.stack(list(self.targets.values()), 1).astype(np.int32))  # noqa: E731
-        return batch.memo(("mapfree_targets", "cpu", tuple(self.targets)), make)
-
-    def target_ok(self, batch: ReduceBatch, causal: bool):
-        """[B, T, n] bool: the target is a key of the sequence (at most i under a causal mask) of a real query."""
-        import torch
-
-        def ok():
-            t = torch.as_tensor(np.stack(list(self.targets.values()), 1))
-            length = torch.as_tensor(batch.lengths)[:, None, None]
-            i = torch.arange(batch.n)
-            keep = (t >= 0) & (t < length) & (i < length)
-            return keep & (t <= i) if causal else keep
-
-        return batch.memo(("mapfree_target_ok", "cpu", tuple(self.targets), causal), ok)
-
-
 class MapFreeFeed:
     """The map-free counterpart of :class:`~headatlas.core.reduce.FusedFeed` (same begin / end / results): while
     open, the model runs :data:`MAPFREE` attention and every layer's q, k, LSE and declared passes go to the
-    reducers' ``update_free``."""
+    reducers' ``update`` (:class:`FreeLayer` views)."""
 
     def __init__(self, model, reducers: Sequence[Reducer], info: FeedInfo, cpu_pass_mode: str = "auto"):
         if cpu_pass_mode not in cpu_pass.MODES:
@@ -838,40 +772,13 @@ class MapFreeFeed:
         self.model.set_attn_implementation(MAPFREE)
         if self.model.config._attn_implementation != MAPFREE:
             raise ModelError(f"model {self.info.model!r}: cannot switch its attention to {MAPFREE}")
-        _ACTIVE.append(self)
+        for m in self.model.modules():  # how mapfree_attention, called with its module, finds this feed
+            m.__dict__[FEED_ATTR] = self
         return self
 
     def begin(self, batch: ReduceBatch) -> None:
-        import torch
-
         self.batch, self.calls, self._mask = batch, 0, None
-        needs = [r.mapfree_needs(batch, self.info.causal) for r in self.reducers]
-        dev = input_device(self.model)
-
-        def stack(*kinds):
-            cols: dict = {}
-            for kind in kinds:
-                for nd in needs:
-                    for name, v in getattr(nd, kind).items():
-                        key = name if kind == "values" else (kind, name)
-                        cols.setdefault(key, torch.as_tensor(v, dtype=torch.float32, device=dev))
-            if not cols:
-                return None, {}
-            at, off = {}, 0
-            for name, v in cols.items():
-                at[name] = slice(off, off + v.shape[-1])
-                off += v.shape[-1]
-            return torch.cat(list(cols.values()), -1), at  # [B, n, C]
-
-        targets: dict = {}
-        for nd in needs:
-            for name, t in nd.targets.items():
-                targets.setdefault(name, np.asarray(t, dtype=np.int64))
-        # under a causal mask every visible key is j <= i: the lower columns are values
-        low = (None, {}) if self.info.causal else stack("lower")
-        values = stack("values", "lower") if self.info.causal else stack("values")
-        smoothing = next((nd.smoothed_entropy for nd in needs if nd.smoothed_entropy is not None), None)
-        self.plan = _Plan(any(nd.entropy for nd in needs), smoothing, *values, *low, targets)
+        self.plan = layer_plan(self.reducers, batch, self.info.causal, input_device(self.model))
 
     def mask(self, attention_mask, is_causal: bool, dtype):
         """(additive mask or None, causal flag or None: from the query length) of :func:`key_only`, once per
@@ -923,14 +830,7 @@ class MapFreeFeed:
         if q.shape[2] != n:  # an extra position is not part of the sequences (cut after the kernel)
             raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
         p = self.plan
-        values, lower = {}, {}
-        for name, sl in p.value_at.items():
-            if isinstance(name, tuple):
-                lower[name[1]] = got["values"][..., sl]
-            else:
-                values[name] = got["values"][..., sl]
-        for name, sl in p.lower_at.items():
-            lower[name[1]] = got["lower"][..., sl]
+        values, lower = p.columns(got.get("values"), got.get("lower"))
         attended = None
         if "targets" in got:  # computed by the attention pass; 0 where a target is none, hidden or on padding
             a = got["targets"].mul_(p.target_ok(batch, info.causal)[:, None])
@@ -941,7 +841,7 @@ class MapFreeFeed:
         )
         for r in self.reducers:
             try:
-                r.update_free(layer, view, batch)
+                r.update(layer, view, batch)
             except ReduceError:
                 raise
             except Exception as e:
@@ -961,8 +861,9 @@ class MapFreeFeed:
         return [r.result() for r in self.reducers]
 
     def __exit__(self, *exc):
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
+        for m in self.model.modules():
+            if m.__dict__.get(FEED_ATTR) is self:
+                del m.__dict__[FEED_ATTR]
         if self.previous is not None:
             self.model.set_attn_implementation(self.previous)
         self.batch = None
@@ -972,7 +873,7 @@ class MapFreeFeed:
 
 
 def has_mapfree(reducer: Reducer) -> bool:
-    return callable(getattr(reducer, "update_free", None)) and callable(getattr(reducer, "mapfree_needs", None))
+    return getattr(reducer, "full_rows", None) is None
 
 
 PATHS = ("auto", "eager", "mapfree")
@@ -1014,12 +915,3 @@ def plan_feed(model, reducers: Sequence[Reducer], longest: int = 0, path: str = 
 
 def longest_of(tokenized) -> int:
     return int(max((len(t) for t in tokenized), default=0))
-
-
-def offset_targets(batch: ReduceBatch, offsets) -> np.ndarray:
-    """[B, len(offsets), n] key i + offset of every query i (-1 outside the sequence)."""
-    n = batch.n
-    idx = np.arange(n)
-    t = idx[None, :] + np.asarray(list(offsets), dtype=np.int64)[:, None]  # [T, n]
-    ok = (t >= 0) & (t[None] < batch.lengths[:, None, None])
-    return np.where(ok, t[None], -1)

@@ -2,11 +2,9 @@
 
 :func:`prev_token_score` is Clark et al.'s "attention to the previous token" (shared methods §3.3),
 ``(1/n) sum_{i >= 1} A[i, i-1]``: the query at position 0, which has no previous token, counts in n.
-Clark's surface statistics and the previous-token detector both call it (map-free, from each query's
-attention to its previous token: :func:`prev_token_score_free`). It takes numpy arrays or
-torch tensors of shape ``[..., n, n]`` (rows = queries); ``n`` is the sequence length, an int or an
-array / tensor broadcastable against the leading dimensions (padded batches: cells outside a sequence
-must be 0).
+Clark's surface statistics and the previous-token detector both read it from each query's attention to its
+previous token (the layer view's target ``offset:-1``); ``n`` is the sequence length, an int or an array /
+tensor broadcastable against the leading dimensions (padded batches: cells outside a sequence must be 0).
 
 :func:`local_band` is Pande et al.'s local window, the key offsets j - i a query's ``local`` attention is
 summed over; the sieves' ``local`` role and the position statistics both take it from here.
@@ -14,20 +12,9 @@ summed over; the sieves' ``local`` role and the position statistics both take it
 
 from __future__ import annotations
 
-import numpy as np
 
-
-def prev_token_score(maps, n):
-    """``(1/n) sum_{i >= 1} maps[..., i, i-1]`` over the last two axes (queries, keys)."""
-    if not isinstance(maps, np.ndarray):  # torch: the same cells as below, as one strided copy (no index tensors)
-        return maps.diagonal(-1, -2, -1).contiguous().sum(-1) / n
-    rows = np.arange(1, maps.shape[-1])
-    return maps[..., rows, rows - 1].sum(-1) / n
-
-
-def prev_token_score_free(prev, n):
-    """:func:`prev_token_score` from each query's attention to its previous token ([..., n], 0 at i = 0: the
-    map-free target ``offset:-1``)."""
+def prev_token_score(prev, n):
+    """``(1/n) sum_i prev[..., i]``: ``prev`` [..., n] each query's attention to its previous token (0 at i = 0)."""
     return prev.sum(-1) / n
 
 

@@ -15,7 +15,10 @@ leaks.
 The base types (:class:`Reducer`, :class:`ReduceBatch` with its memo, :class:`FeedInfo`, :func:`scratch`,
 :func:`clean_maps`) live in :mod:`headatlas.core.reducer` and are importable from here.
 
-Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`feed_layer`):
+Two feeds, one code path (both build :class:`ReduceBatch` es and call
+:func:`~headatlas.core.layer_view.feed_layer`, which hands each layer to every reducer as a
+:class:`~headatlas.core.layer_view.MapsLayer`; the map-free feed hands them a
+:class:`~headatlas.core.mapfree.FreeLayer`, the same view from q, k and LSE):
 
 - :func:`replay` reads a stored store in windows of consecutive sequences that fit a byte budget, buckets
   each window by length, and builds the padded tensor per layer;
@@ -25,9 +28,8 @@ Two feeds, one code path (both build :class:`ReduceBatch` es and call :func:`fee
   ``attentions`` from, ``_can_record_outputs``; for a model without them, e.g. MPNet, the architecture
   table's ``attention`` module, asked alone for its probabilities, which the hook strips from its output
   again), without ``output_attentions``: each layer's probabilities go to the reducers as soon as they exist
-  and are dropped after, so at most one layer's maps are alive (reducers with ``needs_all_layers = True`` get
-  all layers of the batch at the end of its forward pass, which keeps them alive for that batch: say so where
-  it matters); or the map-free feed (:mod:`headatlas.core.mapfree`, chosen by :func:`open_feed`). What an
+  and are dropped after, so at most one layer's maps are alive (a reducer that keeps rows of every layer of a
+  batch, ``keeps_layers``, holds its own copies of them); or the map-free feed (:mod:`headatlas.core.mapfree`, chosen by :func:`open_feed`). What an
   extraction stores is written by reducers of the same feed (:class:`LayerMaps`, :class:`SampleMaps`,
   :class:`headatlas.core.extract.HeadReps`).
 
@@ -58,19 +60,16 @@ from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP, Record, TokenizedRecord
 from .figures import head_label
 from .integrity import IntegrityError, check_values
 from .io import atomic_path, compressed
+from .layer_view import feed_layer
 from .mapfree import MapFreeFeed, longest_of, plan_feed
 from .models import ARCHITECTURES, ModelError, architecture_module
 from .progress import progress
 from .reducer import (
     FeedInfo,
-    Needs,
     ReduceBatch,
     ReduceError,
     Reducer,
-    feed_all,
-    feed_layer,
     feed_outputs,
-    layer_cache,
     release_scratch,
     stop_all,
 )
@@ -84,7 +83,7 @@ REDUCED_DIR = "reduced"  # <store>/reduced/<reducer name>.h5: the results of a f
 def key_columns(batch: ReduceBatch, groups, device) -> tuple:
     """(positions [B, 1, 1, m], weights [B, 1, m, G]) of each sequence's tokens of any special kind in
     ``groups`` (G tuples of kinds; m = the most such tokens in one sequence, filler weight 0): the attention
-    to them is a gather of m columns, not a pass over the maps (:func:`key_masses`)."""
+    to them is the layer view's ``key_mass`` of m keys, not a pass over the maps."""
     import torch
 
     def make():
@@ -103,47 +102,7 @@ def key_columns(batch: ReduceBatch, groups, device) -> tuple:
     return batch.memo(("key_columns", tuple(tuple(g) for g in groups), str(device)), make)
 
 
-CHUNK_BYTES = 32 << 20  # float32 maps per chunk of a reducer's per-cell temporaries (long inputs)
-
-
-def map_chunks(a) -> list[slice]:
-    """Slices of the batch axis of maps ``a`` [B, H, n, n], each at most CHUNK_BYTES of float32 maps (at least
-    one sequence): a reducer that needs a temporary as large as the maps takes the batch chunk by chunk, so
-    the temporary stays small next to the layer's maps."""
-    bsz, h, n, _ = a.shape
-    step = max(1, CHUNK_BYTES // max(1, 4 * h * n * n))
-    return [slice(i, i + step) for i in range(0, bsz, step)]
-
-
-def cat_chunks(parts: list):
-    """The per-chunk results of :func:`map_chunks` joined along the batch axis (no copy for one chunk)."""
-    import torch
-
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-TINY = float(np.finfo(np.float32).tiny)  # the floor under a probability before its log (p ln p -> 0 at p = 0)
-
 SUMMARY_GROUPS = ((SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,))  # the [CLS]/BOS and [SEP] key groups of the reducers
-
-
-def key_masses(a, batch: ReduceBatch, groups=SUMMARY_GROUPS):
-    """[B, H, n, G] attention of each query to the tokens of each group of special kinds: one batched product
-    of the gathered columns with 0/1 weights (computed once per layer for all reducers asking for the same
-    groups of a :func:`clean_maps` copy, :func:`layer_cache`). A group's mass is a sum of the group's columns
-    in some order; with at most two such columns per sequence ([CLS] and [SEP], or a pair's two [SEP]) it does
-    not depend on the other groups asked for at the same time."""
-    import torch
-
-    groups = tuple(tuple(g) for g in groups)
-    cache = layer_cache(a)
-    key = ("key_masses", groups)
-    if key not in cache:
-        pos, w = key_columns(batch, groups, a.device)
-        b, h, n, _ = a.shape
-        m = pos.shape[-1]
-        cache[key] = torch.bmm(a.gather(3, pos.expand(b, h, n, m)).view(b, h * n, m), w[:, 0]).view(b, h, n, -1)
-    return cache[key]
 
 
 def reducer_from_spec(spec: dict, registry: dict[str, str] | None = None) -> Reducer:
@@ -213,13 +172,13 @@ def replay(
 ) -> list:
     """Run ``reducers`` over every sequence of an :class:`~headatlas.core.store.AttentionStore`.
 
-    Windows of consecutive sequences whose maps (all layers if a reducer needs them, else one layer) fit
+    Windows of consecutive sequences whose maps (all layers if a reducer keeps every layer, else one layer) fit
     ``budget_bytes`` are read one layer at a time, bucketed by length into batches of ``batch_size`` and
     padded. Returns ``[r.result() for r in reducers]``.
     """
     import torch
 
-    all_layers = any(r.needs_all_layers for r in reducers)
+    all_layers = any(r.keeps_layers for r in reducers)
     info = FeedInfo(
         len(store),
         store.n_layers,
@@ -239,20 +198,12 @@ def replay(
         batches = [ReduceBatch.from_store(store, start + pos, records) for pos in local]
         if not any(r.wants(b) for r in reducers for b in batches):
             continue  # e.g. JS distances past their first sequences: no read at all
-        keep = [any(r.needs_all_layers and r.wants(batch) for r in reducers) for batch in batches]
-        kept: list[list] = [[] for _ in batches]
         for layer in range(store.n_layers):
             maps = store.layer_maps(layer, start, stop)
-            for b, (pos, batch) in enumerate(zip(local, batches)):
+            for pos, batch in zip(local, batches):
                 attn = padded([maps[p] for p in pos]).to(device)
                 feed_layer(reducers, info, layer, attn, batch)
-                if keep[b]:
-                    kept[b].append(attn)
             del maps
-        for b, batch in enumerate(batches):
-            if keep[b]:
-                feed_all(reducers, info, kept[b], batch)
-                kept[b] = []
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
     release_scratch()
@@ -327,7 +278,6 @@ class FusedFeed:
     """Each layer's attention probabilities handed to ``reducers`` (a context manager; :func:`fused_reduce` and
     extraction use it). ``source`` ``hooks``: forward hooks on the model's attention modules hand each layer's maps
     over as soon as they exist and keep no reference to them, so a layer's maps are freed before the next layer runs
-    (except for reducers with ``needs_all_layers``, which get every layer of a batch they want at :meth:`end`).
     ``outputs``: the maps come from the model's output (``output_attentions``: every layer of the batch alive at
     once) after the forward pass, for every type that returns them (also those whose attention modules cannot be
     hooked: ALBERT's shared layers, DeBERTa); the stored maps of ``maps: full`` come this way, as they always did.
@@ -340,7 +290,7 @@ class FusedFeed:
         if source not in ("hooks", "outputs"):
             raise ValueError(f"FusedFeed source must be hooks or outputs, not {source!r}")
         self.model, self.reducers, self.info, self.source = model, list(reducers), info, source
-        self.batch, self.layers, self.keep = None, [], False
+        self.batch = None
         self.hooks: list = []
         self.stripped: dict[int, bool] = {}  # layer -> its probabilities were asked for by the feed alone
         maps = any(r.needs_maps for r in self.reducers)
@@ -393,12 +343,9 @@ class FusedFeed:
         n = self.batch.n
         a = attn if attn.shape[-1] == n else attn[:, :, :n, :n]  # an extra position is not part of the sequences
         feed_layer(self.reducers, self.info, layer, a, self.batch)
-        if self.keep:
-            self.layers.append(a)
 
     def begin(self, batch: ReduceBatch) -> None:
-        self.batch, self.layers = batch, []
-        self.keep = any(r.needs_all_layers and r.wants(batch) for r in self.reducers)
+        self.batch = batch
 
     def end(self, outputs=None) -> None:
         """After the batch's forward pass; ``outputs``: the model's output (run with :attr:`forward_kwargs`)."""
@@ -406,10 +353,8 @@ class FusedFeed:
             check_attentions(outputs.attentions, self.info.n_layers, self.info.n_heads, self.info.model)
             for layer, attn in enumerate(outputs.attentions):
                 self._layer(layer, attn)
-        if self.keep:
-            feed_all(self.reducers, self.info, self.layers, self.batch)
         feed_outputs(self.reducers, self.info, outputs, self.batch)
-        self.batch, self.layers, self.keep = None, [], False
+        self.batch = None
 
     def results(self) -> list:
         return [r.result() for r in self.reducers]
@@ -417,7 +362,7 @@ class FusedFeed:
     def __exit__(self, *exc):
         for h in self.hooks:
             h.remove()
-        self.hooks, self.batch, self.layers = [], None, []
+        self.hooks, self.batch = [], None
         stop_all(self.reducers)
         release_scratch()
         return False
@@ -434,18 +379,11 @@ class SampleMaps(Reducer):
         self.local = {int(k): i for i, k in enumerate(positions)}
         self.writer, self.tol = writer, tol
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        for b, i in self._kept(batch):
-            n = int(batch.lengths[b])
-            self._write(layer, b, i, attn[b, :, :n, :n].float().cpu().numpy(), batch)
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        return Needs()
-
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """The kept sequences' maps recomputed from q, k and LSE (:meth:`~headatlas.core.mapfree.FreeLayer.rows`),
-        each row divided by its sum: with scores near 1e4 (Qwen2.5-1.5B's biased q and k), exp(s - LSE) in float32
-        lost 1.6e-3 of a row's mass to cancellation; the divided rows are the softmax of the float32 scores."""
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The kept sequences' maps (:meth:`~headatlas.core.layer_view.LayerView.rows`), each row divided by its
+        sum: with scores near 1e4 (Qwen2.5-1.5B's biased q and k), exp(s - LSE) in float32 lost 1.6e-3 of a
+        row's mass to cancellation; the divided rows are the softmax of the float32 scores (maps: within
+        rounding of what came)."""
         for b, i in self._kept(batch):
             n = int(batch.lengths[b])
             rows = view.rows(0, n, [b])[0, :, :, :n]
@@ -478,8 +416,8 @@ class LayerMaps(Reducer):
     def __init__(self, sink):
         self.sink = sink
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        self.sink(layer, attn, batch)
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        self.sink(layer, view.maps, batch)
 
     def result(self):
         return None

@@ -1,6 +1,6 @@
 """The reducer's base types, shared by both feeds (:mod:`headatlas.core.reduce`: eager maps and replay;
 :mod:`headatlas.core.mapfree`: q, k and LSE) and by every reducer: :class:`Reducer`, the batch's token table
-:class:`ReduceBatch` with its memo, :class:`FeedInfo`, what a map-free reducer declares (:class:`Needs`), the
+:class:`ReduceBatch` with its memo, :class:`FeedInfo`, what a reducer declares (:class:`Needs`), the
 reusable buffers (:func:`scratch`, :func:`clean_maps`) and :class:`ReduceError`. No torch at import time."""
 
 from __future__ import annotations
@@ -235,27 +235,23 @@ def clean_maps(attn, batch: ReduceBatch, causal: bool):
         ("allowed_f", str(attn.device), causal), lambda: batch.masks(attn.device, causal)["allowed"].float()[:, None]
     )
     a = torch.mul(attn.float(), allowed, out=scratch("clean", attn.shape, attn.device))
-    _CLEAN[:] = [weakref.ref(attn), weakref.ref(batch), causal, a, {}]
+    _CLEAN[:] = [weakref.ref(attn), weakref.ref(batch), causal, a]
     return a
 
 
-def layer_cache(a) -> dict:
-    """A dict for what several reducers derive from the same :func:`clean_maps` copy ``a`` (one layer of one
-    batch), emptied when the next copy is made; for any other tensor a fresh dict that nothing keeps."""
-    return _CLEAN[4] if _CLEAN and _CLEAN[3] is a else {}
-
-
 class Reducer:
-    """Base class of a reducer; subclasses set ``name`` and implement ``update`` (or ``update_all``),
-    ``result`` and, to be saved and combined over shards, ``params``, ``to_arrays``, ``from_arrays``
-    and ``combine``."""
+    """Base class of a reducer; subclasses set ``name`` and implement ``update`` (one layer through a
+    :class:`~headatlas.core.layer_view.LayerView`), ``layer_needs`` (what beyond rows and targets it reads),
+    ``result`` and, to be saved and combined over shards, ``params``, ``to_arrays``, ``from_arrays`` and
+    ``combine``."""
 
     name = "reducer"
     analysis = ""  # the config analysis key the class serves (errors and its spec name it): a class attribute
-    needs_all_layers = False  # True: update_all(list of every layer's [B, H, n, n], batch) once per batch
     needs_records = False  # True: the feed must be given the corpus records (trees)
     needs_outputs = False  # True: update_outputs(the model's output, with hidden states, batch) after each forward
-    needs_maps = True  # False: update / update_free ignore the attention (the feed then need not capture it)
+    needs_maps = True  # False: update ignores the attention (the feed then need not capture it)
+    full_rows: str | None = None  # why the reducer needs the maps themselves (MapsLayer.maps): no map-free feed
+    keeps_layers = False  # True: holds rows of every layer of a batch it wants until its last layer (replay's budget)
 
     def start(self, info: FeedInfo) -> None:
         self.info = info
@@ -263,10 +259,12 @@ class Reducer:
     def stop(self) -> None:
         """Called when the feed closes (also after a failure): remove what :meth:`start` attached to the model."""
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        raise NotImplementedError
+    def layer_needs(self, batch: ReduceBatch, causal: bool) -> "Needs":
+        """What :meth:`update` reads beyond rows and targets of the batch's layers (:class:`Needs`)."""
+        return Needs()
 
-    def update_all(self, attn: list, batch: ReduceBatch) -> None:
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        """One layer of ``batch``, as a :class:`~headatlas.core.layer_view.LayerView`."""
         raise NotImplementedError
 
     def update_outputs(self, outputs, batch: ReduceBatch) -> None:
@@ -312,16 +310,16 @@ class Reducer:
 
 @dataclass
 class Needs:
-    """What a map-free reducer needs beyond q, k and LSE on one batch: ``entropy`` (each row's), ``smoothed_entropy``
-    (eps of the smoothed rows' entropy), ``values`` (name -> [B, n, c] key columns: (A.m)_i), ``lower`` (the same
-    over keys j <= i only) and ``targets``. Names are shared between reducers (the same name must mean the same
-    columns): a column is computed once."""
+    """What a reducer reads from a batch's layers beyond rows (:meth:`Reducer.layer_needs`): ``entropy`` (each
+    row's), ``smoothed_entropy`` (eps of the smoothed rows' entropy), ``values`` (name -> [B, n, c] key columns:
+    (A.m)_i), ``lower`` (the same over keys j <= i only) and ``targets``. Names are shared between reducers (the
+    same name must mean the same columns): a column is computed once."""
 
     entropy: bool = False
-    smoothed_entropy: float | None = None  # eps: the entropy of the rows (1 - eps) A + eps / k_i (FreeLayer)
+    smoothed_entropy: float | None = None  # eps: the entropy of the rows (1 - eps) A + eps / k_i
     values: dict = field(default_factory=dict)
     lower: dict = field(default_factory=dict)
-    targets: dict = field(default_factory=dict)  # name -> [B, n] key of each query (-1: none): FreeLayer.target
+    targets: dict = field(default_factory=dict)  # name -> [B, n] key of each query (-1: none): LayerView.target
 
 
 def reducer_failure(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer, err: Exception) -> ReduceError:
@@ -332,30 +330,6 @@ def reducer_failure(reducer: Reducer, info: FeedInfo, batch: ReduceBatch, layer,
     return ReduceError(
         f"{analysis}reducer {reducer.name} failed on model {info.model or '?'}, corpus {info.corpus or '?'}, {where}, sequences {ids}{more}: {err}"
     )
-
-
-def feed_layer(reducers: Sequence[Reducer], info: FeedInfo, layer: int, attn, batch: ReduceBatch) -> None:
-    """Hand one layer's [B, H, n, n] attention to every per-layer reducer."""
-    for r in reducers:
-        if not r.needs_all_layers:
-            try:
-                r.update(layer, attn, batch)
-            except ReduceError:
-                raise
-            except Exception as e:
-                raise reducer_failure(r, info, batch, layer, e) from e
-
-
-def feed_all(reducers: Sequence[Reducer], info: FeedInfo, layers: list, batch: ReduceBatch) -> None:
-    """Hand every layer of a batch to the reducers that need all layers."""
-    for r in reducers:
-        if r.needs_all_layers and r.wants(batch):
-            try:
-                r.update_all(layers, batch)
-            except ReduceError:
-                raise
-            except Exception as e:
-                raise reducer_failure(r, info, batch, None, e) from e
 
 
 def feed_outputs(reducers: Sequence[Reducer], info: FeedInfo, outputs, batch: ReduceBatch) -> None:

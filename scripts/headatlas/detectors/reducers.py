@@ -1,9 +1,9 @@
 """The detectors as one reducer (:mod:`headatlas.core.reduce`): per sequence, layer and head, the observed score
-of each detector and the same score under a shuffled-position null, from a padded ``[B, H, n, n]`` batch.
+of each detector and the same score under a shuffled-position null, from a layer view (maps or map-free).
 
 Per query i of a sequence of n tokens (content = tokens that are no special token):
 
-- ``prev``: Clark's previous-token score, :func:`headatlas.core.patterns.prev_token_score` (one definition);
+- ``prev``: Clark's previous-token score (:mod:`headatlas.core.patterns`): attention to token i - 1, over n;
 - ``duplicate``: attention to the other occurrence of the query's token: the nearest earlier content token with
   the same piece (decoder); for an encoder the nearest other one, earlier or later (ties: the earlier);
 - ``induction``: attention to the token right after that occurrence (a content token, not the query itself);
@@ -24,10 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.data import SPECIAL_NONE
-from ..core.mapfree import key_target, offset_target
-from ..core.patterns import prev_token_score
-from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps
-from .registry import REGISTRY, Targets, column
+from ..core.layer_view import key_target, offset_target
+from ..core.reducer import Needs, ReduceBatch, Reducer
+from .registry import REGISTRY, Targets
 
 
 def other_occurrence(piece: np.ndarray, special: np.ndarray, lengths: np.ndarray, causal: bool) -> np.ndarray:
@@ -73,18 +72,6 @@ def targets(batch: ReduceBatch, causal: bool, seed: int) -> dict:
     return {"target": t, "den": den, "null": null}
 
 
-def _mass(a, target, den):
-    """[B, H, D] sum_i a[b, h, i, target[b, d, i]] over queries with a target, / den[b, d]."""
-    import torch
-
-    bsz, h, n, _ = a.shape
-    t = torch.as_tensor(target, device=a.device)  # [B, D, n]
-    d = t.shape[1]
-    index = t.clamp(min=0)[:, None, :, :, None].expand(bsz, h, d, n, 1)
-    got = a[:, :, None].expand(bsz, h, d, n, n).gather(4, index)[..., 0] * (t >= 0)[:, None].to(a.dtype)
-    return got.sum(-1).double() / torch.as_tensor(den, device=a.device)[:, None, :]
-
-
 class DetectorReducer(Reducer):
     """Observed and null scores of :data:`~headatlas.detectors.registry.REGISTRY` per sequence: ``result()`` is a dict of float64 arrays
     ``scores`` and ``null`` [N, L, H, D] (NaN where a sequence has no query for a detector)."""
@@ -104,38 +91,24 @@ class DetectorReducer(Reducer):
         self.scores = np.full(shape, np.nan)
         self.null = np.full(shape, np.nan)
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        import torch
-
-        causal = self.info.causal
-        t = self._targets(batch)
-        a = clean_maps(attn, batch, causal)
-        obs = _mass(a, t["target"], t["den"])
-        # Clark's statistic, one function (core.patterns): the same cells as the target's sum
-        n = torch.as_tensor(batch.lengths, device=a.device)[:, None]
-        obs[..., column("prev")] = prev_token_score(a, n).double()
-        nul = _mass(a, np.where(t["target"] >= 0, t["null"][:, None, :], -1), t["den"])
-        self.scores[batch.seq, layer] = obs.cpu().numpy()
-        self.null[batch.seq, layer] = nul.cpu().numpy()
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+    def layer_needs(self, batch: ReduceBatch, causal: bool):
         """Every score is one key per query: the targets (shared by name with other reducers), q, k and LSE."""
         t = self._targets(batch)
         shared = {"offset:-1": lambda: offset_target(batch, -1), "key:0": lambda: key_target(batch, 0)}
         need = {
-            d.free_name: shared[d.free_name]() if d.free_name in shared else t["target"][:, i]
+            d.target_name: shared[d.target_name]() if d.target_name in shared else t["target"][:, i]
             for i, d in enumerate(REGISTRY.values())
         }
         return Needs(targets={**need, "detectors:null": t["null"]})
 
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """The same scores without the maps: A[i, target] = exp(s_it - LSE_i) (:meth:`FreeLayer.target`)."""
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        """Every score as the sum of its targets' attention (:meth:`~headatlas.core.layer_view.LayerView.target`)."""
         import torch
 
         t = self._targets(batch)
-        dev = view.q.device
+        dev = view.device
         den = torch.as_tensor(t["den"], device=dev)[:, None, :]
-        obs = torch.stack([view.target(d.free_name) for d in REGISTRY.values()], 2)  # [B, H, D, n]
+        obs = torch.stack([view.target(d.target_name) for d in REGISTRY.values()], 2)  # [B, H, D, n]
         has = torch.as_tensor(t["target"] >= 0, device=dev)[:, None]  # [B, 1, D, n]
         nul = view.target("detectors:null")[:, :, None] * has
         self.scores[batch.seq, layer] = (obs.sum(-1).double() / den).cpu().numpy()

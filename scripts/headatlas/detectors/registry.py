@@ -6,7 +6,7 @@ entry).
 A target function takes a :class:`Targets` of one batch and returns [B, n] key positions (-1: the query has
 no target). ``every_query``: the score is divided by the sequence length n (every query counts, as for
 Clark's previous-token statistic and Gu et al.'s alpha_1), else by the number of queries with a target.
-``free_target``: the map-free view's name of the target, shared with other reducers where they ask for the
+``shared_target``: the layer view's name of the target, shared with other reducers where they ask for the
 same keys (``offset:-1``, ``key:0``).
 """
 
@@ -46,11 +46,11 @@ class Detector:
     main_input: str  # "natural" or "repeated" (detectors.sequences.INPUT_KINDS)
     title: str  # the figure's panel
     describe: str  # the atlas column det_<name>
-    free_target: str = ""  # default "detectors:<name>"
+    shared_target: str = ""  # the layer view's target name when other reducers share it; default "detectors:<name>"
 
     @property
-    def free_name(self) -> str:
-        return self.free_target or f"detectors:{self.name}"
+    def target_name(self) -> str:
+        return self.shared_target or f"detectors:{self.name}"
 
 
 def _prev(t: Targets) -> np.ndarray:

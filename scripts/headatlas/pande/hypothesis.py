@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.bootstrap import bootstrap_ci, resample_counts
-from ..core.multitest import adjust  # noqa: F401 (re-exported: pande.hypothesis.adjust)
+from ..core.multitest import adjust
 from ..core.progress import progress
 from ..core.settings import Settings
 

@@ -1,20 +1,17 @@
 """Pande et al.'s sentence scores as a reducer (:mod:`headatlas.core.reduce`): the same arrays as
-``score_store`` (tests/reference/sieves.py), computed in torch on a padded ``[B, H, n, n]`` batch with
-masks, on the device where the attention is (sums over cells in float32 like the reference, the rest in
-float64). Only the scores [B, H, roles] of each
-layer go to the host.
+``score_store`` (tests/reference/sieves.py), computed in torch on a padded batch, on the device where the
+attention is (sums over cells in float32 like the reference, the rest in float64). Only the scores [B, H, roles]
+of each layer go to the host.
 
-Roles come by name from the registry (:data:`headatlas.pande.roles.ROLES`): each token role (a band of
-offsets, special keys, the block) has a [B, n, n] sieve mask built once per batch and one [B, H, n] mass per
-layer, kept in a dict under the role's name; syntactic roles gather, per (dependency pair, query piece), that piece's row of the map and sum
-it over the key word's pieces: no Python loop over cells, rows, heads or pairs. The only loop over the
-sequences of a batch builds their dependency pairs from the corpus records (Python objects), once per batch.
-
-Map-free (:mod:`headatlas.core.mapfree`, :meth:`_BatchSieves.free_sums`): the same sums from q, k and LSE.
-Rows sum to 1 (the kernel's softmax over the visible keys); a band = its offset targets; special keys ([CLS]/BOS,
-[SEP]) = one product of the queries with those tokens' keys (:func:`free_key_masses`); block = two value columns
-(content tokens of segment A, of segment B) picked by the query's segment, and A ln A summed = -entropy (the
-entropy pass); syntactic = one target per (query piece, key piece) of a pair, summed over the key word's pieces.
+Roles come by name from the registry (:data:`headatlas.pande.roles.ROLES`): each token role (a band of offsets,
+special keys, the block) has a [B, n] sieve size per query built once per batch and one [B, H, n] mass per layer,
+kept in a dict under the role's name. Each layer is read through its
+:class:`~headatlas.core.layer_view.LayerView` (:meth:`_BatchSieves.sums`; maps or q, k and LSE): a band = its
+offset targets; special keys ([CLS]/BOS, [SEP]) = the view's mass on those keys (:func:`view_key_masses`); block
+= two value columns (content tokens of segment A, of segment B) picked by the query's segment, and A ln A summed
+= -entropy; syntactic = one target per (query piece, key piece) of a pair, summed over the key word's pieces. No
+Python loop over cells, rows, heads or pairs; the only loop over the sequences of a batch builds their
+dependency pairs from the corpus records (Python objects), once per batch.
 """
 
 from __future__ import annotations
@@ -25,16 +22,9 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_NONE
-from ..core.mapfree import offset_target
-from ..core.reduce import (
-    SUMMARY_GROUPS,
-    TINY,
-    check_layers_done,
-    key_columns,
-    key_masses,
-    stack_layers,
-)
-from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer, clean_maps, scratch
+from ..core.layer_view import offset_target
+from ..core.reduce import SUMMARY_GROUPS, check_layers_done, key_columns, stack_layers
+from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer
 from .roles import ROLES, Band, Block, Keys, Role, check_registry, key_groups, role_names, token_roles
 from .sieves import SieveSettings, dependency_pairs, query_segment, role_notes
 
@@ -72,12 +62,9 @@ class _BatchSieves:
         qseg = np.full((bsz, n), -1, dtype=np.int64)
         qseg[batch.special != -1] = qseg_flat  # row-major order of the real tokens = concatenation order
         qseg = self.qseg = torch.as_tensor(qseg, device=device)
-        # per layer: a band = its diagonals; special keys = a gather of their few columns; the block = the maps
-        # times the block mask, for batches with a pair only (clean_maps cuts keys j > i under a causal mask)
+        # the block is scored on batches with a pair only
         has_block = any(isinstance(r.sieve, Block) for r in self.token.values())
         self.any_block = has_block and bool(self.is_pair.any())
-        self.block_f = None  # [B, 1, n, n]
-        self.bands = {}  # band role -> (flat cell index [n * K], weight [n, K]) of its K offsets
         cnt = {}  # role -> [B, n] sieve size of each query
         for name, role in self.token.items():
             sieve = role.sieve
@@ -85,17 +72,12 @@ class _BatchSieves:
                 offs = sieve.keys(settings.window, causal)
                 offs = torch.tensor(offs, device=device, dtype=idx.dtype)
                 mask = cell & torch.isin(diff, offs)[None]
-                j = idx[:, None] + offs[None, :]  # [n, K] band keys
-                ok = (j >= 0) & (j < n)
-                self.bands[name] = (torch.where(ok, idx[:, None] * n + j, 0).reshape(-1), ok.float())
             elif isinstance(sieve, Keys):
                 kinds = torch.tensor([k for g in sieve.groups for k in g], device=device, dtype=special.dtype)
                 mask = allowed & torch.isin(special, kinds)[:, None, :]
             elif isinstance(sieve, Block):
                 mask = allowed & content[:, None, :] & (segment[:, None, :] == qseg[:, :, None])
                 mask &= self.is_pair[:, None, None]
-                if self.any_block:
-                    self.block_f = mask.float()[:, None]
             else:  # pragma: no cover (check_registry)
                 raise ValueError(f"Pande role {name}: unknown sieve {sieve!r}")
             cnt[name] = mask.sum(-1).double()
@@ -166,51 +148,15 @@ class _BatchSieves:
             for k in self.rel_keys
         ]
 
-    def scores(self, attn, settings: SieveSettings) -> "torch.Tensor":  # noqa: F821
-        """[B, H, roles] float64 sentence scores of one layer's padded maps, NaN where a role has no query or pair."""
-        one = {k: None if x is None else x[None] for k, x in self.sums(attn, settings).items()}
-        return self.from_sums(one, settings)[0]
-
     def _key_mass(self, role: Role, km):
         """A special-keys role's [B, H, n] mass: its groups' columns of ``km`` [B, H, n, G] added in order."""
         cols = [km[..., self.key_groups.index(tuple(g))] for g in role.sieve.groups]
         return sum(cols[1:], cols[0])
 
-    def sums(self, attn, settings: SieveSettings) -> dict:
-        """The passes over one layer's maps that :meth:`scores` needs, float32 sums over rows, by name:
-        ``rowsum``, each token role's [B, H, n] mass under its own name (the block: None without a pair in the
-        batch), ``xlogx`` (the block's sum of A ln A, or None) and ``arcs:<d>`` ([G, H] sieve sums of direction
-        d's groups); :meth:`from_sums` turns them into the scores."""
-        import torch
-
-        a = clean_maps(attn, self.batch, self.causal)  # read-only; padded rows and columns are 0
-        bsz, h, n, _ = a.shape
-        out = {"rowsum": a.sum(-1)}  # [B, H, n]; sums over cells in float32, as the reference SievePlan
-        km = key_masses(a, self.batch, self.key_groups) if self.key_groups else None  # shared with the surface
-        for name, role in self.token.items():
-            if isinstance(role.sieve, Band):  # the band's cells (i, i + off) read at once (padded cells are 0)
-                idx, w = self.bands[name]
-                out[name] = (a.reshape(bsz, h, n * n).index_select(2, idx).view(bsz, h, n, w.shape[1]) * w).sum(-1)
-            elif isinstance(role.sieve, Keys):
-                out[name] = self._key_mass(role, km)
-            else:  # the block; no pair in the batch: no block sieve (NaN in from_sums)
-                out[name] = None
-                if self.block_f is not None:
-                    out[name] = torch.mul(a, self.block_f, out=scratch("sieve_block", a.shape, a.device)).sum(-1)
-        out["xlogx"] = None
-        if self.any_block and settings.block_entropy:
-            logs = torch.clamp(a, min=TINY, out=scratch("sieve_block", a.shape, a.device)).log_()
-            out["xlogx"] = logs.mul_(a).sum(-1)
-        for d, g in enumerate(self.groups):
-            flat = self._flat_rows(g, h, n)  # [G * H] rows (b, head, row) of the flattened maps
-            rows = a.reshape(-1, n).index_select(0, flat).view(-1, h, n)  # [G, H, n]: the query piece's row
-            out[f"arcs:{d}"] = (rows * g["sieve"][:, None, :]).sum(-1)  # [G, H]
-        return out
-
-    def mapfree_needs(self, settings: SieveSettings):
-        """The passes :meth:`free_sums` needs (:class:`~headatlas.core.mapfree.Needs`): targets only (the bands'
-        offsets, the pairs' key pieces; the special keys are a product with their keys, no pass), and for
-        batches with a pair the segments' value columns (+ the entropy pass with ``block_entropy``)."""
+    def needs(self, settings: SieveSettings):
+        """What :meth:`sums` reads (:class:`~headatlas.core.reducer.Needs`): targets only (the bands' offsets, the
+        pairs' key pieces; the special keys are a product with their keys, no pass), and for batches with a pair
+        the segments' value columns (+ the entropy with ``block_entropy``)."""
         batch = self.batch
         offsets = [
             o
@@ -227,15 +173,16 @@ class _BatchSieves:
             values["segment_content"] = np.stack([content & (seg == s) for s in (0, 1)], -1).astype(np.float32)
         return Needs(entropy=self.any_block and settings.block_entropy, values=values, targets=targets)
 
-    def free_sums(self, view, settings: SieveSettings) -> dict:
-        """:meth:`sums` without the maps, from a :class:`~headatlas.core.mapfree.FreeLayer` given the passes of
-        :meth:`mapfree_needs`: the same dict (row sums are 1: the kernel's softmax over the visible keys)."""
+    def sums(self, view, settings: SieveSettings) -> dict:
+        """One layer's sums from its :class:`~headatlas.core.layer_view.LayerView` given :meth:`needs`, by name:
+        ``rowsum`` [B, H, n], each token role's [B, H, n] mass under its own name (the block: None without a pair
+        in the batch), ``xlogx`` (the block's sum of A ln A, or None) and ``arcs:<d>`` ([G, H] sieve sums of
+        direction d's groups); :meth:`from_sums` turns them into the scores."""
         import torch
 
-        valid = view.valid[:, None].float()  # [B, 1, n]
-        bsz, h, n = view.lse.shape
-        out = {"rowsum": valid.expand(bsz, h, n)}
-        km = free_key_masses(view, self.batch, self.key_groups) if self.key_groups else None
+        bsz, h, n = view.shape
+        out = {"rowsum": view.row_sum()}
+        km = view_key_masses(view, self.batch, self.key_groups) if self.key_groups else None
         for name, role in self.token.items():
             if isinstance(role.sieve, Band):
                 offs = role.sieve.keys(settings.window, self.causal)  # none: a band cut away by the causal mask
@@ -244,7 +191,7 @@ class _BatchSieves:
                 out[name] = self._key_mass(role, km)
             else:  # the mass on the content tokens of the query's segment (used on pairs only)
                 out[name] = None
-                if self.block_f is not None:
+                if self.any_block:
                     seg = view.value("segment_content")  # [B, H, n, 2]
                     out[name] = seg.gather(3, self.qseg.clamp(min=0)[:, None, :, None].expand(bsz, h, n, 1))[..., 0]
         out["xlogx"] = None
@@ -255,7 +202,7 @@ class _BatchSieves:
             n_t = arcs.shape[1]
             at = torch.stack([view.target(arc_name(settings, t)) for t in range(n_t)], 2) if n_t else None
             for d, (g, (flat, gi)) in enumerate(zip(self.groups, self.arc_entries())):
-                gs = torch.zeros((len(g["b"]), h), dtype=torch.float32, device=view.q.device)
+                gs = torch.zeros((len(g["b"]), h), dtype=torch.float32, device=view.device)
                 if n_t and len(flat):  # each entry's value at (b, :, slot, row), added to its group
                     vals = at.permute(0, 2, 3, 1).reshape(-1, h).index_select(0, flat)
                     gs.index_add_(0, gi, vals)
@@ -392,11 +339,10 @@ class _BatchSieves:
         return counts
 
 
-def free_key_masses(view, batch: ReduceBatch, groups=SUMMARY_GROUPS):
-    """:func:`~headatlas.core.reduce.key_masses` without the maps: [B, H, n, G] attention of each query to the
-    tokens of each group of special kinds (:meth:`~headatlas.core.mapfree.FreeLayer.key_mass` of the
-    :func:`~headatlas.core.reduce.key_columns`)."""
-    pos, w = key_columns(batch, groups, view.q.device)  # [B, 1, 1, m], [B, 1, m, G], filler weight 0
+def view_key_masses(view, batch: ReduceBatch, groups=SUMMARY_GROUPS):
+    """[B, H, n, G] attention of each query to the tokens of each group of special kinds
+    (:meth:`~headatlas.core.layer_view.LayerView.key_mass` of the :func:`~headatlas.core.reduce.key_columns`)."""
+    pos, w = key_columns(batch, groups, view.device)  # [B, 1, 1, m], [B, 1, m, G], filler weight 0
     return view.key_mass(pos[:, 0, 0], w[:, 0])
 
 
@@ -441,17 +387,12 @@ class SieveReducer(Reducer):
         self._pending: list = []
         self.open = 0  # batches whose layers have not all come yet
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        plan = self._plan(batch, attn.device)
-        self._add(layer, plan, plan.sums(attn, self.settings), batch)
+    def layer_needs(self, batch: ReduceBatch, causal: bool):
+        return self._plan(batch, "cpu").needs(self.settings)
 
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
-        return self._plan(batch, "cpu").mapfree_needs(self.settings)
-
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """The same scores without the maps (:meth:`_BatchSieves.free_sums`)."""
-        plan = self._plan(batch, view.q.device)
-        self._add(layer, plan, plan.free_sums(view, self.settings), batch)
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        plan = self._plan(batch, view.device)
+        self._add(layer, plan, plan.sums(view, self.settings), batch)
 
     def _plan(self, batch: ReduceBatch, device) -> _BatchSieves:
         """The batch's layer-independent work, once per batch and device (kept with the batch: replay

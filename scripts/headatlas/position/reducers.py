@@ -10,8 +10,8 @@ the mean over the real query tokens in it of
 - ``distance``: the mean attention distance in tokens, sum_j A_ij |i - j|.
 
 Positions count tokens from the start of the input (0 = BOS / [CLS]). The reducer follows the Reducer API
-of :mod:`headatlas.core.reduce` (vectorised over sequences, heads and tokens; padding masked); fused (during
-the forward pass) and replayed (from a store) it gives the same numbers.
+of :mod:`headatlas.core.reduce` (vectorised over sequences, heads and tokens; padding masked) through the layer
+view: map-free, fused (during the forward pass) and replayed (from a store) it gives the same numbers.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..core.mapfree import key_positions, key_target, offset_target
+from ..core.layer_view import key_positions, key_target, offset_target
 from ..core.patterns import local_band
-from ..core.reduce import TINY, cat_chunks, map_chunks
-from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps, scratch
+from ..core.reducer import Needs, ReduceBatch, Reducer
 from ..core.settings import Settings
 
 STATS = ("sink", "local", "entropy", "distance")
@@ -57,38 +56,9 @@ def check_edges(edges) -> tuple[int, ...]:
     return edges
 
 
-def batch_position_stats(attn, batch: ReduceBatch, causal: bool, window: int):
-    """[B, H, n, 4] float32 statistics (STATS order) of every query row of a padded batch (0 on padding)."""
-    import torch
-
-    a = clean_maps(attn, batch, causal)  # read-only, 0 outside each real query's visible keys
-    bsz, h, n, _ = a.shape
-    dev = a.device
-    key = ("position", str(dev), causal, window)
-    if batch.recall(key) is None:
-        idx = torch.arange(n, device=dev)
-        diag_idx, diag_w = [], []
-        for off in local_band(window, causal):  # one diagonal at a time
-            ok = (idx + off >= 0) & (idx + off < n)
-            diag_idx.append(torch.where(ok, idx * (n + 1) + off, 0))
-            diag_w.append(ok.float())
-        dist = (idx[:, None] - idx[None, :]).abs().float()
-        batch.keep(key, (torch.cat(diag_idx), torch.stack(diag_w), dist))
-    diag_idx, diag_w, dist = batch.recall(key)
-    sink = a[..., 0]
-    local = (a.reshape(bsz, h, n * n).index_select(2, diag_idx).view(bsz, h, -1, n) * diag_w).sum(2)
-    ent, dis = [], []
-    for s in map_chunks(a):  # chunks of sequences: the temporaries stay small next to the layer's maps
-        c = a[s]
-        # -sum A ln A with 0 ln 0 = 0 (ln of the clamp is finite, times A = 0): the vectorised log, one temporary
-        ent.append(torch.clamp(c, min=TINY, out=scratch("position", c.shape, dev)).log_().mul_(c).sum(-1).neg_())
-        dis.append(torch.einsum("bhij,ij->bhi", c, dist))  # sum_j A_ij |i - j| as a batched product, no temporary
-    return torch.stack([sink, local, cat_chunks(ent), cat_chunks(dis)], -1)
-
-
-def free_position_stats(view, batch: ReduceBatch, causal: bool, window: int):
-    """:func:`batch_position_stats` without the maps (:class:`~headatlas.core.mapfree.FreeLayer`): sink and
-    local from 1 + the band's targets, entropy from its pass, distance from A.pos (and, for an encoder, the
+def position_stats(view, batch: ReduceBatch, causal: bool, window: int):
+    """[B, H, n, 4] float32 statistics (STATS order) of every query row of a layer view (0 on padding): sink and
+    local from 1 + the band's targets, the entropy, distance from A.pos (and, for an encoder, the
     lower pass: sum_j A_ij |i - j| = (A.pos)_i - i + 2 (i L_i - sum_{j <= i} A_ij j), L_i = sum_{j <= i} A_ij)."""
     import torch
 
@@ -106,7 +76,7 @@ def free_position_stats(view, batch: ReduceBatch, causal: bool, window: int):
 
 
 def position_needs(batch: ReduceBatch, causal: bool, window: int):
-    """The passes :func:`free_position_stats` needs (:class:`~headatlas.core.mapfree.Needs`)."""
+    """The passes :func:`position_stats` needs (:class:`~headatlas.core.mapfree.Needs`)."""
     import torch
 
     pos = key_positions(batch, "cpu")
@@ -138,14 +108,11 @@ class PositionReducer(Reducer):
         self.count = np.zeros(len(self.edges), dtype=np.int64)  # query tokens per bucket (same for every head)
         self.seen = np.zeros(info.n_layers, dtype=bool)
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        self._add(layer, batch_position_stats(attn, batch, self.info.causal, self.window), batch)
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+    def layer_needs(self, batch: ReduceBatch, causal: bool):
         return position_needs(batch, causal, self.window)
 
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        self._add(layer, free_position_stats(view, batch, self.info.causal, self.window), batch)
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        self._add(layer, position_stats(view, batch, self.info.causal, self.window), batch)
 
     def _add(self, layer: int, s, batch: ReduceBatch) -> None:
         """Add one layer's [B, H, n, 4] row statistics to the per-bucket sums."""

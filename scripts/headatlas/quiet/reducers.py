@@ -9,9 +9,9 @@
 - ``entropy``: the mean over the rows of -sum_j A_ij ln A_ij in nats (the entropy pass of the attention kernel).
 
 The row maximum has no identity in the map-free primitives (targets, value columns, entropy), and the kernels that
-compute it for their softmax do not hand it out: the map-free form recomputes exact rows from q, k and the LSE a
-block at a time (:meth:`~headatlas.core.mapfree.FreeLayer.row_blocks`: about one eager attention pass of work,
-never a layer's maps), as Clark's JS distances do. The eager form takes the same statistics from the maps.
+compute it for their softmax do not hand it out: the reducer reads the rows a block at a time
+(:meth:`~headatlas.core.layer_view.LayerView.row_blocks`; map-free, exact rows recomputed from q, k and the LSE:
+about one eager attention pass of work, never a layer's maps).
 
 :class:`ActivityReducer` (no map; forward pre-hooks on the attention output projections, and the model's hidden
 states):
@@ -30,8 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.extract import HeadOutputHooks
-from ..core.reduce import map_chunks
-from ..core.reducer import Needs, ReduceBatch, Reducer, clean_maps
+from ..core.reducer import Needs, ReduceBatch, Reducer
 
 ROW_STATS = ("prev", "next", "max_weight", "entropy")
 HIT_COLUMNS = ["sequence", "layer", "token", "channel", "piece", "value", "median"]
@@ -77,29 +76,17 @@ class RowMaxReducer(Reducer):
         super().start(info)
         self.stats = np.full((info.n_sequences, info.n_layers, info.n_heads, len(ROW_STATS)), np.nan)
 
-    def update(self, layer: int, attn, batch: ReduceBatch) -> None:
-        import torch
-
-        causal = self.info.causal
-        a = clean_maps(attn, batch, causal)  # read-only
-        lengths = batch.tensor("lengths", a.device)
-        sums = []
-        for s in map_chunks(a):  # chunks of sequences: the temporaries stay small next to the layer's maps
-            c = a[s]
-            rows = row_max_stats(c, 0, lengths[s], causal).sum(2)  # padded rows are 0
-            sums.append(torch.cat([rows, torch.special.entr(c).sum(-1).sum(-1, keepdim=True)], -1))
-        self._add(layer, torch.cat(sums), batch)
-
-    def mapfree_needs(self, batch: ReduceBatch, causal: bool):
+    def layer_needs(self, batch: ReduceBatch, causal: bool):
         return Needs(entropy=True)
 
-    def update_free(self, layer: int, view, batch: ReduceBatch) -> None:
-        """The row maxima from exact rows recomputed in blocks; the entropy from the attention pass."""
+    def update(self, layer: int, view, batch: ReduceBatch) -> None:
+        """The row maxima from the rows in blocks (:meth:`~headatlas.core.layer_view.LayerView.row_blocks`); the
+        entropy from the view."""
         import torch
 
-        lengths = batch.tensor("lengths", view.q.device)
-        bsz, h = view.q.shape[:2]
-        rows = torch.zeros((bsz, h, 3), dtype=torch.float64, device=view.q.device)
+        lengths = batch.tensor("lengths", view.device)
+        bsz, h, _ = view.shape
+        rows = torch.zeros((bsz, h, 3), dtype=torch.float64, device=view.device)
         for sl, a in view.row_blocks():
             rows += row_max_stats(a, sl.start, lengths, view.causal).sum(2).double()
         self._add(layer, torch.cat([rows, view.entropy().double().sum(-1, keepdim=True)], -1), batch)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from headatlas.clark.gradients import KEY_TYPES, group_sums, key_types, lm_head_model, mlm_inputs
+from headatlas.clark.gradients import KEY_TYPES, group_sums, key_types, mlm_inputs
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
+from headatlas.core.models import lm_head_model
 
 K = {k: i for i, k in enumerate(KEY_TYPES)}
 

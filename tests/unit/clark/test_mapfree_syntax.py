@@ -22,8 +22,7 @@ from headatlas.clark.syntax_reducers import (
     anaphor_rows,
     batch_anaphors,
     batch_units,
-    batch_word_maps,
-    free_word_maps,
+    view_word_maps,
 )
 from headatlas.core.corpora import document_records, read_conllu
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
@@ -32,6 +31,7 @@ from headatlas.core.mapfree import FreeLayer, attention_lse, plan_feed
 from headatlas.core.models import decoder_bos, model_kind
 from headatlas.core.reduce import fused_reduce
 from headatlas.core.reducer import ReduceBatch
+from unit.clark.test_syntax_reducers import batch_word_maps
 
 TOL = 1e-5
 GUM_DEV = RESOURCES / "gum" / "ontogum_dev.conllu"
@@ -87,13 +87,13 @@ def test_query_rows_equal_softmax_rows(causal):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_free_word_maps_and_anaphor_rows_equal_the_maps(causal, mode):
-    """free_word_maps (value columns + the query side) and anaphor_rows (the head words' pieces' rows) equal
-    batch_word_maps of the explicit maps; word b of the first sequence has two pieces."""
+    """The word-level maps of a FreeLayer (value columns + the query side) and anaphor_rows (the head words'
+    pieces' rows) equal those of the explicit maps; word b of the first sequence has two pieces."""
     view, a = _hand_layer(causal)
     batch = view.batch
     units = batch_units(batch, mode)
     want = batch_word_maps(a, batch, causal, mode)
-    torch.testing.assert_close(free_word_maps(view, batch, mode), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(view_word_maps(view, batch, mode), want, rtol=0, atol=1e-6)
     seq, head = np.array([0, 0, 1, 0]), np.array([2, 1, 2, -1])  # units: [CLS] a b c [SEP]; [CLS] x y [SEP]
     an = _BatchAnaphors(seq, head, head, np.ones((4, units.frm.shape[1]), bool), [[0, 1, 3], [2]])
     got = anaphor_rows(view, batch, units, an)
@@ -212,7 +212,7 @@ def test_tiny_syntax_mapfree_equals_eager(name, mode, cpu_pass, tiny_loaded, ewt
 def test_tiny_coref_mapfree_equals_eager(name, mode, tiny_loaded, gum_docs):
     """Coreference predictions (Table 2) on 4 GUM documents: the anaphors' rows alone, no extra pass."""
     model, tokenized, kind, pad = _tiny(tiny_loaded, name, gum_docs, 256)  # the tiny models' longest input
-    assert CorefReducer(mode).mapfree_needs(ReduceBatch.from_tokenized(tokenized, [0], gum_docs), False).values == {}
+    assert CorefReducer(mode).layer_needs(ReduceBatch.from_tokenized(tokenized, [0], gum_docs), False).values == {}
     batch = ReduceBatch.from_tokenized(tokenized, range(len(tokenized)), gum_docs)
     units = batch_units(batch, mode)
     qp = anaphor_pieces(batch, units, batch_anaphors(batch, units))

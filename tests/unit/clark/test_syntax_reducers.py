@@ -15,6 +15,7 @@ from headatlas.clark.coref import collect
 from headatlas.clark.parsing_probe import store_sentences
 from headatlas.clark.syntax import head_predictions, iter_word_maps, word_block, word_level
 from headatlas.clark.syntax_reducers import (
+    UNITS,
     CorefPredictions,
     CorefReducer,
     HeadPredictionReducer,
@@ -22,18 +23,19 @@ from headatlas.clark.syntax_reducers import (
     WordMapSet,
     WordMapsReducer,
     batch_units,
-    batch_word_maps,
     coref_result,
     fused_plan,
+    view_word_maps,
     word_predictions,
 )
 from headatlas.core.align import bos_id
 from headatlas.core.corpora import document_records, read_conllu
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP
 from headatlas.core.extract import ExtractSettings, extract, tokenize_records
+from headatlas.core.layer_view import LayerPlan, MapsLayer
 from headatlas.core.models import model_kind
 from headatlas.core.reduce import fused_reduce, replay
-from headatlas.core.reducer import ReduceBatch
+from headatlas.core.reducer import Needs, ReduceBatch
 from headatlas.core.store import AttentionStore
 
 GUM_DEV = RESOURCES / "gum" / "ontogum_dev.conllu"
@@ -55,6 +57,13 @@ def hand_batch(n_words=(3, 2)):
     )
     s2 = (np.array([-1, 0, 1, -1]), np.array([SPECIAL_CLS, 0, 0, SPECIAL_SEP]), ["[CLS]", "x", "y", "[SEP]"])
     return ReduceBatch.from_rows([0, 1], rows_of([s1, s2]), [0, 1], list(n_words)), [s1, s2]
+
+
+def batch_word_maps(attn, batch, causal, mode):
+    """[B, H, U, U] the word-level maps of one layer's maps ``attn`` (through a MapsLayer)."""
+    needs = Needs(values={UNITS: batch_units(batch, mode).to})
+    view = MapsLayer(attn, batch, causal, LayerPlan.of_needs([needs], causal, attn.device))
+    return view_word_maps(view, batch, mode)
 
 
 def padded_garbage(blocks, fill):

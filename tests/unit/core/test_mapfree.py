@@ -13,6 +13,7 @@ import torch
 from headatlas.core import mapfree
 from headatlas.core.batching import model_inputs
 from headatlas.core.extract import tokenize_records
+from headatlas.core.layer_view import offset_targets
 from headatlas.core.mapfree import (
     MAPFREE,
     FreeLayer,
@@ -20,7 +21,6 @@ from headatlas.core.mapfree import (
     attention_lse,
     blocked_attention,
     key_only,
-    offset_targets,
     plan_feed,
 )
 from headatlas.core.models import decoder_bos, model_kind
@@ -671,7 +671,7 @@ def test_sample_maps_rows_sum_to_one_at_large_scores():
     r = SampleMaps([0], Writer(), tol=1e-3)
     r.start(FeedInfo(1, 1, 2, model_kind="decoder"))
     assert float((view.rows()[0].sum(-1) - 1).abs().max()) > 1e-3  # the rebuilt rows alone fail the check
-    r.update_free(0, view, batch)
+    r.update(0, view, batch)
     np.testing.assert_allclose(r.writer.block.sum(-1), 1.0, atol=1e-5)
     # against the float64 softmax: within float32 scores of 1e4 (one ulp 1e-3)
     np.testing.assert_allclose(r.writer.block, torch.softmax(s, -1)[0].numpy(), atol=2e-3)

@@ -16,11 +16,19 @@ from reference.sieves import score_store, sequence_scores
 from reference.surface import sequence_stats, surface_table
 
 from headatlas.clark.clustering import sample_heads
-from headatlas.clark.reducers import JSReducer, SurfaceReducer, batch_surface_stats
+from headatlas.clark.reducers import (
+    JSReducer,
+    SurfaceReducer,
+    _float_masks,
+    surface_from_shares,
+    surface_needs,
+    surface_sums,
+)
 from headatlas.clark.surface import STATS
 from headatlas.core.align import bos_id
 from headatlas.core.data import SPECIAL_CLS, SPECIAL_SEP, Record
 from headatlas.core.extract import ExtractSettings, extract, tokenize_records
+from headatlas.core.layer_view import LayerPlan, MapsLayer, feed_layer
 from headatlas.core.models import ModelError, model_kind
 from headatlas.core.reduce import attention_modules, fused_reduce, padded, replay
 from headatlas.core.reducer import ReduceBatch, ReduceError, Reducer
@@ -62,6 +70,24 @@ def random_maps(rng, h, n, causal=False):
     if causal:
         x = np.tril(x)
     return (x / x.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def maps_view(attn, batch, causal, *needs):
+    """The MapsLayer of maps ``attn`` with the declarations ``needs``."""
+    return MapsLayer(attn, batch, causal, LayerPlan.of_needs(needs, causal, attn.device))
+
+
+def batch_surface_stats(attn, batch, causal, smoothing):
+    """[B, H, S] Clark's statistics of one layer's maps (the reducer's sums and finish, one layer)."""
+    view = maps_view(attn, batch, causal, surface_needs(batch, causal, smoothing))
+    f = _float_masks(batch, attn.device, causal, smoothing)
+    return surface_from_shares(surface_sums(view, batch, causal, smoothing), f)
+
+
+def sieve_scores(plan, attn, st, causal):
+    """[B, H, roles] Pande's scores of one layer's maps (the reducer's sums and scores, one layer)."""
+    sums = plan.sums(maps_view(attn, plan.batch, causal, plan.needs(st)), st)
+    return plan.from_sums({k: None if x is None else x[None] for k, x in sums.items()}, st)[0]
 
 
 def garbage_padded(blocks, fill):
@@ -115,7 +141,7 @@ def test_sieves_batch_equals_per_sequence_and_padding_never_leaks(fill, causal, 
     rng = np.random.default_rng(1)
     blocks = [random_maps(rng, 3, len(s[0]), causal) for s in seqs]
     plan = _BatchSieves(batch, st, causal, torch.device("cpu"))
-    got = plan.scores(garbage_padded(blocks, fill), st).numpy()
+    got = sieve_scores(plan, garbage_padded(blocks, fill), st, causal).numpy()
     for b, (block, s) in enumerate(zip(blocks, seqs)):
         pairs = dependency_pairs(recs[b].head, recs[b].deprel, st, int(batch.n_words[b]))
         exp, counts = sequence_scores(block, s[1], s[2], s[0], pairs, st, causal)
@@ -128,7 +154,9 @@ def test_sieves_uniform_head_scores_one():
     batch, seqs, _ = hand_batch()
     st = SieveSettings(relations=("nsubj",), block_entropy=False)
     blocks = [np.full((1, len(s[0]), len(s[0])), 1 / len(s[0]), dtype=np.float32) for s in seqs]
-    got = _BatchSieves(batch, st, False, torch.device("cpu")).scores(garbage_padded(blocks, 7.0), st).numpy()
+    got = sieve_scores(
+        _BatchSieves(batch, st, False, torch.device("cpu")), garbage_padded(blocks, 7.0), st, False
+    ).numpy()
     roles = role_names(st.relations)
     for role in ("local", "delimiter", "delimiter_cls", "delimiter_sep"):
         np.testing.assert_allclose(got[:, 0, roles.index(role)], 1.0, atol=1e-6)
@@ -264,12 +292,14 @@ class _Spy(Reducer):
     """Records weak references to the maps it is handed and whether the previous layer's were freed."""
 
     name = "spy"
+    full_rows = "looks at the maps themselves"
 
     def start(self, info):
         super().start(info)
         self.refs, self.alive = [], []
 
-    def update(self, layer, attn, batch):
+    def update(self, layer, view, batch):
+        attn = view.maps
         self.alive.append(sum(r() is not None for r in self.refs))
         self.refs.append(weakref.ref(attn if attn._base is None else attn._base))
 
@@ -368,13 +398,13 @@ def test_fused_needs_eager_attention(tiny_loaded, records):
 
 
 def test_surface_entropy_in_chunks_equals_whole(monkeypatch):
-    import headatlas.core.reduce as reduce_module
+    import headatlas.core.layer_view as layer_view
 
     batch, seqs, _ = hand_batch()
     rng = np.random.default_rng(3)
     t = garbage_padded([random_maps(rng, 3, len(s[0])) for s in seqs], 7.0)
     whole = batch_surface_stats(t, batch, False, 1e-4)
-    monkeypatch.setattr(reduce_module, "CHUNK_BYTES", 1)  # one sequence per chunk (core.reduce.map_chunks)
+    monkeypatch.setattr(layer_view, "CHUNK_BYTES", 1)  # one sequence per chunk (MapsLayer.entropy)
     batch.forget()  # nothing computed at the whole size is reused
     np.testing.assert_array_equal(batch_surface_stats(t, batch, False, 1e-4).numpy(), whole.numpy())
 
@@ -446,7 +476,7 @@ def test_minilm_fused_equals_replayed_equals_today(tmp_path, capsys):
 
 
 def _feed(reducers, layers, batch, n_layers=3, order=None):
-    from headatlas.core.reducer import FeedInfo, feed_layer
+    from headatlas.core.reducer import FeedInfo
 
     info = FeedInfo(len(batch), n_layers, layers[0].shape[1], "m", "encoder", "c")
     for r in reducers:
@@ -458,7 +488,7 @@ def _feed(reducers, layers, batch, n_layers=3, order=None):
 
 def test_surface_and_sieves_per_batch_equal_layer_by_layer():
     """The reducers finish a batch at its last layer (the float64 rest on sums stacked over layers): the same
-    bits as batch_surface_stats / _BatchSieves.scores layer by layer, in any layer order."""
+    bits as the statistics of each layer alone (batch_surface_stats, sieve_scores), in any layer order."""
     batch, seqs, recs = hand_batch()
     rng = np.random.default_rng(5)
     layers = [garbage_padded([random_maps(rng, 2, len(s[0])) for s in seqs], 7.0) for _ in range(3)]
@@ -474,7 +504,8 @@ def test_surface_and_sieves_per_batch_equal_layer_by_layer():
         np.testing.assert_array_equal(got, np.where(ok, want, 0).sum(0))
         np.testing.assert_array_equal(table.attrs["count"][layer], ok.sum(0))
         plan = _BatchSieves(fresh, st, False, torch.device("cpu"))
-        np.testing.assert_array_equal(scores[:, layer], plan.scores(t, st).float().numpy(), err_msg=f"layer {layer}")
+        want = sieve_scores(plan, t, st, False).float().numpy()
+        np.testing.assert_array_equal(scores[:, layer], want, err_msg=f"layer {layer}")
 
 
 def test_reducers_refuse_a_batch_without_all_its_layers():
@@ -485,25 +516,6 @@ def test_reducers_refuse_a_batch_without_all_its_layers():
         _feed([r], layers, batch, n_layers=3)  # the third layer never comes
         with pytest.raises(ReduceError, match="not given all 3 layers"):
             r.result()
-
-
-def test_key_masses_shared_by_the_reducers_of_a_layer():
-    """One [CLS]/[SEP] computation per cleaned layer; the [SEP] group alone gives the same bits."""
-    from headatlas.core.reduce import SUMMARY_GROUPS, key_masses
-    from headatlas.core.reducer import clean_maps
-
-    batch, seqs, _ = hand_batch()
-    rng = np.random.default_rng(7)
-    a = clean_maps(garbage_padded([random_maps(rng, 2, len(s[0])) for s in seqs], 7.0), batch, False)
-    both = key_masses(a, batch)
-    assert key_masses(a, batch) is both and key_masses(a, batch, SUMMARY_GROUPS) is both
-    sep = key_masses(a, batch, [(SPECIAL_SEP,)])[..., 0]
-    torch.testing.assert_close(both[..., 1], sep, rtol=0, atol=0)
-    torch.testing.assert_close(
-        both[..., 1], (a * torch.as_tensor(batch.special == SPECIAL_SEP)[:, None, None]).sum(-1), rtol=0, atol=0
-    )
-    other = key_masses(a.clone(), batch)  # not the cleaned copy: computed afresh
-    assert other is not both and torch.equal(other, both)
 
 
 def test_batch_memo_makes_a_value_once_and_forgets_it():

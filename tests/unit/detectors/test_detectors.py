@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 import torch
 from conftest import TINY_NAMES
-from reference.surface import sequence_stats
+from reference.surface import prev_token_score, sequence_stats
 
 from headatlas.clark.surface import STATS
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_NONE, SPECIAL_SEP
+from headatlas.core.layer_view import feed_layer
 from headatlas.core.multitest import adjust
-from headatlas.core.patterns import prev_token_score
 from headatlas.core.reduce import fused_reduce, replay
 from headatlas.core.reducer import FeedInfo, ReduceBatch
 from headatlas.detectors.analysis import (
@@ -65,7 +65,7 @@ def reduce_hand(seqs, maps, causal, seed=0):
     batch = ReduceBatch.from_rows(np.arange(len(seqs)), seqs, np.arange(len(seqs)), [len(s["word"]) for s in seqs])
     r = DetectorReducer(seed)
     r.start(FeedInfo(len(seqs), 1, maps.shape[1], model_kind="decoder" if causal else "encoder"))
-    r.update(0, torch.from_numpy(maps), batch)
+    feed_layer([r], r.info, 0, torch.from_numpy(maps), batch)
     return r.result(), batch
 
 

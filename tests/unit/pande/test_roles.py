@@ -17,8 +17,9 @@ from integration.test_mapfree_pande import corpus, run_both
 from headatlas.ablation.analysis import AblationSettings
 from headatlas.atlas.analysis import PANDE_ROLES_MAIN
 from headatlas.atlas.figures import ROLE_MARKERS
+from headatlas.core.layer_view import feed_layer
 from headatlas.core.reduce import padded
-from headatlas.core.reducer import FeedInfo, ReduceError, feed_layer
+from headatlas.core.reducer import FeedInfo, ReduceError
 from headatlas.pande.figures import ordered_roles
 from headatlas.pande.reducers import SieveReducer
 from headatlas.pande.roles import (

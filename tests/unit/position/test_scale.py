@@ -13,10 +13,11 @@ from conftest import REPO, WIKI_TEST
 
 from headatlas.core.corpora import build_corpus, wiki_long_segments
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_NONE
+from headatlas.core.layer_view import LayerPlan, MapsLayer, feed_layer
 from headatlas.core.models import ModelError, ModelSpec, check_installed, load
 from headatlas.core.reduce import fused_reduce, replay
 from headatlas.core.reducer import ReduceBatch
-from headatlas.position.reducers import PositionReducer, batch_position_stats, bucket_of
+from headatlas.position.reducers import PositionReducer, bucket_of, position_stats
 
 # --- long Wikipedia segments --------------------------------------------------------------------
 
@@ -65,6 +66,13 @@ def test_long_corpus_above_the_models_positions_fails_before_the_weights_load(ti
 # --- the position reducer -----------------------------------------------------------------------
 
 
+def maps_layer_stats(a, batch, window: int = 1):
+    """position_stats of one causal head's maps ``a`` [1, 1, n, n] through a MapsLayer: [n, 4]."""
+    r = PositionReducer(window=window)
+    plan = LayerPlan.of([r], batch, True, a.device)
+    return position_stats(MapsLayer(a, batch, True, plan), batch, causal=True, window=window)[0, 0].numpy()
+
+
 def hand_batch(lengths):
     rows = [
         {
@@ -84,7 +92,7 @@ def test_position_stats_exact_on_hand_maps():
         None, None
     ]
     batch = hand_batch([4])
-    s = batch_position_stats(a, batch, causal=True, window=1)[0, 0].numpy()
+    s = maps_layer_stats(a, batch)
     np.testing.assert_allclose(s[:, 0], [1, 0.5, 0.5, 0.25])  # sink
     np.testing.assert_allclose(s[:, 1], [1, 1, 0.5, 0.5])  # local: |i - j| <= 1
     np.testing.assert_allclose(s[:, 2], [0, math.log(2), math.log(2), math.log(4)], rtol=1e-6)  # entropy
@@ -93,7 +101,7 @@ def test_position_stats_exact_on_hand_maps():
     from headatlas.core.reducer import FeedInfo
 
     r.start(FeedInfo(1, 1, 1, "m", "decoder"))
-    r.update(0, a, batch)
+    feed_layer([r], r.info, 0, a, batch)
     t = r.result()
     assert t["bucket_start"].tolist() == [0, 1, 2] and t["bucket_stop"].tolist() == [1, 2, -1]
     assert t["n_queries"].tolist() == [1, 1, 2]
@@ -117,12 +125,12 @@ def test_position_padding_never_leaks_and_shards_combine(fill):
         t[b, :, : x.shape[-1], : x.shape[-1]] = torch.from_numpy(x)
     whole = PositionReducer(2, (0, 2, 4))
     whole.start(FeedInfo(2, 1, 2, "m", "encoder"))
-    whole.update(0, t, hand_batch([6, 3]))
+    feed_layer([whole], whole.info, 0, t, hand_batch([6, 3]))
     parts = []
     for x in blocks:
         r = PositionReducer(2, (0, 2, 4))
         r.start(FeedInfo(1, 1, 2, "m", "encoder"))
-        r.update(0, torch.from_numpy(x)[None], hand_batch([x.shape[-1]]))
+        feed_layer([r], r.info, 0, torch.from_numpy(x)[None], hand_batch([x.shape[-1]]))
         parts.append(r.from_arrays(r.to_arrays(r.result())))
     got, exp = PositionReducer.combine(parts), whole.result()
     assert got["n_queries"].tolist() == exp["n_queries"].tolist() == [4, 3, 2, 4, 3, 2]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from headatlas.core.data import SPECIAL_BOS, SPECIAL_NONE
+from headatlas.core.layer_view import feed_layer
 from headatlas.core.reduce import fused_reduce
 from headatlas.core.reducer import FeedInfo, ReduceBatch
 from headatlas.quiet.analysis import (
@@ -41,7 +42,7 @@ def reduce_maps(maps: np.ndarray, lengths, causal: bool) -> np.ndarray:
     batch = ReduceBatch.from_rows(np.arange(len(seqs)), seqs, np.arange(len(seqs)), list(lengths))
     r = RowMaxReducer()
     r.start(FeedInfo(len(seqs), 1, maps.shape[1], model_kind="decoder" if causal else "encoder"))
-    r.update(0, torch.from_numpy(maps.astype(np.float32)), batch)
+    feed_layer([r], r.info, 0, torch.from_numpy(maps.astype(np.float32)), batch)
     return r.result()["stats"]
 
 
