@@ -369,6 +369,7 @@ FAMILIES = {
     "forward_own": ["one", "P", "PT", "attn"],  # detectors, circuits: forwards on their own inputs
     "forward_long": ["one", "P", "PT", "attn_free"],  # map-free or SDPA passes over long inputs
     "icl": ["one", "P", "PT", "abl"],  # ICL prompts through the model, one patched forward per head (or checked)
+    "zero_ablation": ["one", "abl"],  # quiet heads: one zero-ablated forward per head (every head: see _quiet_ablation)
     "summary": ["one", "LH"],  # tables, figures, pages
 }
 RULE_FAMILY = {
@@ -393,13 +394,13 @@ RULE_FAMILY = {
     "detectors": "forward_own",
     "detectors_long": "forward_long",
     "quiet": "forward_own",
-    "quiet_ablation": "ablation_exact",
+    "quiet_ablation": "zero_ablation",
     "icl_heads": "icl",
     "icl_exclusion": "ablation",
     "clark_gradients": "forward_own",
     "clark_syntax_probe": "reader",
 }
-MEMORY_FEATURES = ["one", "Pbytes", "LHn2"]  # peak RSS: the weights in their dtype, one sequence's maps
+MEMORY_FEATURES = ["one", "Pbytes", "LHn2", "Rlogits"]  # peak RSS: the weights, one sequence's maps, patched logits
 DISK_FEATURES = ["one", "LH", "LHT", "LHS2kept"]  # outputs: per-head tables, word-level values, kept maps
 
 # What bounds each feature: the config keys a user turns to make it smaller (printed by `headatlas plan`).
@@ -421,6 +422,7 @@ FEATURE_KEYS = {
     "LH2": "composition's Gram builds and head-pair products: analysis.circuits.composition.max_layer_gap, memory_gb",
     "Pbytes": "the weights in memory: parameters x bytes of the model's dtype",
     "LHn2": "one sequence's maps: max_length (the ablations: lm_max_tokens)",
+    "Rlogits": "the logits of one batched exact pass: analysis.ablation / quiet exact_max_rows x the vocabulary",
     "LHS2kept": "stored maps: corpora.*.maps, sample",
 }
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -555,6 +557,8 @@ class Features:
             forwards /= float(ab.get("exact_jobs", 2))
         logits = s.body_params + s.vocab * s.d_model  # the ablations score the next token: logits too
         f["abl"] = forwards * logits * t_abl
+        if job.family_rule == "ablation_exact":  # one batched pass holds exact_max_rows rows of logits
+            f["Rlogits"] = min(float(ab.get("exact_max_rows", 4096)), forwards * t_abl) * s.vocab * 4.0
         sets = ab.get("random_sets", 10) + len(ab.get("pruning_fractions", [])) + len(ab.get("pande_roles", []))
         f["PTabl"] = sets * logits * t_abl
         if job.family_rule == "finetune_model":
@@ -569,7 +573,7 @@ class Features:
         if job.family_rule in ("quiet_ablation", "icl_heads", "icl_exclusion") and not s.decoder:
             return {"one": 1.0}  # an encoder: the rule writes its skipped rows
         if job.family_rule == "quiet_ablation":
-            f["abl"] = self._quiet_ablation(s, model, logits)
+            f.update(self._quiet_ablation(s, model, logits))
         if job.family_rule in ("icl_heads", "icl_exclusion"):
             f.update(self._icl(job.family_rule, s, model, logits))
         return f
@@ -585,10 +589,17 @@ class Features:
             return float(s.cells)
         return s.layers * section.get("check_heads", 4) + 4.0
 
-    def _quiet_ablation(self, s: Shape, model: str, logits: float) -> float:
+    def _quiet_ablation(self, s: Shape, model: str, logits: float) -> dict[str, float]:
+        """The zero-ablation's forwards and the logits one batched pass holds. With ``on_check_fail: exact`` every
+        head is planned exact: the attribution estimate of a zero-ablation fails the per-layer check on most layers
+        (SmolLM2: 27 of 30, so 255 of its 270 heads ran exact)."""
         q = _section(self.cfg, "quiet")
         rows = min(int(q.get("ablation_sequences", 32)), int(q.get("n_sequences", 64)) * len(q.get("corpora", [])))
-        return self._checked_forwards(s, model, q) * logits * rows * float(q.get("length", 64))
+        every = q.get("on_check_fail", "exact") == "exact"
+        forwards = float(s.cells) if every else self._checked_forwards(s, model, q)
+        tokens = rows * float(q.get("length", 64))
+        held = min(float(q.get("exact_max_rows", 4096)), forwards * tokens)
+        return {"abl": forwards * logits * tokens, "Rlogits": held * s.vocab * 4.0}
 
     def _icl(self, rule: str, s: Shape, model: str, logits: float) -> dict[str, float]:
         """The ICL prompts' tokens (clean and corrupted, ICL_PAIR_TOKENS per demonstration) and the patched
@@ -905,7 +916,8 @@ def memory_warnings(cfg: dict, models: dict, limit_mb: float | None = None, mode
         n_abl = float(_section(cfg, "ablation").get("lm_max_tokens", 36))
         for rule, c in cost["rules"].items():
             mem = c.get("peak_rss_bytes")
-            if not mem or family(rule) not in ("forward", "forward_own", "ablation_exact", "ablation", "model"):
+            fam = family(rule)
+            if not mem or fam not in ("forward", "forward_own", "ablation_exact", "zero_ablation", "ablation", "model"):
                 continue
             if family(rule) == "model" and not rule_model_dir(name, entry.get("source", {})):
                 continue  # a hub, path or package model is loaded where it is: no rule writes it
@@ -915,6 +927,9 @@ def memory_warnings(cfg: dict, models: dict, limit_mb: float | None = None, mode
                 m = n_abl if rule.startswith("ablation") else n
                 cells = s.cells * m * m
             f = {"one": 1.0, "Pbytes": weights, "LHn2": cells}
+            if fam in ("ablation_exact", "zero_ablation"):  # one batched exact pass's logits
+                rows = _section(cfg, "quiet" if fam == "zero_ablation" else "ablation").get("exact_max_rows", 4096)
+                f["Rlogits"] = float(rows) * s.vocab * 4.0
             need = sum(v * f.get(k, 0.0) for k, v in mem.items())
             if need > limit:
                 out.append(
