@@ -166,7 +166,12 @@ def test_features_of_the_icl_quiet_and_long_input_rules():
     assert feats.job(Job("icl_exclusion", {"model": "a"}))["PTabl"] == pytest.approx(
         runs * (1e6 * tokens + 1e6 * 2 * (late + 1))
     )
-    assert feats.job(Job("quiet_ablation", {"model": "a"}))["abl"] == (4 * 1 + 4) * 1e6 * 8 * 32  # 16 > 8 heads
+    # the zero-ablation: every head exact (on_check_fail: exact), else the checked heads (16 > 8 heads)
+    assert feats.job(Job("quiet_ablation", {"model": "a"}))["abl"] == 16 * 1e6 * 8 * 32
+    cfg["analysis"]["quiet"]["on_check_fail"] = "unreliable"
+    assert plan.Features(cfg, ".", {"a": shape}).job(Job("quiet_ablation", {"model": "a"}))["abl"] == (
+        (4 * 1 + 4) * 1e6 * 8 * 32
+    )
     quiet = feats.job(Job("quiet", {"model": "a"}))
     assert quiet["PT"] == 1e6 * 2 * 10 * 32 and quiet["attn"] == 16 * 16 * 2 * 10 * 32**2 and quiet["attn_free"] == 0
     circ = feats.job(Job("circuits_causal", {"model": "a"}))
