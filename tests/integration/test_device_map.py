@@ -258,3 +258,38 @@ def test_split_lm_model_gives_the_unsplit_gradient_table(name, lm_models, ewt_re
     assert (got["status"] == "ok").all()
     num = want.select_dtypes("number").columns
     np.testing.assert_allclose(got[num].to_numpy(float), want[num].to_numpy(float), rtol=1e-5, atol=1e-9)
+
+
+def test_split_classifier_gives_the_unsplit_classification_ablation(tiny_models, tmp_path):
+    """The classification ablation's classifier loads as every model-running rule does: split over the CPU and disk
+    by its device_map, its losses and accuracy, intact and with a head zero-ablated, equal the unsplit model's."""
+    from conftest import RESOURCES
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from headatlas.ablation.patch import replacement
+    from headatlas.ablation.tasks import classification_evaluation
+    from headatlas.core.models import resolve
+
+    src = tiny_models["bert"]
+    config = AutoConfig.from_pretrained(src, num_labels=2, id2label={0: "0", 1: "1"}, label2id={"0": 0, "1": 1})
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "clf")
+    AutoTokenizer.from_pretrained(src).save_pretrained(tmp_path / "clf")
+    task = {"dev": str(RESOURCES / "sst2" / "sentiment-dev.tsv"), "text_columns": 1, "label_column": 1}
+    split_map = {f"bert.{k}": v for k, v in SPLITS["bert"](config.num_hidden_layers).items()}
+    split_map |= {"classifier": "cpu", "dropout": "cpu"}
+    got = []
+    for extra in ({}, {"device_map": split_map, "offload_folder": str(tmp_path / "offload")}):
+        spec = tiny_spec("clf", tmp_path / "clf", **extra)
+        loc, kwargs = resolve(spec, None)
+        ev, why = classification_evaluation(spec, loc, kwargs, task, 12, 4)
+        assert why is None
+        assert bool(extra) == hasattr(ev.model, "hf_device_map")
+        mask = np.zeros((ev.n_layers, ev.n_heads), dtype=bool)
+        mask[1, 2] = True
+        d = config.hidden_size // ev.n_heads
+        got.append((ev.run(), ev.run(mask, replacement(np.zeros((ev.n_layers, ev.n_heads, d)), "zero"))))
+    for a, b in zip(*got):
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(a["correct"], b["correct"])
+    assert not np.allclose(got[0][0]["loss"], got[0][1]["loss"])  # the ablated head changed the losses

@@ -21,10 +21,10 @@ import numpy as np
 
 from ..core.batching import length_batches, model_inputs, pad_token
 from ..core.corpora import tsv_records
-from ..core.device import job_device
+from ..core.device import input_device, job_device
 from ..core.extract import head_output_modules, tokenize_records
 from ..core.finetune import FinetuneSettings, encode_records
-from ..core.models import decoder_bos, lm_head_model, model_kind, resolve
+from ..core.models import decoder_bos, from_pretrained, lm_head_model, model_kind, resolve
 from .patch import MODES, HeadPatch, Replacement, layer_modules, replacement, resample_replacement
 
 log = logging.getLogger("headatlas.ablation.tasks")
@@ -418,22 +418,23 @@ def token_evaluation(model, tokenized: list, pad: int, batch_size: int, config) 
 
 
 def classification_evaluation(
-    loc: str, kwargs: dict, task: dict | None, n_examples: int, batch_size: int, device: str = "cpu"
+    spec, loc: str, kwargs: dict, task: dict | None, n_examples: int, batch_size: int, device: str = "cpu"
 ):
-    """(Evaluation, None) for a fine-tuned classifier whose head is in the checkpoint, else (None, reason)."""
+    """(Evaluation, None) for a fine-tuned classifier whose head is in the checkpoint, else (None, reason); loaded
+    as every model-running rule loads (:func:`~headatlas.core.models.from_pretrained`: on ``device``, or split
+    by the model's ``device_map``), in float32."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if task is None:
         return None, "not a fine-tuned classifier (no finetuned source in the config)"
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        loc, attn_implementation="eager", dtype=torch.float32, output_loading_info=True, **kwargs
+    model, info = from_pretrained(
+        AutoModelForSequenceClassification, spec, loc, kwargs, device, "float32", output_loading_info=True
     )
     missing = [k for k in info.get("missing_keys", ()) if "classifier" in k or "score" in k]
     if missing:
         return None, f"the checkpoint has no classification head (missing weights: {', '.join(missing[:4])})"
-    model.eval()
-    model.to(device)
+    device = input_device(model)  # the inputs go where the embeddings are
     tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.bos_token
@@ -467,7 +468,9 @@ def evaluations(
     s = settings
     out = {
         "lm": lm_evaluation(spec, loc, kwargs, records, s.lm_sequences, s.lm_max_tokens, s.batch_size, device),
-        "classification": classification_evaluation(loc, kwargs, task, s.classification_examples, s.batch_size, device),
+        "classification": classification_evaluation(
+            spec, loc, kwargs, task, s.classification_examples, s.batch_size, device
+        ),
     }
     for name, (ev, reason) in out.items():
         if ev is None:
