@@ -14,8 +14,7 @@ import pandas as pd
 from ..core.data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 from ..core.layer_view import offset_target
 from ..core.patterns import prev_token_score
-from ..core.reduce import check_layers_done, stack_layers
-from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer
+from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer, check_layers_done, stack_layers
 from .clustering import js_sums, sample_heads, smoothed_cells
 from .surface import STATS, SurfaceSettings, punct_mask
 
@@ -124,7 +123,7 @@ def surface_needs(batch: ReduceBatch, causal: bool, smoothing: float):
 
 def typed_keys(batch: ReduceBatch, causal: bool, device) -> tuple:
     """(positions [B, m], weights [B, m, 3]) of each sequence's keys of a type of :func:`key_types` (m = the
-    most such keys in one sequence; filler: key 0 with weight 0): :func:`~headatlas.core.reduce.key_columns` for key types that are
+    most such keys in one sequence; filler: key 0 with weight 0): :func:`~headatlas.core.layer_view.key_columns` for key types that are
     not all special kinds (punctuation). Cached on the batch."""
     import torch
 

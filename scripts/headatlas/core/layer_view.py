@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP
 from .reducer import Needs, ReduceBatch, ReduceError, Reducer, clean_maps, reducer_failure, scratch
 
 ROW_CELLS = 2**22  # cells (B x H x rows x keys) of one block of rows recomputed or read at a time
@@ -68,6 +69,31 @@ def key_positions(batch: ReduceBatch, device):
     import torch
 
     return torch.arange(batch.n, device=device, dtype=torch.float32)[None, :, None].expand(len(batch), -1, -1)
+
+
+SUMMARY_GROUPS = ((SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,))  # the [CLS]/BOS and [SEP] key groups of the reducers
+
+
+def key_columns(batch: ReduceBatch, groups, device) -> tuple:
+    """(positions [B, m], weights [B, m, G]) of each sequence's tokens of any special kind in
+    ``groups`` (G tuples of kinds; m = the most such tokens in one sequence, filler weight 0): the attention
+    to them is the layer view's ``key_mass`` of m keys, not a pass over the maps."""
+    import torch
+
+    def make():
+        kinds = sorted({k for g in groups for k in g})
+        hit = np.isin(batch.special, kinds)
+        m = max(1, int(hit.sum(1).max()) if hit.size else 1)
+        rank = np.cumsum(hit, 1) - 1
+        pos = np.zeros((len(batch), m), dtype=np.int64)
+        w = np.zeros((len(batch), m, len(groups)), dtype=np.float32)
+        b, j = np.nonzero(hit)
+        pos[b, rank[b, j]] = j
+        for g, group in enumerate(groups):
+            w[b, rank[b, j], g] = np.isin(batch.special[b, j], list(group))
+        return torch.as_tensor(pos, device=device), torch.as_tensor(w, device=device)
+
+    return batch.memo(("key_columns", tuple(tuple(g) for g in groups), str(device)), make)
 
 
 @dataclass

@@ -56,7 +56,7 @@ from typing import Sequence
 import numpy as np
 
 from .batching import length_batches, model_inputs, no_cache, storage_windows
-from .data import SPECIAL_BOS, SPECIAL_CLS, SPECIAL_SEP, Record, TokenizedRecord
+from .data import Record, TokenizedRecord
 from .figures import head_label
 from .integrity import IntegrityError, check_values
 from .io import atomic_path, compressed
@@ -80,31 +80,6 @@ log = logging.getLogger("headatlas.core.reduce")
 REDUCED_DIR = "reduced"  # <store>/reduced/<reducer name>.h5: the results of a fused corpus
 
 
-def key_columns(batch: ReduceBatch, groups, device) -> tuple:
-    """(positions [B, 1, 1, m], weights [B, 1, m, G]) of each sequence's tokens of any special kind in
-    ``groups`` (G tuples of kinds; m = the most such tokens in one sequence, filler weight 0): the attention
-    to them is the layer view's ``key_mass`` of m keys, not a pass over the maps."""
-    import torch
-
-    def make():
-        kinds = sorted({k for g in groups for k in g})
-        hit = np.isin(batch.special, kinds)
-        m = max(1, int(hit.sum(1).max()) if hit.size else 1)
-        rank = np.cumsum(hit, 1) - 1
-        pos = np.zeros((len(batch), m), dtype=np.int64)
-        w = np.zeros((len(batch), m, len(groups)), dtype=np.float32)
-        b, j = np.nonzero(hit)
-        pos[b, rank[b, j]] = j
-        for g, group in enumerate(groups):
-            w[b, rank[b, j], g] = np.isin(batch.special[b, j], list(group))
-        return torch.as_tensor(pos, device=device)[:, None, None, :], torch.as_tensor(w, device=device)[:, None]
-
-    return batch.memo(("key_columns", tuple(tuple(g) for g in groups), str(device)), make)
-
-
-SUMMARY_GROUPS = ((SPECIAL_CLS, SPECIAL_BOS), (SPECIAL_SEP,))  # the [CLS]/BOS and [SEP] key groups of the reducers
-
-
 def reducer_from_spec(spec: dict, registry: dict[str, str] | None = None) -> Reducer:
     """The reducer a :meth:`Reducer.spec` describes; ``registry`` maps registered names to ``module:Class``
     (``headatlas.fused.REDUCERS``). A spec of an older run names its class by ``class`` (module:qualname)."""
@@ -122,31 +97,6 @@ def reducer_from_spec(spec: dict, registry: dict[str, str] | None = None) -> Red
     r = cls.from_params(spec["params"])
     r.name = spec.get("name", r.name)  # its analysis: the class attribute
     return r
-
-
-def stack_layers(done: dict) -> tuple[list[int], tuple]:
-    """A batch's per-layer sums (layer -> a tuple of tensors, or None where a sum is not computed): its layers
-    in order, and each sum stacked over them ([L, ...]), for reducers that finish a batch after its last layer."""
-    import torch
-
-    layers = sorted(done)
-    first = done[layers[0]]
-    # a split model's layers run on several devices: stack on the first layer's
-    stacked = tuple(
-        None if first[k] is None else torch.stack([done[i][k].to(first[k].device) for i in layers])
-        for k in range(len(first))
-    )
-    return layers, stacked
-
-
-def check_layers_done(reducer: Reducer, open_batches: int) -> None:
-    """A reducer that finishes a batch when its last layer has come (``open_batches`` batches still wait for
-    layers) must not return a result without them."""
-    if open_batches:
-        raise ReduceError(
-            f"reducer {reducer.name}: {open_batches} batches were not given all {reducer.info.n_layers} layers; "
-            "feed every layer of every batch (feed_layer) before result()"
-        )
 
 
 def padded(blocks: Sequence[np.ndarray], n: int | None = None):

@@ -344,6 +344,31 @@ def feed_outputs(reducers: Sequence[Reducer], info: FeedInfo, outputs, batch: Re
                 raise reducer_failure(r, info, batch, None, e) from e
 
 
+def stack_layers(done: dict) -> tuple[list[int], tuple]:
+    """A batch's per-layer sums (layer -> a tuple of tensors, or None where a sum is not computed): its layers
+    in order, and each sum stacked over them ([L, ...]), for reducers that finish a batch after its last layer."""
+    import torch
+
+    layers = sorted(done)
+    first = done[layers[0]]
+    # a split model's layers run on several devices: stack on the first layer's
+    stacked = tuple(
+        None if first[k] is None else torch.stack([done[i][k].to(first[k].device) for i in layers])
+        for k in range(len(first))
+    )
+    return layers, stacked
+
+
+def check_layers_done(reducer: Reducer, open_batches: int) -> None:
+    """A reducer that finishes a batch when its last layer has come (``open_batches`` batches still wait for
+    layers) must not return a result without them."""
+    if open_batches:
+        raise ReduceError(
+            f"reducer {reducer.name}: {open_batches} batches were not given all {reducer.info.n_layers} layers; "
+            "feed every layer of every batch (feed_layer) before result()"
+        )
+
+
 def stop_all(reducers: Sequence[Reducer]) -> None:
     for r in reducers:
         r.stop()

@@ -22,9 +22,8 @@ import math
 import numpy as np
 
 from ..core.data import SPECIAL_NONE
-from ..core.layer_view import offset_target
-from ..core.reduce import SUMMARY_GROUPS, check_layers_done, key_columns, stack_layers
-from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer
+from ..core.layer_view import SUMMARY_GROUPS, key_columns, offset_target
+from ..core.reducer import Needs, ReduceBatch, ReduceError, Reducer, check_layers_done, stack_layers
 from .roles import ROLES, Band, Block, Keys, Role, check_registry, key_groups, role_names, token_roles
 from .sieves import SieveSettings, dependency_pairs, query_segment, role_notes
 
@@ -341,9 +340,8 @@ class _BatchSieves:
 
 def view_key_masses(view, batch: ReduceBatch, groups=SUMMARY_GROUPS):
     """[B, H, n, G] attention of each query to the tokens of each group of special kinds
-    (:meth:`~headatlas.core.layer_view.LayerView.key_mass` of the :func:`~headatlas.core.reduce.key_columns`)."""
-    pos, w = key_columns(batch, groups, view.device)  # [B, 1, 1, m], [B, 1, m, G], filler weight 0
-    return view.key_mass(pos[:, 0, 0], w[:, 0])
+    (:meth:`~headatlas.core.layer_view.LayerView.key_mass` of the :func:`~headatlas.core.layer_view.key_columns`)."""
+    return view.key_mass(*key_columns(batch, groups, view.device))
 
 
 def arc_name(settings: SieveSettings, slot: int) -> str:
