@@ -326,7 +326,8 @@ class MapsLayer(LayerView):
                     ("tril", str(self.device), self.batch.n),
                     lambda: torch.ones(self.batch.n, self.batch.n, device=self.device).tril_(),
                 )
-                low = torch.matmul(self.a * tril, p.lower.to(self.device)[:, None])
+                below = torch.mul(self.a, tril, out=scratch("maps_lower", self.a.shape, self.device))
+                low = torch.matmul(below, p.lower.to(self.device)[:, None])
             self._values, self._lower = p.columns(vals, low)
         return self._values, self._lower
 
