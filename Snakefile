@@ -48,6 +48,9 @@ include: "workflow/rules/icl.smk"
 include: "workflow/rules/quiet.smk"
 
 
+warn_predicted_memory()  # against this machine's memory or --resources mem_mb, before any job starts
+
+
 rule all:
     default_target: True
     input:

@@ -453,6 +453,14 @@ _rerun_damaged_outputs()
 # predicted peak memory of the model-running rules against this machine's or --resources mem_mb (docs/plan.md)
 from headatlas.core.plan import memory_warnings
 
-if workflow.is_main_process:
-    for _w in memory_warnings(config, MODELS, workflow.global_resources.get("mem_mb")):
-        logger.warning(_w)
+
+def _runs_on(analysis, model):
+    """Whether this run runs an analysis's model-running rules (None: extraction) on a model."""
+    return model in analysis_models(analysis) if analysis else bool(model_corpora(model))
+
+
+def warn_predicted_memory():
+    """Called by the Snakefile once every analysis section is read."""
+    if workflow.is_main_process:
+        for w in memory_warnings(config, MODELS, workflow.global_resources.get("mem_mb"), runs=_runs_on):
+            logger.warning(w)

@@ -769,6 +769,25 @@ def measured_rows(configfile: str, directory: str | Path, snakefile: str | None 
     return rows
 
 
+def save_rows(rows, path: str | Path) -> None:
+    """The fit's data (rule, wildcards, features, measured cost per job), so that a later fit can add runs
+    without the run directories these were measured in (``fit --rows``)."""
+    doc = [{"rule": j.rule, "wildcards": j.wildcards, "model": j.model(), "features": f, "measured": m}
+           for j, f, m in rows]  # fmt: skip
+    with atomic_path(path, sealed=False) as tmp:
+        tmp.write_text(json.dumps(doc, indent=0) + "\n")
+
+
+def load_rows(path: str | Path) -> list[tuple[Job, dict, dict]]:
+    rows = []
+    for r in json.loads(Path(path).read_text()):
+        wildcards = dict(r["wildcards"])
+        if r.get("model") and "model" not in wildcards:  # the model came from the job's paths
+            wildcards["model"] = r["model"]
+        rows.append((Job(r["rule"], wildcards), r["features"], r["measured"]))
+    return rows
+
+
 def save_model(coeffs: dict, runs: list[dict], path: str | Path = COST_MODEL, check: dict | None = None) -> None:
     doc = {"version": 1, "targets": list(TARGETS), "families": FAMILIES, "rule_family": RULE_FAMILY,
            "tokens_per_word": TOKENS_PER_WORD, "runs": runs, "rules": coeffs}  # fmt: skip
@@ -889,10 +908,31 @@ def report(summary: dict, cores: int = 1, memory_gb: float | None = None, tflops
     return lines
 
 
-def memory_warnings(cfg: dict, models: dict, limit_mb: float | None = None, model_path=COST_MODEL) -> list[str]:
+# the analysis whose `models` list decides whether a model-running rule runs on a model (the others run on any
+# model with a corpus)
+RULE_ANALYSIS = {
+    "detectors": "detectors",
+    "detectors_long": "detectors",
+    "circuits_causal": "circuits",
+    "clark_gradients": "clark_surface",
+    "ablation_exact": "ablation",
+    "ablation_roles": "ablation",
+    "ablation_heads": "ablation",
+    "quiet": "quiet",
+    "quiet_ablation": "quiet",
+    "icl_heads": "icl",
+    "icl_exclusion": "icl",
+}
+
+
+def memory_warnings(
+    cfg: dict, models: dict, limit_mb: float | None = None, model_path=COST_MODEL, runs=None
+) -> list[str]:
     """Parse-time check (common.smk): each model-running rule's predicted peak memory for each model of the
     config against ``limit_mb`` (the --resources mem_mb of the run, else this machine's memory). One line per
-    rule and model that exceeds it; [] when no cost model exists or a model's shape is unknown."""
+    rule and model that exceeds it; [] when no cost model exists or a model's shape is unknown. ``runs(analysis,
+    model)`` (None: every rule on every model) says whether the run covers the model: ``analysis`` is the key of
+    :data:`RULE_ANALYSIS`, or None for extraction and the model's own rules."""
     try:
         cost = load_model(model_path)
     except PlanError:
@@ -917,10 +957,15 @@ def memory_warnings(cfg: dict, models: dict, limit_mb: float | None = None, mode
         for rule, c in cost["rules"].items():
             mem = c.get("peak_rss_bytes")
             fam = family(rule)
-            if not mem or fam not in ("forward", "forward_own", "ablation_exact", "zero_ablation", "ablation", "model"):
+            if not mem or fam not in ("forward", "forward_own", "ablation_exact", "zero_ablation", "ablation", "icl",
+                                      "model"):  # fmt: skip
                 continue
+            if rule in ("quiet_ablation", "icl_heads", "icl_exclusion") and not s.decoder:
+                continue  # an encoder's job writes its skipped rows
             if family(rule) == "model" and not rule_model_dir(name, entry.get("source", {})):
                 continue  # a hub, path or package model is loaded where it is: no rule writes it
+            if runs is not None and not runs(RULE_ANALYSIS.get(rule), name):
+                continue  # the run does not run this rule on this model
             if family(rule) == "forward_own":  # detectors, circuits, gradients: the inputs they make themselves
                 cells = feats._own_inputs(rule, s, name)["LHn2"]
             else:
@@ -974,11 +1019,18 @@ def main(argv=None) -> int:
         help="fit on finished runs: RUN_DIR:CONFIGFILE[:SNAKEFILE][@MODEL,...] (CONFIGFILE relative to RUN_DIR; "
         "@: only these models' jobs)",
     )
-    f.add_argument("runs", nargs="+")
+    f.add_argument("runs", nargs="*")
     f.add_argument("--out", default=str(COST_MODEL))
+    f.add_argument("--rows", help="the data of an earlier fit (its --save-rows file) to fit on too")
+    f.add_argument("--save-rows", help="write the data of this fit (every job's features and cost) to this file")
     f.add_argument("--hold-out", default="", help="models (comma-separated) to leave out and predict")
     args = ap.parse_args(argv)
     rows, runs = [], []
+    if args.rows:
+        rows = load_rows(args.rows)
+        runs = [{"rows": args.rows, "jobs": len(rows), "models": sorted({j.model() for j, _, _ in rows if j.model()})}]
+    if not rows and not args.runs:
+        ap.error("fit needs runs or --rows")
     for run in args.runs:
         run_spec, _, only = run.partition("@")
         directory, configfile, *snakefile = run_spec.split(":")
@@ -993,6 +1045,8 @@ def main(argv=None) -> int:
     check = check_holdout(rows, held) if held else None
     coeffs = fit(rows)
     save_model(coeffs, runs, args.out, check)
+    if args.save_rows:
+        save_rows(rows, args.save_rows)
     if check:
         print(json.dumps(check["total"]), file=sys.stderr)
     return 0

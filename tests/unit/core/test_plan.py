@@ -94,6 +94,22 @@ def test_holdout_check_is_exact_when_the_model_is():
     assert check["rules"]["extract_attention"]["measured"] == pytest.approx(rows[9][2]["cpu_s"])
 
 
+def test_saved_rows_fit_as_the_runs_did(tmp_path):
+    """A fit's data written with --save-rows and read back gives the same coefficients, and the CLI fits on it
+    (with the held-out check) without any run directory."""
+    truth = {"extract_attention": {"one": 3.0, "PT": 2e-9, "attn": 5e-10}, "atlas": {"one": 2.0, "LH": 1e-3}}
+    rows = _rows(truth, 10)
+    plan.save_rows(rows, tmp_path / "rows.json")
+    back = plan.load_rows(tmp_path / "rows.json")
+    assert [(j.rule, j.model()) for j, _, _ in back] == [(j.rule, j.model()) for j, _, _ in rows]
+    assert plan.fit(back) == plan.fit(rows)
+    out = tmp_path / "cost.json"
+    assert plan.main(["fit", "--rows", str(tmp_path / "rows.json"), "--out", str(out), "--hold-out", "m9"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["rules"] == json.loads(json.dumps(plan.fit(rows))) and doc["check"]["held_out"] == ["m9"]
+    assert doc["runs"] == [{"rows": str(tmp_path / "rows.json"), "jobs": 20, "models": [f"m{i}" for i in range(10)]}]
+
+
 def test_features_scale_as_the_formulas_say():
     """Doubling the heads doubles the per-head terms and quadruples the head-pair terms; the exact ablation
     runs one forward per head up to exact_max_heads, then L * check_heads + 4."""
@@ -219,6 +235,23 @@ def test_memory_warning_names_rule_and_both_numbers(tmp_path):
     assert "rule extract_attention on model big" in warnings[0]
     assert "282.7 GB exceeds the 24.0 GB" in warnings[0], warnings[0]
     assert plan.memory_warnings(cfg, models, 24000, model_path=tmp_path / "none.json") == []
+    # a model the run gives no corpus (or an analysis leaves out) gets no warning for its rules
+    assert plan.memory_warnings(cfg, models, 24000, model_path=model, runs=lambda key, m: m != "big") == []
+    rules = json.loads(model.read_text())
+    rules["rules"]["quiet_ablation"] = {"peak_rss_bytes": {"one": 9e12}}
+    model.write_text(json.dumps(rules))
+    both = plan.memory_warnings(cfg, models, 24000, model_path=model)
+    assert [w.split(":")[0] for w in both] == ["rule extract_attention on model big", "rule quiet_ablation on model big",
+                                               "rule quiet_ablation on model small"]  # fmt: skip
+    # the quiet heads' analysis covers 'small' only: extraction asks with no analysis key
+    asked = []
+    covers = lambda key, m: asked.append(key) or key is None or m == "small"  # noqa: E731
+    only = plan.memory_warnings(cfg, models, 24000, model_path=model, runs=covers)
+    assert [w.split(":")[0] for w in only] == [
+        "rule extract_attention on model big",
+        "rule quiet_ablation on model small",
+    ]
+    assert set(asked) == {None, "quiet"}
 
 
 @pytest.fixture(scope="module")
