@@ -456,11 +456,15 @@ from headatlas.core.plan import memory_warnings
 
 def _runs_on(analysis, model):
     """Whether this run runs an analysis's model-running rules (None: extraction) on a model."""
-    return model in analysis_models(analysis) if analysis else bool(model_corpora(model))
+    return (
+        model in analysis_models(analysis) if analysis else bool(model_corpora(model))
+    )
 
 
 def warn_predicted_memory():
     """Called by the Snakefile once every analysis section is read."""
     if workflow.is_main_process:
-        for w in memory_warnings(config, MODELS, workflow.global_resources.get("mem_mb"), runs=_runs_on):
+        for w in memory_warnings(
+            config, MODELS, workflow.global_resources.get("mem_mb"), runs=_runs_on
+        ):
             logger.warning(w)
