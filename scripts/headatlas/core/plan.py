@@ -984,27 +984,48 @@ def memory_warnings(
     return out
 
 
-def check_holdout(rows, held: set[str]) -> dict:
-    """Fit without the jobs of models ``held``; predict them: per rule predicted against measured CPU-seconds."""
-    train = [r for r in rows if r[0].model() not in held]
-    test = [r for r in rows if r[0].model() in held]
-    coeffs = fit(train)
+def compare(coeffs: dict, rows) -> dict:
+    """Per rule, the measured CPU-seconds of ``rows`` (summed) and the largest peak RSS against what ``coeffs``
+    predict from the same jobs' features; the total over the rules the model knows."""
     per_rule: dict[str, dict] = {}
-    for job, f, m in test:
-        p = predict(coeffs, job, f)["cpu_s"]
-        r = per_rule.setdefault(job.family_rule, {"measured": 0.0, "predicted": 0.0, "unknown": 0})
+    for job, f, m in rows:
+        p = predict(coeffs, job, f)
+        r = per_rule.setdefault(job.family_rule, {"measured": 0.0, "predicted": 0.0, "unknown": 0,
+                                                  "peak_measured": 0.0, "peak_predicted": 0.0})  # fmt: skip
         r["measured"] += m["cpu_s"]
-        if p is None:
+        r["peak_measured"] = max(r["peak_measured"], m.get("peak_rss_bytes", 0.0))
+        r["peak_predicted"] = max(r["peak_predicted"], p["peak_rss_bytes"] or 0.0)
+        if p["cpu_s"] is None:
             r["unknown"] += 1
         else:
-            r["predicted"] += p
+            r["predicted"] += p["cpu_s"]
     for r in per_rule.values():
         r["error"] = (r["predicted"] - r["measured"]) / r["measured"] if r["measured"] and not r["unknown"] else None
     known = [r for r in per_rule.values() if not r["unknown"]]
     tm, tp = sum(r["measured"] for r in known), sum(r["predicted"] for r in known)
     unmeasured = sorted(k for k, r in per_rule.items() if r["unknown"])
     total = {"measured": tm, "predicted": tp, "error": (tp - tm) / tm if tm else None}
-    return {"held_out": sorted(held), "rules": per_rule, "total": total, "rules_never_measured": unmeasured}
+    return {"rules": per_rule, "total": total, "rules_never_measured": unmeasured}
+
+
+def check_holdout(rows, held: set[str]) -> dict:
+    """Fit without the jobs of models ``held``; predict them: per rule predicted against measured CPU-seconds."""
+    train = [r for r in rows if r[0].model() not in held]
+    test = [r for r in rows if r[0].model() in held]
+    return {"held_out": sorted(held), **compare(fit(train), test)}
+
+
+def _check_lines(result: dict) -> list[str]:
+    lines = [f"{'rule':<26}{'measured CPU-s':>16}{'predicted':>12}{'error':>8}{'peak RSS GB':>13}{'predicted':>11}"]
+    rules = sorted(result["rules"].items(), key=lambda kv: -kv[1]["measured"])
+    for name, r in rules:
+        err = "?" if r["error"] is None else f"{100 * r['error']:+.0f}%"
+        lines.append(f"{name:<26}{r['measured']:>16.1f}{r['predicted']:>12.1f}{err:>8}"
+                     f"{r['peak_measured'] / 1e9:>13.1f}{r['peak_predicted'] / 1e9:>11.1f}")  # fmt: skip
+    t = result["total"]
+    err = "?" if t["error"] is None else f"{100 * t['error']:+.1f}%"
+    lines.append(f"{'total':<26}{t['measured']:>16.1f}{t['predicted']:>12.1f}{err:>8}")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -1024,7 +1045,22 @@ def main(argv=None) -> int:
     f.add_argument("--rows", help="the data of an earlier fit (its --save-rows file) to fit on too")
     f.add_argument("--save-rows", help="write the data of this fit (every job's features and cost) to this file")
     f.add_argument("--hold-out", default="", help="models (comma-separated) to leave out and predict")
+    c = sub.add_parser("check", help="predict a finished run's jobs with the stored cost model (no refit)")
+    c.add_argument("run", help="RUN_DIR:CONFIGFILE[:SNAKEFILE][@MODEL,...]")
+    c.add_argument("--cost-model", default=str(COST_MODEL))
+    c.add_argument("--out", help="write the comparison as JSON")
     args = ap.parse_args(argv)
+    if args.cmd == "check":
+        run_spec, _, only = args.run.partition("@")
+        directory, configfile, *snakefile = run_spec.split(":")
+        got = measured_rows(configfile, directory, snakefile[0] if snakefile else None)
+        if only:
+            got = [r for r in got if r[0].model() in set(only.split(","))]
+        result = {"run": args.run, **compare(load_model(args.cost_model)["rules"], got)}
+        print("\n".join(_check_lines(result)))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return 0
     rows, runs = [], []
     if args.rows:
         rows = load_rows(args.rows)

@@ -289,6 +289,39 @@ def test_cli_plan_on_the_tiny_config(tiny_run, tmp_path, capsys):
     assert main(["plan", "--configfile", str(tmp_path / "missing.yaml"), "--cost-model", str(cost)]) == 1
 
 
+def test_cli_check_compares_a_finished_run_with_the_stored_model(tiny_run, tmp_path, capsys):
+    """`plan check` predicts a run's measured jobs with the stored coefficients (no refit): three jobs measured at
+    twice the CPU the model predicts show as -50% per rule and in the total, with their peaks."""
+    from headatlas.core.runner import cost_record_path
+
+    config = str(tiny_run / "config.yaml")
+    jobs = [j for j in plan.dry_run_jobs(config, tiny_run) if j.log]
+    feats = plan.Features(plan.load_config(config), tiny_run)
+    rows = [(j, feats.job(j), {"cpu_s": 10.0, "peak_rss_bytes": 2e9, "output_bytes": 1e6}) for j in jobs]
+    cost = tmp_path / "cost.json"
+    plan.save_model(plan.fit(rows), [], cost)
+    done = [j for j in jobs if j.family_rule == "extract_attention"][:2] + [
+        j for j in jobs if j.family_rule == "atlas"][:1]  # fmt: skip
+    records = [tiny_run / cost_record_path(j.log) for j in done]
+    try:
+        for path in records:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"cpu_s": 20.0, "peak_rss_bytes": 3e9, "output_bytes": 1.0, "wall_s": 5.0}))
+        out = tmp_path / "check.json"
+        assert plan.main(["check", f"{tiny_run}:config.yaml", "--cost-model", str(cost), "--out", str(out)]) == 0
+    finally:
+        for path in records:
+            path.unlink(missing_ok=True)
+    result = json.loads(out.read_text())
+    assert set(result["rules"]) == {"extract_attention", "atlas"}
+    ext = result["rules"]["extract_attention"]
+    assert ext["measured"] == 40.0 and ext["predicted"] == pytest.approx(20.0, rel=1e-6)
+    assert ext["error"] == pytest.approx(-0.5) and ext["peak_measured"] == 3e9
+    assert ext["peak_predicted"] == pytest.approx(2e9, rel=1e-6)
+    assert result["total"]["error"] == pytest.approx(-0.5)
+    assert "extract_attention" in capsys.readouterr().out
+
+
 def test_composition_and_js_bounds_in_the_features():
     """Composition's work as it loops, by hand (3 layers x 2 heads: 4 writers, one block; 12 causal pairs, 8 at most
     one layer apart), and the JS distances' head sample above ``clustering.max_heads`` (as many per layer)."""
