@@ -28,6 +28,32 @@ def dags() -> dict[str, tuple[dict[str, int], list, str]]:
     return {"default": dry_run_at_root(), "quick": dry_run_at_root("--configfile", "config/quick.yaml")}
 
 
+def test_model_jobs_ask_for_their_weights_in_memory(dags):
+    """A job that holds a model asks for the rule's base memory plus the model's weights (its --mem on SLURM):
+    SmolLM2's 135M float32 parameters add 538 MB to its extraction and exact ablation, MiniLM's 91 MB."""
+    from headatlas.core.plan import model_weights_mb
+
+    text = dags["quick"][2]
+    asked = {}
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", text):
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        model = re.search(r"wildcards: .*?\bmodel=([\w-]+)", block)
+        mem = re.search(r"resources: .*?\bmem_mb=(\d+)", block)
+        if not (rule and mem):
+            continue
+        if rule.group(1).startswith("extract_attention_"):  # one extraction rule per model
+            asked[("extract_attention", rule.group(1).removeprefix("extract_attention_"))] = int(mem.group(1))
+        elif model:
+            asked[(rule.group(1), model.group(1))] = int(mem.group(1))
+    models = {m["name"]: m for m in yaml.safe_load((REPO / "config" / "config.yaml").read_text())["models"]}
+    for name in ("smollm2", "minilm"):
+        weights = model_weights_mb(name, models, REPO)
+        assert weights == pytest.approx({"smollm2": 538, "minilm": 91}[name], abs=3)
+        assert asked[("extract_attention", name)] == 8000 + weights, asked
+        assert asked[("ablation_exact", name)] == 6000 + weights
+    assert asked[("atlas", "smollm2")] == 2000  # no model held: the rule's own value
+
+
 def write(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path

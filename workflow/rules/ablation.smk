@@ -17,7 +17,7 @@ rule ablation_exact:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
@@ -63,7 +63,7 @@ rule ablation_heads:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
@@ -105,7 +105,7 @@ rule ablation_roles:
         "../../envs/headatlas.yaml"
     threads: ABLATION["threads"]
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:

@@ -25,7 +25,7 @@ rule circuits_weights:
         "../../envs/headatlas.yaml"
     threads: CIRCUITS["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=model_mem_mb(4000),
         runtime=20,
     params:
         circuits=settings_params(CircuitSettings, CIRCUITS),
@@ -68,7 +68,7 @@ rule circuits_causal:
         "../../envs/headatlas.yaml"
     threads: CIRCUITS["threads"]
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:

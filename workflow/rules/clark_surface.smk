@@ -174,7 +174,7 @@ rule clark_gradients:
         "../../envs/headatlas.yaml"
     threads: CLARK["gradients"]["threads"]
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:

@@ -451,7 +451,21 @@ def _rerun_damaged_outputs():
 _rerun_damaged_outputs()
 
 # predicted peak memory of the model-running rules against this machine's or --resources mem_mb (docs/plan.md)
-from headatlas.core.plan import memory_warnings
+from headatlas.core.plan import memory_warnings, model_weights_mb
+
+
+@functools.lru_cache(maxsize=None)
+def weights_mb(model):
+    return model_weights_mb(model, MODELS)
+
+
+def model_mem_mb(base, model=None):
+    """mem_mb of a job that holds a model (a SLURM job's --mem): the rule's base plus the model's weights;
+    for ``model`` (a per-model rule) a number, else a function of the job's ``model`` wildcard.
+    """
+    if model is not None:
+        return base + weights_mb(model)
+    return lambda wc: base + weights_mb(wc.model)
 
 
 def _runs_on(analysis, model):

@@ -73,7 +73,7 @@ rule detectors:
         "../../envs/headatlas.yaml"
     threads: DETECTORS["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=model_mem_mb(4000),
         runtime=30,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
@@ -181,7 +181,7 @@ rule detectors_long:
         "../../envs/headatlas.yaml"
     threads: DETECTORS["threads"]
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=120,
         gpu=lambda wc: uses_gpu(wc.model),
     params:

@@ -23,7 +23,7 @@ if EXTRACTION["jobs"] == "corpus":
             "../../envs/headatlas.yaml"
         threads: EXTRACTION["threads"]
         resources:
-            mem_mb=8000,
+            mem_mb=model_mem_mb(8000),
             runtime=120,
             gpu=lambda wc: uses_gpu(wc.model),
         params:
@@ -65,7 +65,7 @@ else:
                 "../../envs/headatlas.yaml"
             threads: EXTRACTION["threads"]
             resources:
-                mem_mb=8000,
+                mem_mb=model_mem_mb(8000, _model),
                 runtime=120 * sum(n_shards(c) for c in _corpora),
                 gpu=uses_gpu(_model),
             params:

@@ -38,7 +38,7 @@ rule icl_heads:
         "../../envs/headatlas.yaml"
     threads: 1
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=120,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
@@ -132,7 +132,7 @@ rule icl_exclusion:
         "../../envs/headatlas.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=model_mem_mb(4000),
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:

@@ -12,7 +12,7 @@ rule cache_model:
         "../../envs/headatlas.yaml"
     threads: 1
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=20,
     params:
         model=lambda wc: model_source(wc.model),
@@ -34,7 +34,7 @@ rule finetune_model:
         "../../envs/headatlas.yaml"
     threads: lambda wc: finetune_params(wc)["task"]["threads"]
     resources:
-        mem_mb=8000,
+        mem_mb=model_mem_mb(8000),
         runtime=120,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
@@ -57,7 +57,7 @@ rule random_init_model:
         "../../envs/headatlas.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=model_mem_mb(4000),
         runtime=20,
     params:
         random_init=random_init_params,

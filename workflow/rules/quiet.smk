@@ -28,7 +28,7 @@ rule quiet:
         "../../envs/headatlas.yaml"
     threads: QUIET["threads"]
     resources:
-        mem_mb=4000,
+        mem_mb=model_mem_mb(4000),
         runtime=30,
         gpu=lambda wc: uses_gpu(wc.model),
     params:
@@ -65,7 +65,7 @@ rule quiet_ablation:
         "../../envs/headatlas.yaml"
     threads: QUIET["threads"]
     resources:
-        mem_mb=6000,
+        mem_mb=model_mem_mb(6000),
         runtime=60,
         gpu=lambda wc: uses_gpu(wc.model),
     params:

@@ -184,6 +184,16 @@ def model_shape(name: str, models: dict[str, dict], directory: str | Path = ".",
     )
 
 
+def model_weights_mb(name: str, models: dict[str, dict], directory: str | Path = ".") -> int:
+    """The model's weights in memory (MB): parameters x its ``dtype``'s bytes, the shape by :func:`model_shape`;
+    0 where no shape is known yet (the workflow's memory requests then hold the rule's base alone)."""
+    try:
+        s = model_shape(name, models, directory)
+    except (PlanError, OSError, ValueError):
+        return 0
+    return int(s.params * DTYPE_BYTES.get(str(models[name].get("dtype", "float32")), 4) / 1e6)
+
+
 def _config_paths(name: str, source: dict, directory: Path):
 
     d = rule_model_dir(name, source)

@@ -205,6 +205,17 @@ def test_features_of_the_icl_quiet_and_long_input_rules():
     assert long["attn_free"] == pytest.approx(16 * 16 * (lengths**2).sum()) and long["PT"] == 1e6 * lengths.sum()
 
 
+def test_model_weights_mb_by_dtype_and_unknown_models():
+    models = {"l8": {"source": {"hub": "meta-llama/Meta-Llama-3-8B"}},
+              "l8bf": {"source": {"hub": "meta-llama/Meta-Llama-3-8B"}, "dtype": "bfloat16"},
+              "who": {"source": {"hub": "nobody/unknown-model"}}}  # fmt: skip
+    params = plan.model_shape("l8", models).params
+    assert 8.0e9 < params < 8.1e9  # Llama-3-8B: 8.03e9 parameters
+    assert plan.model_weights_mb("l8", models) == int(params * 4 / 1e6)
+    assert plan.model_weights_mb("l8bf", models) == int(params * 2 / 1e6)
+    assert plan.model_weights_mb("who", models) == 0  # no shape known before it is downloaded
+
+
 def test_measured_reads_the_cost_record_then_the_benchmark(tmp_path):
     job = Job("r", log="logs/r.log", benchmark="results/benchmarks/r.tsv", outputs=["out.bin"])
     assert plan.measured(job, tmp_path) is None
