@@ -995,14 +995,19 @@ def memory_warnings(
 
 
 def compare(coeffs: dict, rows) -> dict:
-    """Per rule, the measured CPU-seconds of ``rows`` (summed) and the largest peak RSS against what ``coeffs``
-    predict from the same jobs' features; the total over the rules the model knows."""
+    """Per rule, the measured CPU-seconds, wall seconds and output bytes of ``rows`` (summed) and the largest peak
+    RSS, against what ``coeffs`` predict from the same jobs' features; the total over the rules the model knows."""
     per_rule: dict[str, dict] = {}
     for job, f, m in rows:
         p = predict(coeffs, job, f)
-        r = per_rule.setdefault(job.family_rule, {"measured": 0.0, "predicted": 0.0, "unknown": 0,
-                                                  "peak_measured": 0.0, "peak_predicted": 0.0})  # fmt: skip
+        r = per_rule.setdefault(job.family_rule, {"jobs": 0, "measured": 0.0, "predicted": 0.0, "unknown": 0,
+                                                  "peak_measured": 0.0, "peak_predicted": 0.0, "wall_measured": 0.0,
+                                                  "disk_measured": 0.0, "disk_predicted": 0.0})  # fmt: skip
+        r["jobs"] += 1
         r["measured"] += m["cpu_s"]
+        r["wall_measured"] += m.get("wall_s", 0.0)
+        r["disk_measured"] += m.get("output_bytes", 0.0)
+        r["disk_predicted"] += p["output_bytes"] or 0.0
         r["peak_measured"] = max(r["peak_measured"], m.get("peak_rss_bytes", 0.0))
         r["peak_predicted"] = max(r["peak_predicted"], p["peak_rss_bytes"] or 0.0)
         if p["cpu_s"] is None:
@@ -1026,12 +1031,14 @@ def check_holdout(rows, held: set[str]) -> dict:
 
 
 def _check_lines(result: dict) -> list[str]:
-    lines = [f"{'rule':<26}{'measured CPU-s':>16}{'predicted':>12}{'error':>8}{'peak RSS GB':>13}{'predicted':>11}"]
+    lines = [f"{'rule':<26}{'jobs':>5}{'measured CPU-s':>16}{'predicted':>12}{'error':>8}{'wall s':>9}"
+             f"{'peak RSS GB':>13}{'predicted':>11}{'disk MB':>10}{'predicted':>11}"]  # fmt: skip
     rules = sorted(result["rules"].items(), key=lambda kv: -kv[1]["measured"])
     for name, r in rules:
         err = "?" if r["error"] is None else f"{100 * r['error']:+.0f}%"
-        lines.append(f"{name:<26}{r['measured']:>16.1f}{r['predicted']:>12.1f}{err:>8}"
-                     f"{r['peak_measured'] / 1e9:>13.1f}{r['peak_predicted'] / 1e9:>11.1f}")  # fmt: skip
+        lines.append(f"{name:<26}{r['jobs']:>5}{r['measured']:>16.1f}{r['predicted']:>12.1f}{err:>8}"
+                     f"{r['wall_measured']:>9.0f}{r['peak_measured'] / 1e9:>13.1f}{r['peak_predicted'] / 1e9:>11.1f}"
+                     f"{r['disk_measured'] / 1e6:>10.1f}{r['disk_predicted'] / 1e6:>11.1f}")  # fmt: skip
     t = result["total"]
     err = "?" if t["error"] is None else f"{100 * t['error']:+.1f}%"
     lines.append(f"{'total':<26}{t['measured']:>16.1f}{t['predicted']:>12.1f}{err:>8}")

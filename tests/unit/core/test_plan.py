@@ -327,7 +327,9 @@ def test_cli_check_compares_a_finished_run_with_the_stored_model(tiny_run, tmp_p
     assert set(result["rules"]) == {"extract_attention", "atlas"}
     ext = result["rules"]["extract_attention"]
     assert ext["measured"] == 40.0 and ext["predicted"] == pytest.approx(20.0, rel=1e-6)
-    assert ext["error"] == pytest.approx(-0.5) and ext["peak_measured"] == 3e9
+    assert ext["error"] == pytest.approx(-0.5) and ext["peak_measured"] == 3e9 and ext["jobs"] == 2
+    assert ext["wall_measured"] == 10.0 and ext["disk_measured"] == 2.0
+    assert ext["disk_predicted"] == pytest.approx(2e6, rel=1e-6)
     assert ext["peak_predicted"] == pytest.approx(2e9, rel=1e-6)
     assert result["total"]["error"] == pytest.approx(-0.5)
     assert "extract_attention" in capsys.readouterr().out
