@@ -284,7 +284,7 @@ class MapsLayer(LayerView):
     def __init__(self, attn, batch: ReduceBatch, causal: bool, plan: LayerPlan):
         self.maps, self.batch, self.causal, self.plan = attn, batch, causal, plan
         self.valid = batch.masks(attn.device, causal)["valid"]
-        self._a = self._targets = self._values = self._lower = None
+        self._a = self._targets = self._values = self._lower = self._entropy = None
 
     @property
     def a(self):
@@ -340,9 +340,11 @@ class MapsLayer(LayerView):
     def entropy(self):
         import torch
 
-        bsz, h, n, _ = self.a.shape
-        step = max(1, CHUNK_BYTES // max(1, 4 * h * n * n))  # sequences per chunk: the temporary stays small
-        return torch.cat([torch.special.entr(self.a[i : i + step]).sum(-1) for i in range(0, bsz, step)])
+        if self._entropy is None:  # once per layer, however many reducers read it (read-only)
+            bsz, h, n, _ = self.a.shape
+            step = max(1, CHUNK_BYTES // max(1, 4 * h * n * n))  # sequences per chunk: the temporary stays small
+            self._entropy = torch.cat([torch.special.entr(self.a[i : i + step]).sum(-1) for i in range(0, bsz, step)])
+        return self._entropy
 
     def row_sum(self):
         return self.a.sum(-1)
