@@ -419,7 +419,6 @@ FEATURE_KEYS = {
     "one": "fixed cost per job (start-up, imports)",
     "P": "model size (loading the weights)",
     "PT": "tokens through the model: corpora.*.limit / n_segments, max_length",
-    "LT": "tokens through the model (the per-layer work that grows with its width only): corpora.*.limit",
     "attn": "tokens^2 per sequence: max_length, corpora.*.max_words / tokens",
     "attn_free": "tokens^2 per long input (map-free or SDPA): corpora.*.tokens, analysis.circuits.long.lengths",
     "P_ft": "finetune_tasks.*.steps, batch_size, max_length",
@@ -550,8 +549,7 @@ class Features:
             longest = float(ab.get("lm_max_tokens", 36))
         dtype = str(self.models[model].get("dtype", "float32"))
         f.update(Pbytes=s.params * DTYPE_BYTES.get(dtype, 4))
-        f.update(P=s.params, LH=lh, PT=s.body_params * t, LT=s.layers * s.d_model * t, attn=lh * s.head_dim * s2,
-                 LHT=lh * t, LHS2=lh * s2)  # fmt: skip
+        f.update(P=s.params, LH=lh, PT=s.body_params * t, attn=lh * s.head_dim * s2, LHT=lh * t, LHS2=lh * s2)
         comp = _section(self.cfg, "circuits").get("composition", {})
         c = composition_counts(s.layers, s.heads, s.d_model, comp.get("max_layer_gap"), comp.get("memory_gb", 4.0))
         f.update(LHn2=lh * longest**2, LHS2kept=lh * kept, LH2=composition_work(c, s.d_model, s.head_dim))
