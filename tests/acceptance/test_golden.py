@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -100,8 +101,6 @@ def machine() -> tuple[str, str]:
                 info.setdefault(k.strip(), v.strip())
     except OSError:
         pass
-    import platform
-
     label = f"{info.get('vendor_id', platform.machine())} {info.get('model name', platform.processor())}".strip()
     flags = info.get("flags", info.get("Features", ""))
     return hashlib.sha256(f"{label} {flags}".encode()).hexdigest()[:12], label

@@ -184,6 +184,11 @@ def model_shape(name: str, models: dict[str, dict], directory: str | Path = ".",
     )
 
 
+def weights_bytes(s: Shape, entry: dict) -> float:
+    """The model's weights in memory: parameters x the bytes of its config entry's ``dtype``."""
+    return s.params * DTYPE_BYTES.get(str(entry.get("dtype", "float32")), 4)
+
+
 def model_weights_mb(name: str, models: dict[str, dict], directory: str | Path = ".") -> int:
     """The model's weights in memory (MB): parameters x its ``dtype``'s bytes, the shape by :func:`model_shape`;
     0 where no shape is known yet (the workflow's memory requests then hold the rule's base alone)."""
@@ -191,7 +196,7 @@ def model_weights_mb(name: str, models: dict[str, dict], directory: str | Path =
         s = model_shape(name, models, directory)
     except (PlanError, OSError, ValueError):
         return 0
-    return int(s.params * DTYPE_BYTES.get(str(models[name].get("dtype", "float32")), 4) / 1e6)
+    return int(weights_bytes(s, models[name]) / 1e6)
 
 
 def _config_paths(name: str, source: dict, directory: Path):
@@ -410,6 +415,7 @@ RULE_FAMILY = {
     "clark_gradients": "forward_own",
     "clark_syntax_probe": "reader",
 }
+DECODER_ONLY_RULES = ("quiet_ablation", "icl_heads", "icl_exclusion")  # an encoder's job writes its skipped rows
 MEMORY_FEATURES = ["one", "Pbytes", "LHn2", "Rlogits"]  # peak RSS: the weights, one sequence's maps, patched logits
 DISK_FEATURES = ["one", "LH", "LHT", "LHS2kept"]  # outputs: per-head tables, word-level values, kept maps
 MODEL_DISK_FEATURES = ["one", "Pbytes"]  # a written model: its weights
@@ -547,8 +553,7 @@ class Features:
         ab = _section(self.cfg, "ablation")
         if job.family_rule.startswith("ablation"):
             longest = float(ab.get("lm_max_tokens", 36))
-        dtype = str(self.models[model].get("dtype", "float32"))
-        f.update(Pbytes=s.params * DTYPE_BYTES.get(dtype, 4))
+        f.update(Pbytes=weights_bytes(s, self.models[model]))
         f.update(P=s.params, LH=lh, PT=s.body_params * t, attn=lh * s.head_dim * s2, LHT=lh * t, LHS2=lh * s2)
         comp = _section(self.cfg, "circuits").get("composition", {})
         c = composition_counts(s.layers, s.heads, s.d_model, comp.get("max_layer_gap"), comp.get("memory_gb", 4.0))
@@ -581,7 +586,7 @@ class Features:
             f["P_ft"] = s.params * ft.steps * ft.batch_size * ft.max_length
         if job.family_rule in ("detectors", "circuits_causal", "clark_gradients", "quiet", "detectors_long"):
             f.update(self._own_inputs(job.family_rule, s, model, corpus))
-        if job.family_rule in ("quiet_ablation", "icl_heads", "icl_exclusion") and not s.decoder:
+        if job.family_rule in DECODER_ONLY_RULES and not s.decoder:
             return {"one": 1.0}  # an encoder: the rule writes its skipped rows
         if job.family_rule == "quiet_ablation":
             f.update(self._quiet_ablation(s, model, logits))
@@ -965,7 +970,7 @@ def memory_warnings(
             c["tokens"] for c in cfg.get("corpora", {}).values() if "tokens" in c and name in c.get("models", [name])
         ]
         n = float(max([entry.get("max_length", 512)] + long))
-        weights = s.params * DTYPE_BYTES.get(str(entry.get("dtype", "float32")), 4)
+        weights = weights_bytes(s, entry)
         n_abl = float(_section(cfg, "ablation").get("lm_max_tokens", 36))
         for rule, c in cost["rules"].items():
             mem = c.get("peak_rss_bytes")
@@ -973,7 +978,7 @@ def memory_warnings(
             if not mem or fam not in ("forward", "forward_own", "ablation_exact", "zero_ablation", "ablation", "icl",
                                       "model"):  # fmt: skip
                 continue
-            if rule in ("quiet_ablation", "icl_heads", "icl_exclusion") and not s.decoder:
+            if rule in DECODER_ONLY_RULES and not s.decoder:
                 continue  # an encoder's job writes its skipped rows
             if family(rule) == "model" and not rule_model_dir(name, entry.get("source", {})):
                 continue  # a hub, path or package model is loaded where it is: no rule writes it
@@ -1048,6 +1053,17 @@ def _check_lines(result: dict) -> list[str]:
     return lines
 
 
+def run_rows(spec: str):
+    """(directory, configfile, measured rows) of ``RUN_DIR:CONFIGFILE[:SNAKEFILE][@MODEL,...]``; with ``@``, the
+    jobs of those models only (the run's other jobs were measured under another config)."""
+    run_spec, _, only = spec.partition("@")
+    directory, configfile, *snakefile = run_spec.split(":")
+    got = measured_rows(configfile, directory, snakefile[0] if snakefile else None)
+    if only:
+        got = [r for r in got if r[0].model() in set(only.split(","))]
+    return directory, configfile, got
+
+
 def main(argv=None) -> int:
     """``python -m headatlas.core.plan fit RUN_DIR:CONFIG[@MODELS] ... [--hold-out MODELS]``: fit the cost model on
     finished runs (and check it on the held-out models' jobs)."""
@@ -1071,11 +1087,7 @@ def main(argv=None) -> int:
     c.add_argument("--out", help="write the comparison as JSON")
     args = ap.parse_args(argv)
     if args.cmd == "check":
-        run_spec, _, only = args.run.partition("@")
-        directory, configfile, *snakefile = run_spec.split(":")
-        got = measured_rows(configfile, directory, snakefile[0] if snakefile else None)
-        if only:
-            got = [r for r in got if r[0].model() in set(only.split(","))]
+        _, _, got = run_rows(args.run)
         result = {"run": args.run, **compare(load_model(args.cost_model)["rules"], got)}
         print("\n".join(_check_lines(result)))
         if args.out:
@@ -1088,11 +1100,7 @@ def main(argv=None) -> int:
     if not rows and not args.runs:
         ap.error("fit needs runs or --rows")
     for run in args.runs:
-        run_spec, _, only = run.partition("@")
-        directory, configfile, *snakefile = run_spec.split(":")
-        got = measured_rows(configfile, directory, snakefile[0] if snakefile else None)
-        if only:  # the jobs of these models only (the run's other jobs were measured under another config)
-            got = [r for r in got if r[0].model() in set(only.split(","))]
+        directory, configfile, got = run_rows(run)
         rows += got
         runs.append({"directory": directory, "configfile": configfile, "jobs": len(got),
                      "models": sorted({j.model() for j, _, _ in got if j.model()})})  # fmt: skip
