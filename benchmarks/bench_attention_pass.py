@@ -1,9 +1,9 @@
 """The map-free statistics' attention pass: :func:`headatlas.core.cpu_pass.attention_pass` (attention_pass.c:
 the model's output, LSE and every statistic's sums from one pass over the scores) against torch's CPU flash
 kernel with the model's values only (what the SDPA forward spends), against :func:`headatlas.core.mapfree.
-layer_attention` (the one path of every device: one fused-kernel call with widened values) and against
-:func:`headatlas.core.mapfree.blocked_attention` (the same sums from torch products in row blocks: the last
-fallback).
+layer_attention` (the one path of every device: its widened values go to the blocked products, as
+``core.mapfree.kernel_order`` chose by measurement) and against :func:`headatlas.core.mapfree.blocked_attention`
+(the same sums from torch products in row blocks).
 
 Run from the repository root with the project's environment (CPU, one thread)::
 

@@ -284,9 +284,9 @@ def run_kernels(args, emit) -> None:
     """The one-path candidates on the device, one layer of Qwen2.5-1.5B's heads (12 on 2 KV heads of 128),
     causal, bf16: the SDPA kernel (no LSE), the memory-efficient kernel with its LSE (today's CUDA path, KV
     expanded), the flash kernel with its LSE, FlexAttention with its LSE (compile time apart),
-    blocked_attention with the entropy and one key column, the one path (``layer_attention``: the same outputs
-    from one float32 fused call with values widened to [V | K | column]) and that widened call in bf16
-    (``fused_attention``), each with the kernels that ran; the largest LSE difference from float64 rows."""
+    blocked_attention with the entropy and one key column, the one path (``layer_attention``: the same outputs,
+    its widened values [V | K | column] on the kernel ``kernel_order`` picks) and a widened fused call in bf16
+    (``fused_attention``: none where ``kernel_order`` names no kernel for widened values), each with the kernels that ran; the largest LSE difference from float64 rows."""
     import torch
     import torch.nn.functional as F
 

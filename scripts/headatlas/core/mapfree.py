@@ -10,16 +10,16 @@ as the model's mask) and A = softmax(s), the model's output A.V comes with LSE_i
 - the row entropy -sum_j A_ij ln A_ij (:attr:`Needs.entropy`), and that of the rows smoothed toward uniform
   (:attr:`Needs.smoothed_entropy`).
 
-Every layer runs :func:`layer_attention`, the same Python on every device: one fused-kernel call in float32
-with the values widened to [V | K | key columns] gives A.V, (A K)_i (so H_i = LSE_i - scale q_i . (A K)_i) and
-every value column from the kernel's own output and LSE (an encoder's lower columns from a second, causal call);
-targets are one dot product each (:meth:`FreeLayer.at`), the smoothed entropy comes from exact rows recomputed
-in blocks (:meth:`FreeLayer.smoothed_entropy`). The kernel underneath is chosen in one place
-(:func:`kernel_order`: the CPU flash kernel on a CPU; on CUDA the flash or memory-efficient kernel for A.V and
-LSE alone, the blocked products for widened values, as measured); one that fails falls back to the next, said once in the log, and :func:`blocked_attention` (torch products
-per block of rows) is the last. On a CPU with ``extraction.cpu_pass: auto`` a layer runs instead
-:func:`headatlas.core.cpu_pass.attention_pass` (a C function built and checked on first use), 2.6-4x faster
-there (docs/mapfree.md).
+Every layer runs :func:`layer_attention`, the same Python on every device: A.V, LSE_i, (A K)_i (so
+H_i = LSE_i - scale q_i . (A K)_i) and every value column from one pass with the values widened to [V | K | key
+columns] (an encoder's lower columns too); targets are one dot product each (:meth:`FreeLayer.at`), the smoothed
+entropy comes from exact rows recomputed in blocks (:meth:`FreeLayer.smoothed_entropy`). What computes the pass
+is chosen in one place, :func:`kernel_order`, as measured: widened values go to :func:`blocked_attention` (torch
+products per block of rows) on every device; A.V and LSE alone to a fused kernel (the CPU flash kernel; on CUDA
+the flash or memory-efficient kernel), one that fails falling back to the next (said once in the log) and the
+blocked products last. On a CPU with ``extraction.cpu_pass: auto`` a layer runs instead
+:func:`headatlas.core.cpu_pass.attention_pass` (a C function built and checked on first use), 1.7-6.5x faster
+per layer there (docs/mapfree.md).
 
 No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
 (:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
@@ -112,7 +112,7 @@ ATEN_OPS = {
     "flash_cuda": ("_scaled_dot_product_flash_attention", "2.11 (CUDA, H200)"),
     "efficient_cuda": ("_scaled_dot_product_efficient_attention", "2.11 (CUDA, H200)"),
 }
-BLOCKED = "blocked"  # blocked_attention: torch products on any device, after every fused kernel failed
+BLOCKED = "blocked"  # blocked_attention: torch products on any device (widened values; the last fallback)
 
 
 def kernel_order(device_type: str, dtype, wide: bool = False) -> tuple[str, ...]:
@@ -121,14 +121,16 @@ def kernel_order(device_type: str, dtype, wide: bool = False) -> tuple[str, ...]
     columns). The one place a kernel is chosen, by measurement (benchmarks/README.md "GPU")."""
     import torch
 
-    if device_type == "cuda":
-        # Measured on an H200 (Qwen2.5-1.5B heads, 8 x 8192): every widened call was slower than the blocked
-        # products (128 ms a layer): FlexAttention took the 257-wide float32 values in slices (1,142 ms) and,
-        # past dynamo's recompile limit, ran unfused with the whole score matrix (out of memory at 32768
-        # tokens). The model's output and LSE alone: the flash kernel (half precision, 7 ms; no mask), then
-        # the memory-efficient kernel (14 ms).
-        if wide:
-            return ()
+    if wide:
+        # Widened values (the entropy, key columns): the blocked products on every device, as measured. On an
+        # H200 (Qwen2.5-1.5B heads, 8 x 8192) every widened fused call was slower than them (128 ms a layer):
+        # FlexAttention took the 257-wide float32 values in slices (1,142 ms) and, past dynamo's recompile limit,
+        # ran unfused with the whole score matrix (out of memory at 32768 tokens). On a CPU (one thread) the flash
+        # kernel, which takes no value width but the head size, ran with q and k zero-padded: 1.1-1.7x the
+        # blocked products' time per layer; the whole map-free forward no faster (docs/mapfree.md).
+        return ()
+    if device_type == "cuda":  # A.V and LSE alone: the flash kernel (half precision, 7 ms; no mask), then the
+        # memory-efficient kernel (14 ms)
         return ("flash_cuda", "efficient_cuda") if dtype in (torch.float16, torch.bfloat16) else ("efficient_cuda",)
     if device_type == "cpu":  # compiled FlexAttention on a CPU returns no LSE (torch 2.13)
         return ("flash_cpu",)
@@ -316,8 +318,9 @@ def layer_attention(
     causal call over them, rescaled by exp(LSE_causal - LSE) (the causal rows' mass of the full row); under a
     causal mask they are value columns. q [B, H, n, d], k [B, Hkv, n, d], v [B, Hkv, n, dv] (grouped heads
     not expanded); ``cols``, ``lcols``: [B, 1, n, C] key columns; ``mask``: additive float (0 or -inf) or
-    None, with ``causal`` or without. Where no fused kernel works: :func:`blocked_attention` (``later_masked``:
-    its row trimming). ``ran`` gets the name of each kernel that ran."""
+    None, with ``causal`` or without. Where :func:`kernel_order` names no fused kernel (widened values, on every
+    device, as measured) or none works: :func:`blocked_attention` (``later_masked``: its row trimming). ``ran``
+    gets the name of each kernel that ran."""
     import torch
 
     f32 = torch.float32

@@ -365,7 +365,7 @@ def test_damaged_cpu_pass_is_not_loaded(fresh_pass, tiny_loaded, ewt_records, ca
     recs = list(ewt_records[:6])
     tokenized, _ = tokenize_records(recs, tok, kind, spec.max_length, "truncate", decoder_bos(tok, config, spec))
     record, free = run_feed(model, tokenized, kind, recs, "gpt2", "auto")
-    assert record["kernels"] == ["flash_cpu"] and record["path"] == "mapfree"
+    assert record["kernels"] == ["blocked"] and record["path"] == "mapfree"
     eager = fused_reduce(model, tokenized, mapfree_reducers(), 4, kind, recs, 0, "gpt2", path="eager")
     assert max(max_diff(e, f) for e, f in zip(eager, free)) < TOL
     cpu_pass._LIB.clear()
@@ -624,7 +624,8 @@ def test_js_mapfree_equals_eager(name, tiny_loaded, ewt_records):
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_store_records_the_kernels(mode, tiny_loaded, ewt_records, tmp_path):
     """A fused extraction's meta.json and each reduced file say which path and kernels computed the statistics:
-    the C pass with ``cpu_pass`` auto (where it loads), the CPU flash kernel of the one path with off."""
+    the C pass with ``cpu_pass`` auto (where it loads), the one path's blocked products (widened values: the
+    entropy) with off."""
     import json
 
     import h5py
@@ -638,7 +639,7 @@ def test_store_records_the_kernels(mode, tiny_loaded, ewt_records, tmp_path):
     recs = list(ewt_records[:6])
     extract(recs, spec, model, tok, config, store, settings, meta={"corpus": "c", "shard": 0, "n_shards": 1},
             reducers=mapfree_reducers(), corpus_records=recs)  # fmt: skip
-    want = ["cpu_pass"] if mode == "auto" and cpu_pass.library() is not None else ["flash_cpu"]
+    want = ["cpu_pass"] if mode == "auto" and cpu_pass.library() is not None else ["blocked"]
     got = json.loads((store / "meta.json").read_text())["attention"]
     assert got == {"path": "mapfree", "why": "every reducer has a map-free form", "kernels": want}
     for path in (store / "reduced").glob("*.h5"):
