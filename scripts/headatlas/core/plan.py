@@ -442,6 +442,29 @@ FEATURE_KEYS = {
     "Rlogits": "the logits of one batched exact pass: analysis.ablation / quiet exact_max_rows x the vocabulary",
     "LHS2kept": "stored maps: corpora.*.maps, sample",
 }
+# Where a rule's own section bounds a feature (the keys above name the exact ablation's and the corpora's)
+RULE_FEATURE_KEYS = {
+    ("quiet_ablation", "abl"): "one zero-ablated forward per head: analysis.quiet.ablation_sequences, length, "
+    "on_check_fail, exact_max_heads, check_heads",
+    ("icl_heads", "abl"): "one patched forward per head: analysis.icl.tasks, n_prompts, shots, exact_max_heads, "
+    "check_heads",
+    ("icl_heads", "PT"): "the ICL prompts: analysis.icl.tasks, n_prompts, shots",
+    ("icl_exclusion", "PTabl"): "the exclusion test's runs: analysis.icl.exclusion.random_sets, n_texts, late; "
+    "analysis.icl.tasks, n_prompts",
+    ("detectors", "PT"): "the random sequences: analysis.detectors.n_sequences, length",
+    ("detectors_long", "PT"): "the long inputs: analysis.detectors.long.corpora, n_sequences; corpora.*.tokens",
+    ("detectors_long", "attn_free"): "the long inputs: analysis.detectors.long.corpora, n_sequences; corpora.*.tokens",
+    ("circuits_causal", "PT"): "analysis.circuits.long.lengths, depths, needles; .induction.n_sequences, random_sets",
+    ("quiet", "PT"): "analysis.quiet.corpora, n_sequences, length",
+    ("clark_gradients", "PT"): "analysis.clark_surface.gradients.n_segments",
+}
+
+
+def feature_keys(rule: str, term: str) -> str:
+    """What bounds ``term`` of ``rule``'s cost: the config keys a user turns to make it smaller."""
+    return RULE_FEATURE_KEYS.get((rule, term)) or FEATURE_KEYS.get(term, term)
+
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 FLOPS_PER_UNIT = {"PT": 2.0, "attn": 4.0, "attn_free": 4.0, "abl": 2.0, "PTabl": 2.0, "LH2": 2.0, "P_ft": 6.0}
 
@@ -922,7 +945,7 @@ def report(summary: dict, cores: int = 1, memory_gb: float | None = None, tflops
         lines.append("dominated by:")
         for name, r in rules[:3]:
             term = max(r["terms"], key=r["terms"].get) if r["terms"] else "one"
-            lines.append(f"  {name} {100 * r['cpu_s'] / t['cpu_s']:.0f}% of CPU: {FEATURE_KEYS.get(term, term)}")
+            lines.append(f"  {name} {100 * r['cpu_s'] / t['cpu_s']:.0f}% of CPU: {feature_keys(name, term)}")
     return lines
 
 

@@ -300,6 +300,17 @@ def test_cli_plan_on_the_tiny_config(tiny_run, tmp_path, capsys):
     assert main(["plan", "--configfile", str(tmp_path / "missing.yaml"), "--cost-model", str(cost)]) == 1
 
 
+def test_feature_keys_name_the_rules_own_section():
+    """What dominates a rule is said with the keys of its own section (the zero-ablation's are the quiet heads',
+    not the exact ablation's); a term no rule overrides keeps its general keys."""
+    assert "analysis.quiet.ablation_sequences" in plan.feature_keys("quiet_ablation", "abl")
+    assert "analysis.icl.tasks" in plan.feature_keys("icl_heads", "abl")
+    assert "analysis.icl.exclusion.random_sets" in plan.feature_keys("icl_exclusion", "PTabl")
+    assert plan.feature_keys("ablation_exact", "abl") == plan.FEATURE_KEYS["abl"]
+    for rule, term in plan.RULE_FEATURE_KEYS:
+        assert term in plan.FAMILIES[plan.family(rule)]  # a term the rule's formula has
+
+
 def test_cli_check_compares_a_finished_run_with_the_stored_model(tiny_run, tmp_path, capsys):
     """`plan check` predicts a run's measured jobs with the stored coefficients (no refit): three jobs measured at
     twice the CPU the model predicts show as -50% per rule and in the total, with their peaks."""
