@@ -842,11 +842,14 @@ def load_rows(path: str | Path) -> list[tuple[Job, dict, dict]]:
     return rows
 
 
-def save_model(coeffs: dict, runs: list[dict], path: str | Path = COST_MODEL, check: dict | None = None) -> None:
+def save_model(
+    coeffs: dict, runs: list[dict], path: str | Path = COST_MODEL, check: dict | None = None, extra: dict | None = None
+) -> None:
     doc = {"version": 1, "targets": list(TARGETS), "families": FAMILIES, "rule_family": RULE_FAMILY,
            "tokens_per_word": TOKENS_PER_WORD, "runs": runs, "rules": coeffs}  # fmt: skip
     if check:
         doc["check"] = check
+    doc.update(extra or {})
     with atomic_path(path, sealed=False) as tmp:
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -1067,6 +1070,20 @@ def compare(coeffs: dict, rows) -> dict:
     return {"rules": per_rule, "total": total, "rules_never_measured": unmeasured}
 
 
+def merge_targets(old: dict, new: dict, targets) -> dict:
+    """Per rule, ``new``'s coefficients of ``targets`` and ``old``'s of the others (a rule only one of them
+    measured keeps what it has)."""
+    out = {}
+    for rule in sorted(set(old) | set(new)):
+        o, n = old.get(rule, {}), new.get(rule, {})
+        out[rule] = {k: v for k, v in (o or n).items() if k not in TARGETS}
+        for t in TARGETS:
+            c = n.get(t) if t in targets and n.get(t) is not None else o.get(t)
+            if c is not None:
+                out[rule][t] = c
+    return out
+
+
 def check_holdout(rows, held: set[str]) -> dict:
     """Fit without the jobs of models ``held``; predict them: per rule predicted against measured CPU-seconds."""
     train = [r for r in rows if r[0].model() not in held]
@@ -1117,6 +1134,8 @@ def main(argv=None) -> int:
     f.add_argument("--rows", help="the data of an earlier fit (its --save-rows file) to fit on too")
     f.add_argument("--save-rows", help="write the data of this fit (every job's features and cost) to this file")
     f.add_argument("--hold-out", default="", help="models (comma-separated) to leave out and predict")
+    f.add_argument("--targets", default=",".join(TARGETS),
+                   help="refit only these targets (comma-separated); the others keep the --out model's coefficients")  # fmt: skip
     c = sub.add_parser("check", help="predict a finished run's jobs with the stored cost model (no refit)")
     c.add_argument("run", help="RUN_DIR:CONFIGFILE[:SNAKEFILE][@MODEL,...]")
     c.add_argument("--cost-model", default=str(COST_MODEL))
@@ -1141,10 +1160,20 @@ def main(argv=None) -> int:
         runs.append({"directory": directory, "configfile": configfile, "jobs": len(got),
                      "models": sorted({j.model() for j, _, _ in got if j.model()})})  # fmt: skip
         print(f"{run}: {len(got)} measured jobs", file=sys.stderr)
+    targets, extra = [t for t in args.targets.split(",") if t], None
+    if not set(targets) <= set(TARGETS):
+        ap.error(f"--targets: choose among {', '.join(TARGETS)}")
     held = {m for m in args.hold_out.split(",") if m}
     check = check_holdout(rows, held) if held else None
-    coeffs = fit(rows)
-    save_model(coeffs, runs, args.out, check)
+    coeffs, stored_check = fit(rows), check
+    if set(targets) != set(TARGETS):  # the other targets as the model at --out has them, with its runs
+        old = load_model(args.out)
+        coeffs = merge_targets(old["rules"], coeffs, targets)
+        runs = [dict(r, targets=sorted(set(TARGETS) - set(targets))) for r in old.get("runs", [])] + [
+            dict(r, targets=targets) for r in runs]  # fmt: skip
+        stored_check = old.get("check")  # the refit's held-out check goes beside it
+        extra = {f"check_{'_'.join(targets)}": check} if check else None
+    save_model(coeffs, runs, args.out, stored_check, extra)
     if args.save_rows:
         save_rows(rows, args.save_rows)
     if check:

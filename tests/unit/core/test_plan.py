@@ -128,6 +128,29 @@ def test_saved_rows_fit_as_the_runs_did(tmp_path):
     assert doc["runs"] == [{"rows": str(tmp_path / "rows.json"), "jobs": 20, "models": [f"m{i}" for i in range(10)]}]
 
 
+def test_fit_of_some_targets_keeps_the_others(tmp_path):
+    """`fit --targets peak_rss_bytes` refits the memory and keeps the stored model's CPU coefficients, its runs
+    (each marked with the targets fitted on it), its held-out check, and a rule only the stored model knows;
+    the refit's own held-out check is stored beside."""
+    truth = {"extract_attention": {"one": 3.0, "PT": 2e-9, "attn": 5e-10}}
+    out = tmp_path / "cost.json"
+    old_rules = {"extract_attention": {"family": "forward", "jobs": 2, "cpu_s": {"one": 99.0},
+                                       "peak_rss_bytes": {"one": 1.0}},
+                 "atlas": {"family": "summary", "jobs": 1, "cpu_s": {"one": 5.0}}}  # fmt: skip
+    plan.save_model(old_rules, [{"rows": "old", "jobs": 3}], out, {"held_out": ["old"]})
+    plan.save_rows(_rows(truth, 10), tmp_path / "rows.json")
+    args = ["fit", "--rows", str(tmp_path / "rows.json"), "--out", str(out), "--targets", "peak_rss_bytes"]
+    assert plan.main(args + ["--hold-out", "m9"]) == 0
+    doc = json.loads(out.read_text())
+    ext = doc["rules"]["extract_attention"]
+    assert ext["cpu_s"] == {"one": 99.0} and ext["peak_rss_bytes"] != {"one": 1.0}
+    assert doc["rules"]["atlas"] == old_rules["atlas"] and doc["check"] == {"held_out": ["old"]}
+    assert doc["check_peak_rss_bytes"]["held_out"] == ["m9"]
+    assert [r["targets"] for r in doc["runs"]] == [["cpu_s", "output_bytes"], ["peak_rss_bytes"]]
+    with pytest.raises(SystemExit):
+        plan.main(args[:-1] + ["cpu"])
+
+
 def test_features_scale_as_the_formulas_say():
     """Doubling the heads doubles the per-head terms and quadruples the head-pair terms; the exact ablation
     runs one forward per head up to exact_max_heads, then L * check_heads + 4, over the LM task's tokens, and
