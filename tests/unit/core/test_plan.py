@@ -153,13 +153,11 @@ def test_fit_of_some_targets_keeps_the_others(tmp_path):
 
 def test_features_scale_as_the_formulas_say():
     """Doubling the heads doubles the per-head terms and quadruples the head-pair terms; the exact ablation
-    runs one forward per head up to exact_max_heads, then L * check_heads + 4, over the LM task's tokens, and
-    the classification task's too on a fine-tuned classifier (the only models it runs on)."""
+    runs one forward per head up to exact_max_heads, then L * check_heads + 4."""
     cfg = {
         "models": [
             {"name": "a", "source": {"hub": "x/a"}, "max_length": 16},
             {"name": "b", "source": {"hub": "x/b"}, "max_length": 16},
-            {"name": "a-ft", "source": {"finetuned": {"base": "a", "task": "t"}}},
         ],  # fmt: skip
         "corpora": {"c": {"kind": "conllu", "path": "none"}},
         "analysis": {
@@ -174,9 +172,8 @@ def test_features_scale_as_the_formulas_say():
     fa, fb = feats.job(job), feats.job(Job("clark_js_distances", {"model": "b", "corpus": "c"}))
     assert fa["PT"] == 1e6 * (8 + 13 + 16) and fa["attn"] == 16 * 16 * (64 + 169 + 256)
     assert fb["LHT"] == 2 * fa["LHT"] and fb["LH2N"] == 4 * fa["LH2N"] == 4 * 16**2 * 3
-    ta = 16 * 36
+    ta = 16 * 36 + 200 * 24
     assert feats.job(Job("ablation_exact", {"model": "a"}))["abl"] == 16 * 1e6 * ta  # 16 heads <= 50: exact
-    assert feats.job(Job("ablation_exact", {"model": "a-ft"}))["abl"] == 16 * 1e6 * (ta + 200 * 24)
     assert feats.job(Job("ablation_exact", {"model": "b"}))["abl"] == 32 * 2e6 * ta
     cfg["analysis"]["ablation"]["exact_jobs"] = 2  # the forwards split over two jobs
     assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == 16 * 2e6 * ta
