@@ -286,7 +286,8 @@ def run_kernels(args, emit) -> None:
     expanded), the flash kernel with its LSE, FlexAttention with its LSE (compile time apart),
     blocked_attention with the entropy and one key column, the one path (``layer_attention``: the same outputs,
     its widened values [V | K | column] on the kernel ``kernel_order`` picks) and a widened fused call in bf16
-    (``fused_attention``: none where ``kernel_order`` names no kernel for widened values), each with the kernels that ran; the largest LSE difference from float64 rows."""
+    (``fused_attention``: none where ``kernel_order`` names no kernel for widened values), each with the kernels
+    that ran; the largest LSE difference from float64 rows."""
     import torch
     import torch.nn.functional as F
 

@@ -23,8 +23,9 @@ its fastest repetition:
 
 The per-statistic cost is the difference between consecutive map-free modes (on a CPU every one of them is the
 same attention pass, :mod:`headatlas.core.cpu_pass`, with more sums; ``--no-cpu-pass`` measures the torch path
-without it: the fused kernel, or the blocked products once a statistic needs more than targets). ``--equality`` also reports the
-max abs difference of every map-free reducer's result, map-free against eager-fused, on the same inputs.
+without it: the fused kernel, or the blocked products once a statistic needs more than targets; ``--wide-kernel
+flash_cpu`` puts those widened values on the CPU flash kernel instead, the comparison behind that choice).
+``--equality`` also reports the max abs difference of every map-free reducer's result, map-free against eager-fused, on the same inputs.
 The machine may be shared: ratios within one process and rotation are the comparable numbers.
 """
 
@@ -237,6 +238,8 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--modes", default=None, help=f"default {','.join(MODES)}; --scaling: {','.join(SCALING_MODES)}")
     p.add_argument("--no-cpu-pass", action="store_true", help="the map-free path without the CPU attention pass")
+    p.add_argument("--wide-kernel", default=None, help="a fused kernel (flash_cpu) for the one path's widened values "
+                   "instead of the blocked products (kernel_order's choice): the comparison behind that choice")  # fmt: skip
     p.add_argument("--equality", action="store_true", help="also max abs diff, map-free vs eager-fused")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up forward (long inputs)")
     p.add_argument("--cache", type=Path, default=REPO / "results" / "models" / "bench")
@@ -250,13 +253,20 @@ def main(argv=None) -> None:
         from headatlas.core import cpu_pass
 
         cpu_pass.library = lambda: None
+    if args.wide_kernel:
+        from headatlas.core import mapfree
+
+        order = mapfree.kernel_order
+        mapfree.kernel_order = lambda device, dtype, wide=False: (args.wide_kernel,) if wide else order(device, dtype)
     if args.one:
         name, length, n, mode = args.one.split(":")
         print(json.dumps(one_run(name, int(length), int(n), mode, args.cache)))
         return
     if args.scaling or (args.figure and args.out and args.out.exists()):
         modes = tuple(args.modes.split(",")) if args.modes else SCALING_MODES
-        flags = ("--no-cpu-pass",) if args.no_cpu_pass else ()
+        flags = (("--no-cpu-pass",) if args.no_cpu_pass else ()) + (
+            ("--wide-kernel", args.wide_kernel) if args.wide_kernel else ()
+        )
         rows = (
             scaling(args.scaling, args.cache, args.out, modes, flags)
             if args.scaling

@@ -449,6 +449,7 @@ FEATURE_KEYS = {
     "LHS2kept": "stored maps: corpora.*.maps, sample",
 }
 # Where a rule's own section bounds a feature (the keys above name the exact ablation's and the corpora's)
+LONG_INPUT_KEYS = "the long inputs: analysis.detectors.long.corpora, n_sequences; corpora.*.tokens"
 RULE_FEATURE_KEYS = {
     ("quiet_ablation", "abl"): "one zero-ablated forward per head: analysis.quiet.ablation_sequences, length, "
     "on_check_fail, exact_max_heads, check_heads",
@@ -458,8 +459,8 @@ RULE_FEATURE_KEYS = {
     ("icl_exclusion", "PTabl"): "the exclusion test's runs: analysis.icl.exclusion.random_sets, n_texts, late; "
     "analysis.icl.tasks, n_prompts",
     ("detectors", "PT"): "the random sequences: analysis.detectors.n_sequences, length",
-    ("detectors_long", "PT"): "the long inputs: analysis.detectors.long.corpora, n_sequences; corpora.*.tokens",
-    ("detectors_long", "attn_free"): "the long inputs: analysis.detectors.long.corpora, n_sequences; corpora.*.tokens",
+    ("detectors_long", "PT"): LONG_INPUT_KEYS,
+    ("detectors_long", "attn_free"): LONG_INPUT_KEYS,
     ("circuits_causal", "PT"): "analysis.circuits.long.lengths, depths, needles; .induction.n_sequences, random_sets",
     ("quiet", "PT"): "analysis.quiet.corpora, n_sequences, length",
     ("clark_gradients", "PT"): "analysis.clark_surface.gradients.n_segments",
