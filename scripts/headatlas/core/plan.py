@@ -54,6 +54,7 @@ class Shape:
     body: float | None = None  # parameters outside the embeddings and the output layer (None: all of them)
     vocab: int = 0
     decoder: bool = True  # a causal LM (the ICL and zero-ablation rules skip encoders at start-up cost)
+    d_ff: int = 0  # the MLP's inner width (0: not known, 4 d taken)
 
     @property
     def body_params(self) -> float:
@@ -64,6 +65,16 @@ class Shape:
     def cells(self) -> int:
         """Heads in all (L x H)."""
         return self.layers * self.heads
+
+    @property
+    def ff(self) -> int:
+        """The MLP's inner width (4 d where the shape does not say)."""
+        return self.d_ff or 4 * self.d_model
+
+    @property
+    def base_params(self) -> float:
+        """The parameters of the model without its LM head (``AutoModel``): an untied output layer left out."""
+        return min(self.params, self.body_params + self.vocab * self.d_model)
 
 
 def shape_from_config(cfg: dict) -> Shape:
@@ -90,7 +101,8 @@ def shape_from_config(cfg: dict) -> Shape:
         params = body + vocab * d * (1 if cfg.get("tie_word_embeddings", True) else 2)
     arch = ARCHITECTURES.get(cfg.get("model_type", ""))
     decoder = arch is None or arch.kind == "decoder"
-    return Shape(int(layers), int(heads), int(kv), int(d), int(hd), float(params), float(body), int(vocab), decoder)
+    return Shape(int(layers), int(heads), int(kv), int(d), int(hd), float(params), float(body), int(vocab), decoder,
+                 int(ff))  # fmt: skip
 
 
 def _cfg(layers, heads, kv, d, hd, ff, vocab, tied=True, act="silu", model_type="llama"):
@@ -416,7 +428,17 @@ RULE_FAMILY = {
     "clark_syntax_probe": "reader",
 }
 DECODER_ONLY_RULES = ("quiet_ablation", "icl_heads", "icl_exclusion")  # an encoder's job writes its skipped rows
-MEMORY_FEATURES = ["one", "Pbytes", "LHn2", "Rlogits"]  # peak RSS: the weights, one sequence's maps, patched logits
+# peak RSS: the weights, one sequence's maps, the logits of one batched exact pass, and what a backward pass keeps
+# (every layer's activations of its batch, the batch's logits)
+MEMORY_FEATURES = ["one", "Pbytes", "LHn2", "Rlogits", "Gact", "Glogits"]
+# Rules whose scripts load the model with its LM head (core.models.lm_head_model): in float32, whatever the config's
+# dtype; circuits_causal loads the model without it beside (core.models.load, in the config's dtype) and runs both.
+LM_HEAD_RULES = ("ablation_exact", "ablation_heads", "ablation_roles", "icl_heads", "icl_exclusion", "quiet_ablation",
+                 "clark_gradients", "circuits_weights", "circuits_causal")  # fmt: skip
+ACT_BYTES = 4.0  # activations, logits and their gradients: float32 (the LM-head models are loaded in float32)
+# The same bytes in every rule that has them (an exact pass's logits, a backward pass's activations and logits): one
+# coefficient each, fitted jointly over those rules (_fit_shared_memory)
+SHARED_MEMORY = ("Rlogits", "Gact", "Glogits")
 # Families whose jobs hold the model's weights once: their peak RSS is fitted as the weights (Pbytes, coefficient 1)
 # plus a non-negative sum of the other memory features. A free weights' coefficient is not identified by models
 # whose weights grow with their logits (it fitted the zero-ablation at 9.6 x the weights: 68.7 GB predicted for
@@ -443,9 +465,13 @@ FEATURE_KEYS = {
     "abl": "one forward per head: analysis.ablation.exact_max_heads, check_heads, lm_sequences, lm_max_tokens",
     "PTabl": "ablated sets: analysis.ablation.random_sets, pruning_fractions, lm_sequences",
     "LH2": "composition's Gram builds and head-pair products: analysis.circuits.composition.max_layer_gap, memory_gb",
-    "Pbytes": "the weights in memory: parameters x bytes of the model's dtype",
+    "Pbytes": "the weights in memory: parameters x bytes of the model's dtype (float32 with the LM head)",
     "LHn2": "one sequence's maps: max_length (the ablations: lm_max_tokens)",
-    "Rlogits": "the logits of one batched exact pass: analysis.ablation / quiet exact_max_rows x the vocabulary",
+    "Rlogits": "the logits of one batched exact pass: analysis.ablation / quiet exact_max_rows, batch_size, "
+    "lm_max_tokens / length",
+    "Gact": "the activations a backward pass keeps: its batch's tokens (analysis.ablation / quiet / icl batch_size, "
+    "lm_max_tokens / length / shots; analysis.clark_surface.gradients.batch_size, max_length) x the layers",
+    "Glogits": "the logits of a backward pass's batch: its tokens x the vocabulary",
     "LHS2kept": "stored maps: corpora.*.maps, sample",
 }
 # Where a rule's own section bounds a feature (the keys above name the exact ablation's and the corpora's)
@@ -583,7 +609,7 @@ class Features:
         ab = _section(self.cfg, "ablation")
         if job.family_rule.startswith("ablation"):
             longest = float(ab.get("lm_max_tokens", 36))
-        f.update(Pbytes=weights_bytes(s, self.models[model]))
+        f.update(Pbytes=self._weights_held(job.family_rule, s, model))
         f.update(P=s.params, LH=lh, PT=s.body_params * t, attn=lh * s.head_dim * s2, LHT=lh * t, LHS2=lh * s2)
         comp = _section(self.cfg, "circuits").get("composition", {})
         c = composition_counts(s.layers, s.heads, s.d_model, comp.get("max_layer_gap"), comp.get("memory_gb", 4.0))
@@ -606,8 +632,8 @@ class Features:
             forwards /= float(ab.get("exact_jobs", 2))
         logits = s.body_params + s.vocab * s.d_model  # the ablations score the next token: logits too
         f["abl"] = forwards * logits * t_abl
-        if job.family_rule == "ablation_exact":  # one batched pass holds exact_max_rows rows of logits
-            f["Rlogits"] = min(float(ab.get("exact_max_rows", 4096)), forwards * t_abl) * s.vocab * 4.0
+        if job.family_rule == "ablation_exact":
+            f.update(self._exact_ablation(s, model, forwards))
         sets = ab.get("random_sets", 10) + len(ab.get("pruning_fractions", [])) + len(ab.get("pande_roles", []))
         f["PTabl"] = sets * logits * t_abl
         if job.family_rule == "finetune_model":
@@ -630,36 +656,100 @@ class Features:
     def _gpu(self, model: str) -> bool:
         return self.models[model].get("device", "auto") not in ("cpu", "auto")
 
+    def _every_head_exact(self, s: Shape, model: str, section: dict) -> bool:
+        """Exact ablation or patching of every head: up to ``exact_max_heads`` heads on a CPU run (device auto on a
+        machine without a GPU), any number on a GPU."""
+        return s.cells <= section.get("exact_max_heads", 200) or self._gpu(model)
+
     def _checked_forwards(self, s: Shape, model: str, section: dict) -> float:
-        """Forwards of exact ablation or patching: every head up to ``exact_max_heads`` on a CPU run (device auto on
-        a machine without a GPU; a GPU: always), else the per-layer check's heads (layers failing the check add
-        theirs: not known before the run)."""
-        if s.cells <= section.get("exact_max_heads", 200) or self._gpu(model):
+        """Forwards of exact ablation or patching: every head where :meth:`_every_head_exact`, else the per-layer
+        check's heads (layers failing the check add theirs: not known before the run)."""
+        if self._every_head_exact(s, model, section):
             return float(s.cells)
         return s.layers * section.get("check_heads", 4) + 4.0
 
+    def _weights_held(self, rule: str, s: Shape, model: str) -> float:
+        """The bytes of weights a job of ``rule`` holds: the model in its config's dtype; in float32 where the rule
+        loads it with its LM head (:data:`LM_HEAD_RULES`); circuits_causal on a decoder holds and runs both the
+        model with its LM head (float32) and the model without it (the config's dtype, an untied output layer
+        left out), on an encoder none (it reads the config and writes its skipped tables)."""
+        entry = self.models[model]
+        if rule not in LM_HEAD_RULES:
+            return weights_bytes(s, entry)
+        if rule == "circuits_causal" and not s.decoder:
+            return 0.0
+        held = s.params * DTYPE_BYTES["float32"]
+        if rule == "circuits_causal" and s.decoder:
+            held += s.base_params * DTYPE_BYTES.get(str(entry.get("dtype", "float32")), 4)
+        return held
+
+    @staticmethod
+    def _exact_rows(batch: float, n: float, heads: float, max_rows: int) -> float:
+        """Token rows of one batched exact pass (``Evaluation.exact``): one block of the ``batch`` x ``n`` batch
+        per head, as many heads as keep the pass within ``max_rows`` rows (at least one), at most ``heads``."""
+        per = max(1, int(max_rows) // max(1, int(batch * n)))
+        return min(float(per), heads) * batch * n
+
+    @staticmethod
+    def _backward(s: Shape, batch: float, n: float, logit_rows: float) -> dict[str, float]:
+        """What one backward pass over ``batch`` sequences of ``n`` tokens keeps for autograd: every layer's
+        activations (per token the hidden and MLP widths and, eager attention, a row of every head's map: ``Gact``)
+        and the logits of ``logit_rows`` positions (``Glogits``), float32."""
+        return {
+            "Gact": ACT_BYTES * s.layers * batch * n * (s.d_model + s.ff + s.heads * n),
+            "Glogits": ACT_BYTES * logit_rows * s.vocab,
+        }
+
+    def _exact_ablation(self, s: Shape, model: str, forwards: float) -> dict[str, float]:
+        """Memory of an exact ablation job (``forwards`` heads): its LM task's largest batch, ``batch_size`` of the
+        ``lm_sequences`` sequences of ``lm_max_tokens``; the logits of one batched exact pass over it and, where not
+        every head is exact, the attribution estimate's backward pass (``ig``: one block per layer, max_rows / 4
+        rows a pass). An encoder runs no LM task (a fine-tuned classifier's logits are its few labels): nothing."""
+        if not s.decoder:
+            return {"Rlogits": 0.0, "Gact": 0.0, "Glogits": 0.0}
+        ab = _section(self.cfg, "ablation")
+        n = float(min(int(ab.get("lm_max_tokens", 36)), int(self.models[model].get("max_length", 512))))
+        batch = float(min(int(ab.get("batch_size", 16)), int(ab.get("lm_sequences", 16))))
+        max_rows = int(ab.get("exact_max_rows", 4096))
+        out = {"Rlogits": self._exact_rows(batch, n, forwards, max_rows) * s.vocab * ACT_BYTES}
+        if self._every_head_exact(s, model, ab):  # an exact job of every head runs no estimate
+            return dict(out, Gact=0.0, Glogits=0.0)
+        blocks = 1.0
+        if ab.get("estimator", "atp") == "ig":
+            blocks = float(min(s.layers, max(1, max_rows // max(1, int(4 * batch * n)))))
+        return dict(out, **self._backward(s, blocks * batch, n, blocks * batch * n))
+
     def _quiet_ablation(self, s: Shape, model: str, logits: float) -> dict[str, float]:
-        """The zero-ablation's forwards and the logits one batched pass holds. With ``on_check_fail: exact`` every
-        head is planned exact: the attribution estimate of a zero-ablation fails the per-layer check on most layers
-        (SmolLM2: 27 of 30, so 255 of its 270 heads ran exact)."""
+        """The zero-ablation's forwards, the logits one batched exact pass holds and the attribution estimate's
+        backward pass (both over ``batch_size`` natural inputs of ``length`` tokens). With ``on_check_fail: exact``
+        every head is planned exact: the attribution estimate of a zero-ablation fails the per-layer check on most
+        layers (SmolLM2: 27 of 30, so 255 of its 270 heads ran exact)."""
         q = _section(self.cfg, "quiet")
         rows = min(int(q.get("ablation_sequences", 32)), int(q.get("n_sequences", 64)) * len(q.get("corpora", [])))
         every = q.get("on_check_fail", "exact") == "exact"
         forwards = float(s.cells) if every else self._checked_forwards(s, model, q)
-        tokens = rows * float(q.get("length", 64))
-        held = min(float(q.get("exact_max_rows", 4096)), forwards * tokens)
-        return {"abl": forwards * logits * tokens, "Rlogits": held * s.vocab * 4.0}
+        length = float(q.get("length", 64))
+        tokens = rows * length
+        batch = float(min(int(q.get("batch_size", 16)), rows))  # token_evaluation's batches of the natural inputs
+        held = self._exact_rows(batch, length, forwards, int(q.get("exact_max_rows", 4096)))
+        # the attribution estimate runs on every path (checked, or compared once where every head is exact)
+        out = {"abl": forwards * logits * tokens, "Rlogits": held * s.vocab * ACT_BYTES}
+        return dict(out, **self._backward(s, batch, length, batch * length))
 
     def _icl(self, rule: str, s: Shape, model: str, logits: float) -> dict[str, float]:
         """The ICL prompts' tokens (clean and corrupted, ICL_PAIR_TOKENS per demonstration) and the patched
-        forwards of rule icl_heads; the exclusion test's evaluations (intact, both sets, their random sets) of
-        the prompts and of its running text."""
+        forwards of rule icl_heads, and the attribution patching's backward pass over one batch of ``batch_size``
+        prompts (one length: every task's template; only the last position's logits, ``logits_to_keep``); the
+        exclusion test's evaluations (intact, both sets, their random sets) of the prompts and of its running
+        text."""
         c = _section(self.cfg, "icl")
         prompts = len(c.get("tasks", [])) * int(c.get("n_prompts", 25))
         prompt_tokens = prompts * (int(c.get("shots", 10)) + 1) * ICL_PAIR_TOKENS
         if rule == "icl_heads":
+            batch = float(min(int(c.get("batch_size", 16)), prompts))
+            back = self._backward(s, batch, (int(c.get("shots", 10)) + 1) * ICL_PAIR_TOKENS, batch)
             return {"PT": s.body_params * 2 * prompt_tokens,
-                    "abl": self._checked_forwards(s, model, c) * s.body_params * prompt_tokens}  # fmt: skip
+                    "abl": self._checked_forwards(s, model, c) * s.body_params * prompt_tokens, **back}  # fmt: skip
         e = c.get("exclusion", {})
         late = min(int(e.get("late", 500)), int(self.models[model].get("max_length", 512)) - 1)
         text = int(e.get("n_texts", 16)) * (late + 1)
@@ -668,9 +758,11 @@ class Features:
 
     def _own_inputs(self, rule: str, s: Shape, model: str, corpus: str | None = None) -> dict[str, float]:
         """Tokens the detectors, the circuits' causal tests, the gradients and the quiet statistics feed the
-        model themselves. Long inputs (map-free passes, SDPA prompts) count in ``attn_free``, not ``attn``."""
+        model themselves. Long inputs (map-free passes, SDPA prompts) count in ``attn_free``, not ``attn``. The
+        gradients' backward passes: ``batch_size`` sequences at a time, every position's logits."""
         lengths: list[float] = []
         long: list[float] = []
+        back: dict[str, float] = {}
         if rule == "detectors":
             d = _section(self.cfg, "detectors")
             lengths = [2.0 * d.get("length", 64)] * int(d.get("n_sequences", 64))
@@ -692,6 +784,9 @@ class Features:
             g = _section(self.cfg, "clark_surface").get("gradients", {})
             max_len = float(self.models[model].get("max_length", 128))
             lengths = [min(max_len, 100 * TOKENS_PER_WORD)] * int(g.get("n_segments", 100))
+            batch = float(min(int(g.get("batch_size", 4)), len(lengths)))
+            n = lengths[0] if lengths else 0.0
+            back = self._backward(s, batch, n, batch * n)
         arr, free = np.asarray(lengths, dtype=float), np.asarray(long, dtype=float)
         lh = float(s.cells)
         return {
@@ -699,6 +794,7 @@ class Features:
             "attn": lh * s.head_dim * (arr**2).sum(),
             "attn_free": lh * s.head_dim * (free**2).sum(),
             "LHn2": lh * arr.max(initial=0) ** 2,
+            **back,
         }
 
 
@@ -761,31 +857,72 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x / scale
 
 
+def _target_rows(items, target: str) -> list[tuple[dict, float]]:
+    """(features, measured value) of the items with a finite, positive ``target``."""
+    return [(f, m[target]) for f, m in items if math.isfinite(m.get(target, float("nan"))) and m[target] > 0]
+
+
+def _held_weights(rule: str, target: str, use) -> tuple[bool, np.ndarray]:
+    """Whether the fit holds ``rule``'s weights at their size (peak RSS of :data:`HOLDS_WEIGHTS`), and the weights."""
+    held = target == "peak_rss_bytes" and family(rule) in HOLDS_WEIGHTS
+    return held, np.array([f.get("Pbytes", 0.0) if held else 0.0 for f, _ in use])
+
+
 def fit(rows: list[tuple[Job, dict, dict]]) -> dict:
     """Coefficients per rule and target from ``rows`` of (job, features, measured): non-negative least squares
     on the rule's jobs, relative errors weighted equally (each row divided by its measured value); the peak RSS of
-    a rule of :data:`HOLDS_WEIGHTS` is its weights plus the fitted terms. A rule with fewer jobs than features
-    still fits (NNLS keeps the fewest terms that explain it)."""
+    a rule of :data:`HOLDS_WEIGHTS` is its weights plus the fitted terms, and the terms of :data:`SHARED_MEMORY`
+    are fitted jointly over the rules that have them (:func:`_fit_shared_memory`). A rule with fewer jobs than
+    features still fits (NNLS keeps the fewest terms that explain it)."""
     by_rule: dict[str, list] = {}
     for job, feats, meas in rows:
         by_rule.setdefault(job.family_rule, []).append((feats, meas))
+    shared = {r: items for r, items in by_rule.items() if any(f.get(k) for f, _ in items for k in SHARED_MEMORY)}
     coeffs: dict[str, dict] = {}
     for rule, items in sorted(by_rule.items()):
         coeffs[rule] = {"family": family(rule), "jobs": len(items)}
         for target in TARGETS:
+            if target == "peak_rss_bytes" and rule in shared:
+                continue
             names = features_for(rule, target)
-            use = [(f, m[target]) for f, m in items if math.isfinite(m.get(target, float("nan"))) and m[target] > 0]
+            use = _target_rows(items, target)
             if not use:
                 continue
             a = np.array([[f.get(k, 0.0) for k in names] for f, _ in use])
             b = np.array([y for _, y in use])
-            held = target == "peak_rss_bytes" and family(rule) in HOLDS_WEIGHTS
-            weights = np.array([f.get("Pbytes", 0.0) for f, _ in use]) if held else np.zeros(len(b))
+            held, weights = _held_weights(rule, target, use)
             x = nnls(a / b[:, None], 1.0 - weights / b)
             coeffs[rule][target] = {k: float(v) for k, v in zip(names, x) if v > 0}
             if held:
                 coeffs[rule][target]["Pbytes"] = 1.0
+    _fit_shared_memory(shared, coeffs)
     return coeffs
+
+
+def _fit_shared_memory(by_rule: dict[str, list], coeffs: dict) -> None:
+    """The peak RSS of the rules with an exact pass's logits or a backward pass (``by_rule``: their jobs' (features,
+    measured)) in one fit: the terms of :data:`SHARED_MEMORY` are the same bytes in every such rule, so they share
+    one coefficient each; every rule keeps its own other terms (its start-up, its maps) and its weights. Per rule,
+    one or two decoders measured cannot tell an exact pass's logits from a backward pass's activations apart (both
+    grow with the model); pooled, the rules where one of them dominates (the exact ablation, the ICL patching) do."""
+    rules = [r for r in sorted(by_rule) if _target_rows(by_rule[r], "peak_rss_bytes")]
+    if not rules:
+        return
+    own = {r: [k for k in features_for(r, "peak_rss_bytes") if k not in SHARED_MEMORY] for r in rules}
+    cols = [(r, k) for r in rules for k in own[r]] + [(None, k) for k in SHARED_MEMORY]
+    a, y, w = [], [], []
+    for r in rules:
+        use = _target_rows(by_rule[r], "peak_rss_bytes")
+        _, weights = _held_weights(r, "peak_rss_bytes", use)
+        a += [[f.get(k, 0.0) if g in (None, r) else 0.0 for g, k in cols] for f, _ in use]
+        y += [v for _, v in use]
+        w += list(weights)
+    y_arr = np.array(y)
+    x = nnls(np.array(a) / y_arr[:, None], 1.0 - np.array(w) / y_arr)
+    for r in rules:
+        coeffs[r]["peak_rss_bytes"] = {k: float(v) for (g, k), v in zip(cols, x) if g in (None, r) and v > 0}
+        if family(r) in HOLDS_WEIGHTS:
+            coeffs[r]["peak_rss_bytes"]["Pbytes"] = 1.0
 
 
 def predict(coeffs: dict, job: Job, feats: dict) -> dict[str, float | None]:
@@ -1011,8 +1148,6 @@ def memory_warnings(
             c["tokens"] for c in cfg.get("corpora", {}).values() if "tokens" in c and name in c.get("models", [name])
         ]
         n = float(max([entry.get("max_length", 512)] + long))
-        weights = weights_bytes(s, entry)
-        n_abl = float(_section(cfg, "ablation").get("lm_max_tokens", 36))
         for rule, c in cost["rules"].items():
             mem = c.get("peak_rss_bytes")
             fam = family(rule)
@@ -1025,15 +1160,12 @@ def memory_warnings(
                 continue  # a hub, path or package model is loaded where it is: no rule writes it
             if runs is not None and not runs(RULE_ANALYSIS.get(rule), name):
                 continue  # the run does not run this rule on this model
-            if family(rule) == "forward_own":  # detectors, circuits, gradients: the inputs they make themselves
-                cells = feats._own_inputs(rule, s, name)["LHn2"]
-            else:
-                m = n_abl if rule.startswith("ablation") else n
-                cells = s.cells * m * m
-            f = {"one": 1.0, "Pbytes": weights, "LHn2": cells}
-            if fam in ("ablation_exact", "zero_ablation"):  # one batched exact pass's logits
-                rows = _section(cfg, "quiet" if fam == "zero_ablation" else "ablation").get("exact_max_rows", 4096)
-                f["Rlogits"] = float(rows) * s.vocab * 4.0
+            # the job's own memory features (weights held, backward batches, exact passes' logits); the maps of
+            # one sequence at the model's longest input where the rule reads a corpus (detectors, circuits and
+            # gradients make their own inputs; the ablations cut theirs to lm_max_tokens)
+            f = feats.job(Job(rule, {"model": name}))
+            if fam != "forward_own" and not rule.startswith("ablation"):
+                f["LHn2"] = s.cells * n * n
             need = sum(v * f.get(k, 0.0) for k, v in mem.items())
             if need > limit:
                 out.append(
@@ -1171,8 +1303,11 @@ def main(argv=None) -> int:
     if set(targets) != set(TARGETS):  # the other targets as the model at --out has them, with its runs
         old = load_model(args.out)
         coeffs = merge_targets(old["rules"], coeffs, targets)
-        runs = [dict(r, targets=sorted(set(TARGETS) - set(targets))) for r in old.get("runs", [])] + [
-            dict(r, targets=targets) for r in runs]  # fmt: skip
+        # an earlier run keeps the targets this refit does not replace (none left: the refit's runs replace it)
+        kept = [
+            dict(r, targets=[t for t in r.get("targets", TARGETS) if t not in targets]) for r in old.get("runs", [])
+        ]
+        runs = [r for r in kept if r["targets"]] + [dict(r, targets=targets) for r in runs]
         stored_check = old.get("check")  # the refit's held-out check goes beside it
         extra = {f"check_{'_'.join(targets)}": check} if check else None
     save_model(coeffs, runs, args.out, stored_check, extra)

@@ -104,6 +104,30 @@ def test_memory_is_the_weights_plus_the_fitted_terms():
     assert "Pbytes" in plan.features_for("cache_model", "peak_rss_bytes")  # dequantising holds more than the weights
 
 
+def test_shared_memory_terms_are_fitted_jointly():
+    """An exact pass's logits and a backward pass's activations and logits are the same bytes in every rule that has
+    them: one coefficient each over those rules, each rule keeping its own start-up. A rule whose jobs never run a
+    backward pass (here the exact ablation) gets the coefficients the other rule's jobs identify."""
+    rng = np.random.default_rng(3)
+    shared = {"Rlogits": 2.5, "Gact": 4.0, "Glogits": 3.0}
+    start = {"ablation_exact": 4e8, "quiet_ablation": 2e8}
+    rows = []
+    for rule in start:
+        for i in range(6):
+            f = {"one": 1.0, "Pbytes": float(rng.uniform(1, 8)) * 1e9, "Rlogits": float(rng.uniform(0.5, 3)) * 1e9}
+            back = rule == "quiet_ablation"
+            f["Gact"], f["Glogits"] = (float(rng.uniform(0.1, 2)) * 1e9 if back else 0.0 for _ in range(2))
+            peak = f["Pbytes"] + start[rule] + sum(v * f[k] for k, v in shared.items())
+            rows.append((Job(rule, {"model": f"m{i}"}), f, {"cpu_s": 1.0, "peak_rss_bytes": peak, "output_bytes": 1.0}))
+    coeffs = plan.fit(rows)
+    for rule, one in start.items():
+        mem = coeffs[rule]["peak_rss_bytes"]
+        assert mem["Pbytes"] == 1.0 and mem["one"] == pytest.approx(one, rel=1e-6)
+        for k, v in shared.items():
+            assert mem[k] == pytest.approx(v, rel=1e-6), (rule, k)
+    assert coeffs["ablation_exact"]["cpu_s"]  # the other targets are fitted per rule as before
+
+
 def test_holdout_check_is_exact_when_the_model_is():
     truth = {"extract_attention": {"one": 3.0, "PT": 2e-9, "attn": 5e-10}}
     rows = _rows(truth, 10)
@@ -147,6 +171,9 @@ def test_fit_of_some_targets_keeps_the_others(tmp_path):
     assert doc["rules"]["atlas"] == old_rules["atlas"] and doc["check"] == {"held_out": ["old"]}
     assert doc["check_peak_rss_bytes"]["held_out"] == ["m9"]
     assert [r["targets"] for r in doc["runs"]] == [["cpu_s", "output_bytes"], ["peak_rss_bytes"]]
+    assert plan.main(args) == 0  # a second memory refit replaces the first one's run, keeps the CPU's
+    assert [(r["rows"], r["targets"]) for r in json.loads(out.read_text())["runs"]] == [
+        ("old", ["cpu_s", "output_bytes"]), (str(tmp_path / "rows.json"), ["peak_rss_bytes"])]  # fmt: skip
     with pytest.raises(SystemExit):
         plan.main(args[:-1] + ["cpu"])
 
@@ -246,6 +273,64 @@ def test_features_of_the_icl_quiet_and_long_input_rules():
     assert long["attn_free"] == pytest.approx(16 * 16 * (lengths**2).sum()) and long["PT"] == 1e6 * lengths.sum()
 
 
+def test_memory_features_by_hand():
+    """The weights each rule holds, the logits of one batched exact pass, and what a backward pass keeps, by hand for
+    a 2-layer model: 4 heads, d 8, d_ff 16, vocabulary 50, 1400 parameters (600 in the body, untied output layer),
+    bfloat16 in the config."""
+    shape = Shape(2, 4, 4, 8, 2, 1400.0, 600.0, 50, True, 16)
+    assert shape.ff == 16 and shape.base_params == 600 + 50 * 8 and Shape(4, 4, 4, 64, 16, 1e6).ff == 4 * 64
+    assert plan.shape_from_config(plan.BUILTIN_SHAPES["qwen2.5-coder-0.5b"]).ff == 4864
+    cfg = {
+        "models": [{"name": "a", "source": {"hub": "x/a"}, "max_length": 16, "dtype": "bfloat16"}],
+        "corpora": {},
+        "analysis": {
+            "ablation": {"lm_sequences": 3, "lm_max_tokens": 10, "batch_size": 2, "exact_max_rows": 50,
+                         "exact_max_heads": 4, "check_heads": 1, "exact_jobs": 1},
+            "quiet": {"corpora": ["c1"], "n_sequences": 10, "length": 8, "ablation_sequences": 3, "batch_size": 2,
+                      "exact_max_rows": 40},
+            "icl": {"tasks": ["t1", "t2"], "n_prompts": 3, "shots": 4, "batch_size": 4},
+            "clark_surface": {"gradients": {"n_segments": 3, "batch_size": 2}},
+        },
+    }  # fmt: skip
+    feats = plan.Features(cfg, ".", {"a": shape})
+
+    def job(rule):
+        return feats.job(Job(rule, {"model": "a"}))
+
+    # weights: the config's dtype (2 bytes); float32 with the LM head; circuits_causal: both models
+    assert job("extract_attention")["Pbytes"] == 1400 * 2 and job("detectors")["Pbytes"] == 1400 * 2
+    assert job("ablation_exact")["Pbytes"] == job("icl_heads")["Pbytes"] == 1400 * 4
+    assert job("circuits_causal")["Pbytes"] == 1400 * 4 + (600 + 50 * 8) * 2
+    # exact ablation: 8 heads > 4, so L * 1 + 4 = 6 checked forwards; batches of 2 x 10 tokens, 50 // 20 = 2 heads
+    # a pass: 40 rows of logits; the estimate's backward pass over one batch of 20 tokens
+    abl = job("ablation_exact")
+    assert abl["Rlogits"] == 40 * 50 * 4
+    assert abl["Gact"] == 4 * 2 * 20 * (8 + 16 + 4 * 10) and abl["Glogits"] == 4 * 20 * 50
+    cfg["analysis"]["ablation"]["exact_max_heads"] = 8  # every head exact: no estimate, no backward pass
+    exact = plan.Features(cfg, ".", {"a": shape}).job(Job("ablation_exact", {"model": "a"}))
+    assert exact["Rlogits"] == 40 * 50 * 4 and exact["Gact"] == exact["Glogits"] == 0
+    cfg["analysis"]["ablation"]["exact_max_rows"] = 1000  # 50 heads a pass, but the job has only 8
+    assert plan.Features(cfg, ".", {"a": shape}).job(Job("ablation_exact", {"model": "a"}))["Rlogits"] == (
+        8 * 20 * 50 * 4
+    )
+    encoder = plan.Features(cfg, ".", {"a": Shape(2, 4, 4, 8, 2, 1400.0, 600.0, 50, False, 16)})
+    assert encoder.job(Job("circuits_causal", {"model": "a"}))["Pbytes"] == 0  # no causal model: nothing loaded
+    assert {k: encoder.job(Job("ablation_exact", {"model": "a"}))[k] for k in ("Rlogits", "Gact", "Glogits")} == {
+        "Rlogits": 0.0, "Gact": 0.0, "Glogits": 0.0}  # fmt: skip
+    # zero-ablation: every head exact (8 forwards); batches of 2 inputs x 8 tokens, 40 // 16 = 2 heads a pass
+    quiet = job("quiet_ablation")
+    assert quiet["Rlogits"] == 2 * 16 * 50 * 4
+    assert quiet["Gact"] == 4 * 2 * 16 * (8 + 16 + 4 * 8) and quiet["Glogits"] == 4 * 16 * 50
+    # ICL: 6 prompts of (4 + 1) x 8.8 tokens, a batch of 4; only the last position's logits
+    n = 5 * plan.ICL_PAIR_TOKENS
+    icl = job("icl_heads")
+    assert icl["Gact"] == pytest.approx(4 * 2 * 4 * n * (8 + 16 + 4 * n)) and icl["Glogits"] == 4 * 4 * 50
+    assert "Gact" not in job("icl_exclusion") and "Rlogits" not in job("icl_heads")
+    # gradients: batches of 2 segments of min(max_length 16, 135) tokens, every position's logits
+    grad = job("clark_gradients")
+    assert grad["Gact"] == 4 * 2 * 32 * (8 + 16 + 4 * 16) and grad["Glogits"] == 4 * 32 * 50
+
+
 def test_model_weights_mb_by_dtype_and_unknown_models():
     models = {"l8": {"source": {"hub": "meta-llama/Meta-Llama-3-8B"}},
               "l8bf": {"source": {"hub": "meta-llama/Meta-Llama-3-8B"}, "dtype": "bfloat16"},
@@ -304,6 +389,12 @@ def test_memory_warning_names_rule_and_both_numbers(tmp_path):
         "rule quiet_ablation on model small",
     ]
     assert set(asked) == {None, "quiet"}
+    # a rule's own memory features: circuits_causal holds the LM model in float32 and the model without its head
+    model.write_text(json.dumps({"rules": {"circuits_causal": {"peak_rss_bytes": {"Pbytes": 1.0}}}}))
+    bf16 = {"big": dict(models["big"], dtype="bfloat16")}
+    s = plan.model_shape("big", bf16)
+    (w,) = plan.memory_warnings(cfg, bf16, 24000, model_path=model)
+    assert f"predicted peak memory {(s.params * 4 + s.base_params * 2) / 1e9:.1f} GB" in w, w
 
 
 @pytest.fixture(scope="module")

@@ -126,7 +126,7 @@ def test_scale_configs_pass_the_schema_and_pin_every_part_they_join():
     from headatlas.core.inputs import config_bases, merge_config
     from headatlas.core.weights import part_modules
 
-    for name in ("scale.yaml", "scale-1.5b.yaml", "scale-quick.yaml"):
+    for name in ("scale.yaml", "scale-0.5b.yaml", "scale-1.5b.yaml", "scale-quick.yaml"):
         path = REPO / "config" / name
         cfg = merge_config(config_bases([path]), yaml.safe_load(path.read_text()))
         cfg.pop("extends", None)
