@@ -25,12 +25,13 @@ detectors = A.read_table(sm.input.detectors) if "detectors" in sm.input.keys() e
 lm_model, reason = None, f"{kind}: not a causal model"
 if kind == "decoder":
     loc, kwargs = resolve(spec, cache)
-    lm_model, reason = lm_head_model(loc, kind, kwargs)
+    lm_model, reason = lm_head_model(loc, kind, kwargs, spec, device)  # on device, or split by its device_map
 if lm_model is None:
     summary, per_head = A.skipped(spec.name, reason), pd.DataFrame()
     tables = A.long_skipped(spec.name, n_layers, n_heads, reason)
 else:
-    model, tokenizer, config = load(spec, cache_dir=cache, device=device)
+    # the causal tests run on the LM model's own base model: the weights held once, in its float32
+    model, tokenizer, config = load(spec, cache_dir=cache, device=device, model=lm_model.base_model)
     if not sm.params.induction_active or detectors is None:
         why = (
             "off"

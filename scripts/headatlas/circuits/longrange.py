@@ -206,19 +206,25 @@ def decode_run(lm_model, tokenizer, item: NeedleInput, max_new_tokens: int) -> d
     params = inspect.signature(lm_model.forward).parameters
     key = "cache" if "cache" in params else "past_key_values"
     keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # the prompt's logits are never read
+    dev = lm_model.get_input_embeddings().weight.device  # the first device of a split model
     with torch.inference_mode():
         try:  # the prompt: no attention maps, the fastest kernel
             lm_model.set_attn_implementation("sdpa")
         except (ValueError, AttributeError):
             pass
         try:
-            out = lm_model(input_ids=torch.as_tensor(ids[None, :-1]), use_cache=True, **keep)
+            out = lm_model(input_ids=torch.as_tensor(ids[None, :-1], device=dev), use_cache=True, **keep)
         finally:
             lm_model.set_attn_implementation(impl)
         past, inp = _cache(out), int(ids[-1])
         seq = ids
         for _ in range(max_new_tokens):
-            step = {"input_ids": torch.tensor([[inp]]), key: past, "use_cache": True, "output_attentions": True}
+            step = {
+                "input_ids": torch.tensor([[inp]], device=dev),
+                key: past,
+                "use_cache": True,
+                "output_attentions": True,
+            }
             out = lm_model(**step)
             past = _cache(out)
             nxt = int(out.logits[0, -1].argmax())

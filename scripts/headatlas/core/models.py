@@ -785,10 +785,12 @@ def check_max_length(spec: ModelSpec, config: dict, where: str, past_last: bool 
         )
 
 
-def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | None = None):
-    """Load (model, tokenizer) with eager attention, in eval mode, on ``device`` (default: the job's,
+def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | None = None, model=None):
+    """Load (model, tokenizer, config) with eager attention, in eval mode, on ``device`` (default: the job's,
     :func:`headatlas.core.device.job_device`) or split by its ``device_map`` (:func:`from_pretrained`); a sealed
-    directory (a model cache a rule wrote) is checked first, the tokenizer's vocabulary against the model's after."""
+    directory (a model cache a rule wrote) is checked first, the tokenizer's vocabulary against the model's after.
+    ``model``: the weights already loaded (the base model of the same checkpoint's LM-head model, so that a job
+    holds them once), returned as they are."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     loc, kwargs = resolve(spec, cache_dir)
@@ -802,8 +804,8 @@ def load(spec: ModelSpec, cache_dir: str | Path | None = None, device: str | Non
         if spec.extra.get("length_corpus"):  # a corpus sets the length: check it before the weights load
             check_max_length(spec, config.to_dict(), f"{loc}/config.json")
         tokenizer = AutoTokenizer.from_pretrained(loc, **kwargs)
-        device = device or job_device(spec.device)
-        model = from_pretrained(AutoModel, spec, loc, kwargs, device)
+        if model is None:
+            model = from_pretrained(AutoModel, spec, loc, kwargs, device or job_device(spec.device))
     except OSError as e:
         if spec.source_kind == "hub":
             raise _hub_error(spec, e) from e

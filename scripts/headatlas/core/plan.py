@@ -71,11 +71,6 @@ class Shape:
         """The MLP's inner width (4 d where the shape does not say)."""
         return self.d_ff or 4 * self.d_model
 
-    @property
-    def base_params(self) -> float:
-        """The parameters of the model without its LM head (``AutoModel``): an untied output layer left out."""
-        return min(self.params, self.body_params + self.vocab * self.d_model)
-
 
 def shape_from_config(cfg: dict) -> Shape:
     """The shape of a Hugging Face ``config.json`` (BERT, GPT-2, Llama/Qwen style keys); parameters counted from
@@ -432,7 +427,7 @@ DECODER_ONLY_RULES = ("quiet_ablation", "icl_heads", "icl_exclusion")  # an enco
 # (every layer's activations of its batch, the batch's logits)
 MEMORY_FEATURES = ["one", "Pbytes", "LHn2", "Rlogits", "Gact", "Glogits"]
 # Rules whose scripts load the model with its LM head (core.models.lm_head_model): in float32, whatever the config's
-# dtype; circuits_causal loads the model without it beside (core.models.load, in the config's dtype) and runs both.
+# dtype (circuits_causal runs its causal tests on that model's base model: the weights held once)
 LM_HEAD_RULES = ("ablation_exact", "ablation_heads", "ablation_roles", "icl_heads", "icl_exclusion", "quiet_ablation",
                  "clark_gradients", "circuits_weights", "circuits_causal")  # fmt: skip
 ACT_BYTES = 4.0  # activations, logits and their gradients: float32 (the LM-head models are loaded in float32)
@@ -670,18 +665,15 @@ class Features:
 
     def _weights_held(self, rule: str, s: Shape, model: str) -> float:
         """The bytes of weights a job of ``rule`` holds: the model in its config's dtype; in float32 where the rule
-        loads it with its LM head (:data:`LM_HEAD_RULES`); circuits_causal on a decoder holds and runs both the
-        model with its LM head (float32) and the model without it (the config's dtype, an untied output layer
-        left out), on an encoder none (it reads the config and writes its skipped tables)."""
-        entry = self.models[model]
+        loads it with its LM head (:data:`LM_HEAD_RULES`); circuits_causal on an encoder none (it reads the config
+        and writes its skipped tables). (Jobs of circuits_causal measured before it ran its causal tests on the LM
+        model's base model held a second copy, the model without its head: their rows in
+        ``benchmarks/cost_rows.json`` keep the features they were measured with.)"""
         if rule not in LM_HEAD_RULES:
-            return weights_bytes(s, entry)
+            return weights_bytes(s, self.models[model])
         if rule == "circuits_causal" and not s.decoder:
             return 0.0
-        held = s.params * DTYPE_BYTES["float32"]
-        if rule == "circuits_causal" and s.decoder:
-            held += s.base_params * DTYPE_BYTES.get(str(entry.get("dtype", "float32")), 4)
-        return held
+        return s.params * DTYPE_BYTES["float32"]
 
     @staticmethod
     def _exact_rows(batch: float, n: float, heads: float, max_rows: int) -> float:

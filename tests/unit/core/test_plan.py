@@ -278,7 +278,7 @@ def test_memory_features_by_hand():
     a 2-layer model: 4 heads, d 8, d_ff 16, vocabulary 50, 1400 parameters (600 in the body, untied output layer),
     bfloat16 in the config."""
     shape = Shape(2, 4, 4, 8, 2, 1400.0, 600.0, 50, True, 16)
-    assert shape.ff == 16 and shape.base_params == 600 + 50 * 8 and Shape(4, 4, 4, 64, 16, 1e6).ff == 4 * 64
+    assert shape.ff == 16 and Shape(4, 4, 4, 64, 16, 1e6).ff == 4 * 64
     assert plan.shape_from_config(plan.BUILTIN_SHAPES["qwen2.5-coder-0.5b"]).ff == 4864
     cfg = {
         "models": [{"name": "a", "source": {"hub": "x/a"}, "max_length": 16, "dtype": "bfloat16"}],
@@ -297,10 +297,10 @@ def test_memory_features_by_hand():
     def job(rule):
         return feats.job(Job(rule, {"model": "a"}))
 
-    # weights: the config's dtype (2 bytes); float32 with the LM head; circuits_causal: both models
+    # weights: the config's dtype (2 bytes); float32 with the LM head (circuits_causal: its base model, no copy)
     assert job("extract_attention")["Pbytes"] == 1400 * 2 and job("detectors")["Pbytes"] == 1400 * 2
     assert job("ablation_exact")["Pbytes"] == job("icl_heads")["Pbytes"] == 1400 * 4
-    assert job("circuits_causal")["Pbytes"] == 1400 * 4 + (600 + 50 * 8) * 2
+    assert job("circuits_causal")["Pbytes"] == 1400 * 4
     # exact ablation: 8 heads > 4, so L * 1 + 4 = 6 checked forwards; batches of 2 x 10 tokens, 50 // 20 = 2 heads
     # a pass: 40 rows of logits; the estimate's backward pass over one batch of 20 tokens
     abl = job("ablation_exact")
@@ -389,12 +389,12 @@ def test_memory_warning_names_rule_and_both_numbers(tmp_path):
         "rule quiet_ablation on model small",
     ]
     assert set(asked) == {None, "quiet"}
-    # a rule's own memory features: circuits_causal holds the LM model in float32 and the model without its head
+    # a rule's own memory features: circuits_causal holds the LM model in float32, whatever the config's dtype
     model.write_text(json.dumps({"rules": {"circuits_causal": {"peak_rss_bytes": {"Pbytes": 1.0}}}}))
     bf16 = {"big": dict(models["big"], dtype="bfloat16")}
     s = plan.model_shape("big", bf16)
     (w,) = plan.memory_warnings(cfg, bf16, 24000, model_path=model)
-    assert f"predicted peak memory {(s.params * 4 + s.base_params * 2) / 1e9:.1f} GB" in w, w
+    assert f"predicted peak memory {s.params * 4 / 1e9:.1f} GB" in w, w
 
 
 @pytest.fixture(scope="module")
