@@ -440,7 +440,8 @@ SHARED_MEMORY = ("Rlogits", "Gact", "Glogits")
 # Qwen 1.5B, 15.8 measured).
 HOLDS_WEIGHTS = ("forward", "forward_own", "forward_long", "ablation_exact", "ablation", "weights", "icl",
                  "zero_ablation")  # fmt: skip
-DISK_FEATURES = ["one", "LH", "LHT", "LHS2kept"]  # outputs: per-head tables, word-level values, kept maps
+# outputs: per-head tables, word-level values, kept maps, Clark's word-level maps and per-head representations
+DISK_FEATURES = ["one", "LH", "LHT", "LHS2kept", "wordmaps", "reps"]
 MODEL_DISK_FEATURES = ["one", "Pbytes"]  # a written model: its weights
 
 # What bounds each feature: the config keys a user turns to make it smaller (printed by `headatlas plan`).
@@ -468,6 +469,9 @@ FEATURE_KEYS = {
     "lm_max_tokens / length / shots; analysis.clark_surface.gradients.batch_size, max_length) x the layers",
     "Glogits": "the logits of a backward pass's batch: its tokens x the vocabulary",
     "LHS2kept": "stored maps: corpora.*.maps, sample",
+    "wordmaps": "every head's word-level maps of Clark's probe corpora: analysis.clark_syntax.probe_train, "
+    "probe_eval; corpora.*.limit",
+    "reps": "per-head representations, one per sequence: corpora.*.reps, limit; analysis.jomyaeng.generator.sizes",
 }
 # Where a rule's own section bounds a feature (the keys above name the exact ablation's and the corpora's)
 LONG_INPUT_KEYS = "the long inputs: analysis.detectors.long.corpora, n_sequences; corpora.*.tokens"
@@ -581,6 +585,26 @@ class Features:
                 kept += (lengths[: int(spec.get("sample", 32))] ** 2).sum()
         return n, t, s2, longest, kept
 
+    def _stored(self, s: Shape, model: str, corpora) -> dict[str, float]:
+        """Bytes an extraction writes beyond its per-head tables, float32: every head's word-level maps of the
+        corpora Clark's probes read (``WordMapsReducer``: per sequence u x u word cells, the lower triangle
+        u (u + 1) / 2 for a decoder), and one representation per sequence of every layer (the hidden state and
+        every head's output, L (d + H hd)) where a corpus keeps them (``reps``, default true)."""
+        cs = _section(self.cfg, "clark_syntax")
+        probes = set()
+        if cs.get("activate", True) and (not cs.get("models") or model in cs["models"]):
+            probes = {cs.get("probe_train", "ewt_train"), *(cs.get("probe_eval") or {}).values()}
+        cells = reps = 0.0
+        for c in corpora:
+            if c not in self.cfg["corpora"]:
+                continue
+            if c in probes:
+                u = np.minimum(np.asarray(self.stats(c).words, dtype=float), self._max_length(model, c))
+                cells += float((u * (u + 1) / 2 if s.decoder else u * u).sum())
+            if self.cfg["corpora"][c].get("reps", True):
+                reps += float(self.stats(c).sequences)
+        return {"wordmaps": 4.0 * s.cells * cells, "reps": 4.0 * s.layers * (s.d_model + s.heads * s.head_dim) * reps}
+
     def job(self, job: Job) -> dict[str, float]:
         """Every feature of ``job`` (the family picks which it uses)."""
         model = job.model()
@@ -601,6 +625,8 @@ class Features:
         if not stores and corpus:
             stores = {corpus}
         n, t, s2, longest, kept = self._tokens(model, sorted(stores))
+        if job.family_rule == "extract_attention":
+            f.update(self._stored(s, model, sorted(stores)))
         ab = _section(self.cfg, "ablation")
         if job.family_rule.startswith("ablation"):
             longest = float(ab.get("lm_max_tokens", 36))

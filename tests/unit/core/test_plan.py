@@ -504,3 +504,34 @@ def test_composition_and_js_bounds_in_the_features():
     assert f["LH2N"] == (10 * 51) ** 2 * 3  # 51 heads per layer, 3 sequences
     gap = plan.composition_counts(10, 60, 64, 2, 4.0)
     assert f["LH2"] == plan.composition_work(gap, 64, 8)
+
+
+def test_disk_features_of_word_maps_and_representations():
+    """An extraction's stored bytes beyond its tables, by hand: Clark's word-level maps on the probes' corpora (every
+    head, the lower triangle of u words for a decoder, u x u for an encoder) and one representation per sequence of
+    every layer where the corpus keeps them (the hidden state and every head's output), float32."""
+    cfg = {
+        "models": [{"name": "dec", "source": {"hub": "x/dec"}, "max_length": 16},
+                   {"name": "enc", "source": {"hub": "x/enc"}, "max_length": 16}],
+        "corpora": {"train": {"kind": "conllu", "path": "none", "reps": False},
+                    "probe": {"kind": "records", "path": "none"},
+                    "other": {"kind": "conllu", "path": "none", "reps": False}},
+        "analysis": {"clark_syntax": {"probe_train": "train", "probe_eval": {"dev": "other"}, "models": ["dec", "enc"]}},
+    }  # fmt: skip
+    shapes = {"dec": Shape(2, 3, 3, 12, 4, 1e6), "enc": Shape(2, 3, 3, 12, 4, 1e6, decoder=False)}
+    feats = plan.Features(cfg, ".", shapes)
+    feats._stats.update(train=plan.CorpusStats(2, [3, 20]), probe=plan.CorpusStats(5, [4] * 5),
+                        other=plan.CorpusStats(1, [2]))  # fmt: skip
+
+    def stored(model, corpus):
+        f = feats.job(Job("extract_attention", {"model": model, "corpus": corpus}))
+        return f["wordmaps"], f["reps"]
+
+    # 2 layers x 3 heads; words cut at max_length 16: 3 -> 6 cells, 16 -> 136 (decoder), 9 and 256 (encoder)
+    assert stored("dec", "train") == (4.0 * 6 * (6 + 136), 0.0)
+    assert stored("enc", "train") == (4.0 * 6 * (9 + 256), 0.0)
+    assert stored("dec", "other") == (4.0 * 6 * 3, 0.0)  # an evaluation corpus of the probes
+    assert stored("dec", "probe") == (0.0, 4.0 * 2 * (12 + 3 * 4) * 5)  # reps by default, no word maps
+    cfg["analysis"]["clark_syntax"]["models"] = ["enc"]  # the analysis leaves the decoder out: no word maps
+    assert stored("dec", "train") == (0.0, 0.0) and stored("enc", "train")[0] > 0
+    assert "wordmaps" in plan.features_for("extract_attention", "output_bytes")
