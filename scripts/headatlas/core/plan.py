@@ -603,7 +603,8 @@ class Features:
                 cells += float((u * (u + 1) / 2 if s.decoder else u * u).sum())
             if self.cfg["corpora"][c].get("reps", True):
                 reps += float(self.stats(c).sequences)
-        return {"wordmaps": 4.0 * s.cells * cells, "reps": 4.0 * s.layers * (s.d_model + s.heads * s.head_dim) * reps}
+        f32 = DTYPE_BYTES["float32"]
+        return {"wordmaps": f32 * s.cells * cells, "reps": f32 * s.layers * (s.d_model + s.heads * s.head_dim) * reps}
 
     def job(self, job: Job) -> dict[str, float]:
         """Every feature of ``job`` (the family picks which it uses)."""
