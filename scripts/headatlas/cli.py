@@ -292,7 +292,7 @@ def _plan(args) -> int:
         return 0
     fitted = ", ".join(sorted({m for run in model.get("runs", []) for m in run.get("models", [])}))
     print(f"plan for {args.configfile}: {len(jobs)} jobs (cost model {args.cost_model}, fitted on {fitted})")
-    print("\n".join(plan.report(summary, args.cores, args.memory, args.device_tflops)))
+    print("\n".join(plan.report(summary, args.cores, args.memory, args.device_tflops, model.get("accuracy"))))
     return 0
 
 

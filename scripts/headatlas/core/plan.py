@@ -1090,8 +1090,15 @@ def _fmt_b(b: float) -> str:
     return f"{b:.0f} B"
 
 
-def report(summary: dict, cores: int = 1, memory_gb: float | None = None, tflops: float | None = None) -> list[str]:
-    """The plan as lines of text: per rule, largest CPU cost first; the totals; what dominates."""
+def report(
+    summary: dict,
+    cores: int = 1,
+    memory_gb: float | None = None,
+    tflops: float | None = None,
+    recorded: dict | None = None,
+) -> list[str]:
+    """The plan as lines of text: per rule, largest CPU cost first; the totals; what dominates; how far the cost
+    model was off where it was checked (``recorded``: the model's ``accuracy``)."""
     rules = sorted(summary["rules"].items(), key=lambda kv: -kv[1]["cpu_s"])
     lines = [f"{'rule':<28} {'jobs':>4} {'CPU':>10} {'peak mem':>9} {'disk':>9}" + ("  device" if tflops else "")]
     for name, r in rules:
@@ -1120,7 +1127,7 @@ def report(summary: dict, cores: int = 1, memory_gb: float | None = None, tflops
         for name, r in rules[:3]:
             term = max(r["terms"], key=r["terms"].get) if r["terms"] else "one"
             lines.append(f"  {name} {100 * r['cpu_s'] / t['cpu_s']:.0f}% of CPU: {feature_keys(name, term)}")
-    return lines
+    return lines + accuracy_lines(recorded or {})
 
 
 # the analysis whose `models` list decides whether a model-running rule runs on a model (the others run on any
@@ -1223,6 +1230,67 @@ def compare(coeffs: dict, rows) -> dict:
     return {"rules": per_rule, "total": total, "rules_never_measured": unmeasured}
 
 
+# the rules an accuracy line counts: those measured at 5 CPU-minutes or more, and peaks of 2 GB or more
+ACCURACY_MIN_CPU_S = 300.0
+ACCURACY_MIN_PEAK_BYTES = 2e9
+
+
+def accuracy(result: dict, targets=TARGETS) -> dict:
+    """What a comparison (:func:`compare`) says of the model's error, per target: the total's error (CPU-seconds
+    and bytes summed over the run; none for peaks) and the range of the large rules' errors, with how many
+    fall within +-35%."""
+
+    def spread(errors: list[float]) -> dict:
+        errors = [float(e) for e in errors]
+        return {"rules": len(errors), "lowest": min(errors, default=None), "highest": max(errors, default=None),
+                "within_35": sum(abs(e) <= 0.35 for e in errors)}  # fmt: skip
+
+    rules = list(result["rules"].values())
+    out = {}
+    if "cpu_s" in targets:
+        big = [r["error"] for r in rules if r["error"] is not None and r["measured"] >= ACCURACY_MIN_CPU_S]
+        total = result["total"]["error"]
+        out["cpu_s"] = {"total": None if total is None else float(total), **spread(big)}
+    if "peak_rss_bytes" in targets:
+        big = [r["peak_predicted"] / r["peak_measured"] - 1 for r in rules
+               if r["peak_measured"] >= ACCURACY_MIN_PEAK_BYTES and r["peak_predicted"]]  # fmt: skip
+        out["peak_rss_bytes"] = {"total": None, **spread(big)}
+    if "output_bytes" in targets:
+        dm, dp = sum(r["disk_measured"] for r in rules), sum(r["disk_predicted"] for r in rules)
+        out["output_bytes"] = {"total": float((dp - dm) / dm) if dm else None, **spread([])}
+    return out
+
+
+def record_accuracy(path: str | Path, result: dict, targets, on: str) -> None:
+    """Store :func:`accuracy` of ``result`` for ``targets`` in the cost model at ``path`` (``accuracy``: per
+    target, what ``headatlas plan`` prints under its table), ``on`` saying which jobs it was measured on."""
+    doc = load_model(path)
+    for target, numbers in accuracy(result, targets).items():
+        doc.setdefault("accuracy", {})[target] = {"on": on, **numbers}
+    with atomic_path(path, sealed=False) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def accuracy_lines(recorded: dict) -> list[str]:
+    """The cost model's recorded accuracy as lines under the plan's table."""
+    if not recorded:
+        return []
+    lines = ['how far the cost model was off on jobs it was not fitted on (docs/plan.md, "The fit and its error"):']
+    names = {"cpu_s": ("CPU", f"rules of {ACCURACY_MIN_CPU_S / 60:g} CPU-min or more"),
+             "peak_rss_bytes": ("peak memory", f"rules of {ACCURACY_MIN_PEAK_BYTES / 1e9:g} GB or more"),
+             "output_bytes": ("disk", "")}  # fmt: skip
+    for target, (name, which) in names.items():
+        a = recorded.get(target)
+        if not a:
+            continue
+        parts = [] if a.get("total") is None else [f"total {100 * a['total']:+.0f}%"]
+        if a.get("rules"):
+            parts.append(f"{a['rules']} {which} {100 * a['lowest']:+.0f}% to {100 * a['highest']:+.0f}% "
+                         f"({a['within_35']} within +-35%)")  # fmt: skip
+        lines.append(f"  {name}: {', '.join(parts)} ({a['on']})")
+    return lines
+
+
 def merge_targets(old: dict, new: dict, targets) -> dict:
     """Per rule, ``new``'s coefficients of ``targets`` and ``old``'s of the others (a rule only one of them
     measured keeps what it has)."""
@@ -1293,13 +1361,23 @@ def main(argv=None) -> int:
     c.add_argument("run", help="RUN_DIR:CONFIGFILE[:SNAKEFILE][@MODEL,...]")
     c.add_argument("--cost-model", default=str(COST_MODEL))
     c.add_argument("--out", help="write the comparison as JSON")
+    c.add_argument("--record", default="", metavar="TARGETS",
+                   help="store the comparison's accuracy for these targets (comma-separated: those whose "
+                   "coefficients were fitted without this run) in the cost model, for `headatlas plan` to print")  # fmt: skip
     args = ap.parse_args(argv)
     if args.cmd == "check":
-        _, _, got = run_rows(args.run)
+        record = [t for t in args.record.split(",") if t]
+        if not set(record) <= set(TARGETS):
+            ap.error(f"--record: choose among {', '.join(TARGETS)}")
+        _, configfile, got = run_rows(args.run)
         result = {"run": args.run, **compare(load_model(args.cost_model)["rules"], got)}
         print("\n".join(_check_lines(result)))
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        if record:
+            models = ", ".join(sorted({j.model() for j, _, _ in got if j.model()}))
+            on = f"a run the fit did not see: {models} on {Path(configfile).name}, {len(got)} jobs"
+            record_accuracy(args.cost_model, result, record, on)
         return 0
     rows, runs = [], []
     if args.rows:
@@ -1327,9 +1405,15 @@ def main(argv=None) -> int:
             dict(r, targets=[t for t in r.get("targets", TARGETS) if t not in targets]) for r in old.get("runs", [])
         ]
         runs = [r for r in kept if r["targets"]] + [dict(r, targets=targets) for r in runs]
-        stored_check = old.get("check")  # the refit's held-out check goes beside it
-        extra = {f"check_{'_'.join(targets)}": check} if check else None
+        stored_check = old.get("check")  # the refit's held-out check goes beside it, and beside earlier refits'
+        extra = {k: v for k, v in old.items() if k.startswith("check_")}
+        # what was recorded of the targets kept stays true of them; the refitted ones' is the refit's own check
+        extra["accuracy"] = {t: a for t, a in old.get("accuracy", {}).items() if t not in targets}
+        if check:
+            extra[f"check_{'_'.join(targets)}"] = check
     save_model(coeffs, runs, args.out, stored_check, extra)
+    if check:
+        record_accuracy(args.out, check, targets, f"{', '.join(sorted(held))} held out of the fit, {len(rows)} jobs")
     if args.save_rows:
         save_rows(rows, args.save_rows)
     if check:

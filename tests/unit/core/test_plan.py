@@ -178,6 +178,59 @@ def test_fit_of_some_targets_keeps_the_others(tmp_path):
         plan.main(args[:-1] + ["cpu"])
 
 
+def test_a_refit_keeps_earlier_refits_checks_and_records_its_accuracy(tmp_path):
+    """A disk refit after a memory refit keeps the memory refit's held-out check and recorded accuracy; each
+    held-out refit records the accuracy of the targets it fitted, and a refit without a hold-out drops the
+    recorded accuracy of the targets it replaced (it described the old coefficients)."""
+    truth = {"extract_attention": {"one": 3.0, "PT": 2e-9, "attn": 5e-10}}
+    out = tmp_path / "cost.json"
+    plan.save_rows(_rows(truth, 10), tmp_path / "rows.json")
+    base = ["fit", "--rows", str(tmp_path / "rows.json"), "--out", str(out)]
+    assert plan.main(base + ["--hold-out", "m9"]) == 0
+    assert set(json.loads(out.read_text())["accuracy"]) == set(plan.TARGETS)
+    assert plan.main(base + ["--targets", "peak_rss_bytes", "--hold-out", "m9"]) == 0
+    assert plan.main(base + ["--targets", "output_bytes", "--hold-out", "m8"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["check_peak_rss_bytes"]["held_out"] == ["m9"] and doc["check_output_bytes"]["held_out"] == ["m8"]
+    assert doc["accuracy"]["output_bytes"]["on"].startswith("m8 held out")
+    assert doc["accuracy"]["peak_rss_bytes"]["on"].startswith("m9 held out")
+    assert doc["accuracy"]["cpu_s"]["total"] == pytest.approx(0.0, abs=1e-6)  # the model is exact
+    assert plan.main(base + ["--targets", "cpu_s"]) == 0
+    assert set(json.loads(out.read_text())["accuracy"]) == {"peak_rss_bytes", "output_bytes"}
+
+
+def test_accuracy_counts_the_large_rules_and_the_plan_prints_it():
+    """Per target the total's error and the large rules' range: rules under 5 CPU-minutes and peaks under 2 GB
+    are left out of the range; the plan's report prints each recorded line."""
+
+    def rule(measured, predicted, peak_m, peak_p, disk_m, disk_p):
+        return {"measured": measured, "predicted": predicted, "error": predicted / measured - 1, "unknown": 0,
+                "peak_measured": peak_m, "peak_predicted": peak_p, "disk_measured": disk_m, "disk_predicted": disk_p}  # fmt: skip
+
+    result = {
+        "rules": {
+            "a": rule(1000.0, 1300.0, 10e9, 8e9, 100.0, 150.0),
+            "b": rule(400.0, 200.0, 4e9, 4.4e9, 0.0, 0.0),
+            "c": rule(10.0, 100.0, 1e9, 9e9, 100.0, 50.0),
+        },  # fmt: skip
+        "total": {"measured": 1410.0, "predicted": 1600.0, "error": 190.0 / 1410.0},
+    }
+    acc = plan.accuracy(result)
+    assert acc["cpu_s"] == {"total": 190.0 / 1410.0, "rules": 2, "lowest": -0.5, "highest": pytest.approx(0.3),
+                            "within_35": 1}  # fmt: skip
+    assert acc["peak_rss_bytes"]["rules"] == 2 and acc["peak_rss_bytes"]["lowest"] == pytest.approx(-0.2)
+    assert acc["peak_rss_bytes"]["highest"] == pytest.approx(0.1) and acc["peak_rss_bytes"]["within_35"] == 2
+    assert acc["output_bytes"]["total"] == 0.0 and acc["output_bytes"]["rules"] == 0
+    recorded = {t: {"on": "a check", **a} for t, a in acc.items()}
+    summary = {"rules": {}, "models": {}, "total": {"jobs": 0, "cpu_s": 0.0, "output_bytes": 0.0, "device_s": 0.0,
+                                                    "unknown": 0, "peak_rss_bytes": 0.0}}  # fmt: skip
+    lines = plan.report(summary, recorded=recorded)
+    assert "  CPU: total +13%, 2 rules of 5 CPU-min or more -50% to +30% (1 within +-35%) (a check)" in lines
+    assert "  peak memory: 2 rules of 2 GB or more -20% to +10% (2 within +-35%) (a check)" in lines
+    assert "  disk: total +0% (a check)" in lines
+    assert plan.report(summary)[-1].startswith("wall on")  # nothing recorded: no accuracy lines
+
+
 def test_features_scale_as_the_formulas_say():
     """Doubling the heads doubles the per-head terms and quadruples the head-pair terms; the exact ablation
     runs one forward per head up to exact_max_heads, then L * check_heads + 4."""
@@ -477,6 +530,23 @@ def test_cli_check_compares_a_finished_run_with_the_stored_model(tiny_run, tmp_p
     assert ext["peak_predicted"] == pytest.approx(2e9, rel=1e-4)
     assert result["total"]["error"] == pytest.approx(-0.5)
     assert "extract_attention" in capsys.readouterr().out
+    # --record stores the comparison's accuracy for the named targets in the cost model, naming the run
+    for path in records:
+        path.write_text(json.dumps({"cpu_s": 20.0, "peak_rss_bytes": 3e9, "output_bytes": 1.0, "wall_s": 5.0}))
+    try:
+        args = ["check", f"{tiny_run}:config.yaml", "--cost-model", str(cost), "--record", "cpu_s"]
+        assert plan.main(args) == 0
+    finally:
+        for path in records:
+            path.unlink(missing_ok=True)
+    recorded = json.loads(cost.read_text())["accuracy"]
+    assert set(recorded) == {"cpu_s"} and recorded["cpu_s"]["total"] == pytest.approx(-0.5)
+    assert (
+        recorded["cpu_s"]["on"].startswith("a run the fit did not see: ")
+        and "config.yaml, 3 jobs" in recorded["cpu_s"]["on"]
+    )
+    with pytest.raises(SystemExit):
+        plan.main(args[:-1] + ["cpu"])
 
 
 def test_composition_and_js_bounds_in_the_features():
