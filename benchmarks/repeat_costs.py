@@ -1,0 +1,57 @@
+"""How repeatable is a job's measured cost? The cost records of the same jobs measured twice: a run's ``logs/``
+copied aside, some of its jobs run again (``snakemake TARGETS --forcerun RULES --allowed-rules RULES``, the same
+code, config and inputs, one job at a time), and the two records of each job compared.
+
+Run from the repository root::
+
+    cp -r RUN/logs BEFORE
+    snakemake TARGETS --cores 1 --configfile CONFIG --directory RUN --forcerun RULES --allowed-rules RULES
+    python benchmarks/repeat_costs.py BEFORE RUN/logs --out benchmarks/results_repeat_costs.json
+
+Per job rerun (its record's ``finished`` time changed): CPU-seconds, wall seconds and peak RSS of both
+measurements and the ratio of the CPU-seconds. A cost model fitted on one measurement cannot predict the other
+closer than that ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def repeated(before: Path, after: Path) -> list[dict]:
+    out = []
+    for path in sorted(after.rglob("*.cost.json")):
+        old = before / path.relative_to(after)
+        if not old.is_file():
+            continue
+        a, b = json.loads(old.read_text()), json.loads(path.read_text())
+        if a.get("finished") == b.get("finished") or not a.get("cpu_s"):
+            continue  # not rerun
+        out.append({"rule": b["rule"], "wildcards": b.get("wildcards", {}),
+                    "cpu_s": [a["cpu_s"], b["cpu_s"]], "wall_s": [a["wall_s"], b["wall_s"]],
+                    "peak_rss_gb": [round(a["peak_rss_bytes"] / 1e9, 2), round(b["peak_rss_bytes"] / 1e9, 2)],
+                    "finished": [a.get("finished"), b.get("finished")],
+                    "cpu_ratio": round(b["cpu_s"] / a["cpu_s"], 3)})  # fmt: skip
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("before", type=Path, help="the logs/ directory as it was before the rerun")
+    ap.add_argument("after", type=Path, help="the run's logs/ directory after it")
+    ap.add_argument("--out", type=Path, help="write the comparison as JSON")
+    args = ap.parse_args(argv)
+    jobs = repeated(args.before, args.after)
+    for j in jobs:
+        name = " ".join([j["rule"], *(f"{k}={v}" for k, v in j["wildcards"].items() if k in ("model", "corpus"))])
+        print(f"{name:<45} CPU-s {j['cpu_s'][0]:8.1f} -> {j['cpu_s'][1]:8.1f}  x{j['cpu_ratio']:.2f}")
+    if args.out:
+        args.out.write_text(json.dumps({"jobs": jobs}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
