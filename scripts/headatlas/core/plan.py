@@ -656,6 +656,9 @@ class Features:
         f["abl"] = forwards * logits * t_abl
         if job.family_rule == "ablation_exact":
             f.update(self._exact_ablation(s, model, forwards))
+            every = self._if_every_layer_fails(s, model, ab)
+            if every is not None:
+                f["abl_other"] = every / float(ab.get("exact_jobs", 2)) * logits * t_abl
         sets = ab.get("random_sets", 10) + len(ab.get("pruning_fractions", [])) + len(ab.get("pande_roles", []))
         f["PTabl"] = sets * logits * t_abl
         if job.family_rule == "finetune_model":
@@ -689,6 +692,13 @@ class Features:
         if self._every_head_exact(s, model, section):
             return float(s.cells)
         return s.layers * section.get("check_heads", 4) + 4.0
+
+    def _if_every_layer_fails(self, s: Shape, model: str, section: dict) -> float | None:
+        """Exact forwards of a checked rule if every layer failed its check (``on_check_fail: exact``: each gets
+        all its heads exactly): every head; None where every head is exact anyway or failing layers add none."""
+        if self._every_head_exact(s, model, section) or section.get("on_check_fail", "exact") != "exact":
+            return None
+        return float(s.cells)
 
     def _weights_held(self, rule: str, s: Shape, model: str) -> float:
         """The bytes of weights a job of ``rule`` holds: the model in its config's dtype; in float32 where the rule
@@ -747,12 +757,16 @@ class Features:
         rows = min(int(q.get("ablation_sequences", 32)), int(q.get("n_sequences", 64)) * len(q.get("corpora", [])))
         every = q.get("on_check_fail", "exact") == "exact"
         forwards = float(s.cells) if every else self._checked_forwards(s, model, q)
+        # if every layer passed its check: the checked heads only
+        fewest = self._checked_forwards(s, model, q) if self._if_every_layer_fails(s, model, q) else None
         length = float(q.get("length", 64))
         tokens = rows * length
         batch = float(min(int(q.get("batch_size", 16)), rows))  # token_evaluation's batches of the natural inputs
         held = self._exact_rows(batch, length, forwards, int(q.get("exact_max_rows", 4096)))
         # the attribution estimate runs on every path (checked, or compared once where every head is exact)
         out = {"abl": forwards * logits * tokens, "Rlogits": held * s.vocab * ACT_BYTES}
+        if fewest is not None:
+            out["abl_other"] = fewest * logits * tokens
         return dict(out, **self._backward(s, batch, length, batch * length))
 
     def _icl(self, rule: str, s: Shape, model: str, logits: float) -> dict[str, float]:
@@ -767,8 +781,12 @@ class Features:
         if rule == "icl_heads":
             batch = float(min(int(c.get("batch_size", 16)), prompts))
             back = self._backward(s, batch, (int(c.get("shots", 10)) + 1) * ICL_PAIR_TOKENS, batch)
-            return {"PT": s.body_params * 2 * prompt_tokens,
-                    "abl": self._checked_forwards(s, model, c) * s.body_params * prompt_tokens, **back}  # fmt: skip
+            out = {"PT": s.body_params * 2 * prompt_tokens,
+                   "abl": self._checked_forwards(s, model, c) * s.body_params * prompt_tokens, **back}  # fmt: skip
+            every = self._if_every_layer_fails(s, model, c)
+            if every is not None:
+                out["abl_other"] = every * s.body_params * prompt_tokens
+            return out
         e = c.get("exclusion", {})
         late = min(int(e.get("late", 500)), int(self.models[model].get("max_length", 512)) - 1)
         text = int(e.get("n_texts", 16)) * (late + 1)
@@ -1032,6 +1050,9 @@ class Planned:
     device_s: float
     top_term: str
     constant: bool = False  # the rule's CPU fit has no scaling term (measured only where start-up dominates)
+    # the CPU-seconds if the per-layer checks went the other way (every layer failing, or passing): None where
+    # the job's work does not hang on them
+    other_cpu_s: float | None = None
 
 
 def plan_jobs(jobs: list[Job], cfg: dict, model: dict, directory=".", hints=None, tflops=None) -> list[Planned]:
@@ -1044,7 +1065,10 @@ def plan_jobs(jobs: list[Job], cfg: dict, model: dict, directory=".", hints=None
         top = max(t, key=t.get) if t else ""
         dev = device_seconds(job, f, tflops) if tflops else 0.0
         const = set((model["rules"].get(job.family_rule) or {}).get("cpu_s") or {}) == {"one"}
-        out.append(Planned(job, job.model(), p["cpu_s"], p["peak_rss_bytes"], p["output_bytes"], dev, top, const))
+        other = predict(model["rules"], job, dict(f, abl=f["abl_other"]))["cpu_s"] if "abl_other" in f else None
+        out.append(
+            Planned(job, job.model(), p["cpu_s"], p["peak_rss_bytes"], p["output_bytes"], dev, top, const, other)
+        )
     return out
 
 
@@ -1063,6 +1087,8 @@ def summarize(planned: list[Planned]) -> dict:
         r["output_bytes"] += p.output_bytes or 0.0
         r["device_s"] += p.device_s
         r["constant"] = p.constant
+        if p.other_cpu_s is not None:  # the rule's CPU if every layer's check went the other way
+            r["other_cpu_s"] = r.get("other_cpu_s", 0.0) + p.other_cpu_s
         if p.top_term:
             r["terms"][p.top_term] = r["terms"].get(p.top_term, 0) + 1
     models: dict[str, dict] = {}
@@ -1112,6 +1138,9 @@ def report(
             row += f"  ({r['unknown']} job(s) of a rule the cost model has not measured)"
         elif r.get("constant") and r["jobs"]:
             row += "  (fitted as a constant: measured only on small jobs, does not scale yet)"
+        if r.get("other_cpu_s") is not None and r["jobs"] > r["unknown"]:
+            planned, other = ("passes", "fails") if r["other_cpu_s"] > r["cpu_s"] else ("fails", "passes")
+            row += f"  (as if every layer {planned} its check; {_fmt_s(r['other_cpu_s'])} if every layer {other} it)"
         lines.append(row)
     t = summary["total"]
     lines.append(

@@ -199,6 +199,38 @@ def test_a_refit_keeps_earlier_refits_checks_and_records_its_accuracy(tmp_path):
     assert set(json.loads(out.read_text())["accuracy"]) == {"peak_rss_bytes", "output_bytes"}
 
 
+def test_plan_says_what_a_checked_rule_costs_if_the_checks_go_the_other_way():
+    """A rule whose exact forwards hang on the per-layer checks is planned one way and its line gives the other:
+    the exact ablation as if every layer passed (the checked heads) and what it costs if every layer failed (every
+    head), the zero-ablation the other way round; the rule's other CPU is the sum over its jobs."""
+    model = {"rules": {"ablation_exact": {"family": "ablation_exact", "cpu_s": {"one": 10.0, "abl": 1.0}},
+                       "quiet_ablation": {"family": "zero_ablation", "cpu_s": {"one": 5.0, "abl": 2.0}}}}  # fmt: skip
+    feats = {"ablation_exact": {"one": 1.0, "abl": 100.0, "abl_other": 400.0},
+             "quiet_ablation": {"one": 1.0, "abl": 300.0, "abl_other": 60.0}}  # fmt: skip
+    jobs = [Job("ablation_exact", {"model": "m", "part": str(i)}) for i in range(2)] + [
+        Job("quiet_ablation", {"model": "m"})
+    ]
+
+    class Fixed(plan.Features):
+        def job(self, job):
+            return dict(feats[job.rule])
+
+    real, plan.Features = plan.Features, Fixed
+    try:
+        planned = plan.plan_jobs(jobs, {"models": []}, model)
+    finally:
+        plan.Features = real
+    assert [p.other_cpu_s for p in planned] == [410.0, 410.0, 125.0]
+    summary = plan.summarize(planned)
+    assert (
+        summary["rules"]["ablation_exact"]["cpu_s"] == 220.0
+        and summary["rules"]["ablation_exact"]["other_cpu_s"] == 820.0
+    )
+    text = "\n".join(plan.report(summary))
+    assert "(as if every layer passes its check; 13.7 min if every layer fails it)" in text
+    assert "(as if every layer fails its check; 2.1 min if every layer passes it)" in text
+
+
 def test_accuracy_counts_the_large_rules_and_the_plan_prints_it():
     """Per target the total's error and the large rules' range: rules under 5 CPU-minutes and peaks under 2 GB
     are left out of the range; the plan's report prints each recorded line."""
@@ -258,8 +290,13 @@ def test_features_scale_as_the_formulas_say():
     cfg["analysis"]["ablation"]["exact_jobs"] = 2  # the forwards split over two jobs
     assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == 16 * 2e6 * ta
     cfg["analysis"]["ablation"]["exact_jobs"] = 1
+    assert "abl_other" not in feats.job(Job("ablation_exact", {"model": "b"}))  # every head exact: no other way
     cfg["analysis"]["ablation"]["exact_max_heads"] = 20  # 32 heads > 20: checked estimates, L * check_heads + 4
-    assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == (4 * 2 + 4) * 2e6 * ta
+    checked = plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))
+    assert checked["abl"] == (4 * 2 + 4) * 2e6 * ta
+    assert checked["abl_other"] == 32 * 2e6 * ta  # if every layer failed its check: every head exact
+    cfg["analysis"]["ablation"]["on_check_fail"] = "unreliable"  # failing layers add no exact heads
+    assert "abl_other" not in plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))
 
 
 def test_features_of_the_icl_quiet_and_long_input_rules():
@@ -303,11 +340,18 @@ def test_features_of_the_icl_quiet_and_long_input_rules():
     assert feats.job(Job("icl_exclusion", {"model": "a"}))["PTabl"] == pytest.approx(
         runs * (1e6 * tokens + 1e6 * 2 * (late + 1))
     )
-    # the zero-ablation: every head exact (on_check_fail: exact), else the checked heads (16 > 8 heads)
-    assert feats.job(Job("quiet_ablation", {"model": "a"}))["abl"] == 16 * 1e6 * 8 * 32
+    assert "abl_other" not in icl  # 16 heads <= 50: every head patched exactly
+    # the zero-ablation: every head exact (on_check_fail: exact), else the checked heads (16 > 8 heads); planned as
+    # if every layer failed its check, and the other way if every layer passed it
+    zero = feats.job(Job("quiet_ablation", {"model": "a"}))
+    assert zero["abl"] == 16 * 1e6 * 8 * 32 and zero["abl_other"] == (4 * 1 + 4) * 1e6 * 8 * 32
     cfg["analysis"]["quiet"]["on_check_fail"] = "unreliable"
-    assert plan.Features(cfg, ".", {"a": shape}).job(Job("quiet_ablation", {"model": "a"}))["abl"] == (
-        (4 * 1 + 4) * 1e6 * 8 * 32
+    zero = plan.Features(cfg, ".", {"a": shape}).job(Job("quiet_ablation", {"model": "a"}))
+    assert zero["abl"] == (4 * 1 + 4) * 1e6 * 8 * 32 and "abl_other" not in zero
+    cfg["analysis"]["icl"]["exact_max_heads"] = 8  # checked patching: every head if every layer failed its check
+    icl = plan.Features(cfg, ".", {"a": shape}).job(Job("icl_heads", {"model": "a"}))
+    assert icl["abl"] == pytest.approx((4 * 2 + 4) * 1e6 * tokens) and icl["abl_other"] == pytest.approx(
+        16 * 1e6 * tokens
     )
     quiet = feats.job(Job("quiet", {"model": "a"}))
     assert quiet["PT"] == 1e6 * 2 * 10 * 32 and quiet["attn"] == 16 * 16 * 2 * 10 * 32**2 and quiet["attn_free"] == 0
