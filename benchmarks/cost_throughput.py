@@ -70,14 +70,14 @@ def main(argv=None) -> int:
         for j in run["jobs"]:
             groups.setdefault((name, j["rule"], j["model"], j["reducers"]), []).append(j["gflop_per_cpu_s"])
     print(
-        f"{'run':<10}{'rule':<20}{'model':<8}{'reducers':<58}{'jobs':>5}{'GFLOP/CPU-s: min':>19}{'median':>8}{'max':>7}"
+        f"{'run':<10}{'rule':<20}{'model':<14}{'reducers':<58}{'jobs':>5}{'GFLOP/CPU-s: min':>19}{'median':>8}{'max':>7}"
     )
     for (name, rule, model, reducers), rates in sorted(groups.items()):
         row = {"run": name, "rule": rule, "model": model, "reducers": reducers, "jobs": len(rates), "min": min(rates),
                "median": statistics.median(rates), "max": max(rates)}  # fmt: skip
         result["summary"].append(row)
         print(
-            f"{name:<10}{rule:<20}{model:<8}{reducers:<58}{len(rates):>5}{min(rates):>19.0f}{row['median']:>8.0f}{max(rates):>7.0f}"
+            f"{name:<10}{rule:<20}{model:<14}{reducers:<58}{len(rates):>5}{min(rates):>19.0f}{row['median']:>8.0f}{max(rates):>7.0f}"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -758,7 +758,7 @@ class Features:
         every = q.get("on_check_fail", "exact") == "exact"
         forwards = float(s.cells) if every else self._checked_forwards(s, model, q)
         # if every layer passed its check: the checked heads only
-        fewest = self._checked_forwards(s, model, q) if self._if_every_layer_fails(s, model, q) else None
+        fewest = None if self._if_every_layer_fails(s, model, q) is None else self._checked_forwards(s, model, q)
         length = float(q.get("length", 64))
         tokens = rows * length
         batch = float(min(int(q.get("batch_size", 16)), rows))  # token_evaluation's batches of the natural inputs
