@@ -1026,6 +1026,10 @@ def save_model(
     if check:
         doc["check"] = check
     doc.update(extra or {})
+    _write_model(doc, path)
+
+
+def _write_model(doc: dict, path: str | Path) -> None:
     with atomic_path(path, sealed=False) as tmp:
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -1290,14 +1294,10 @@ def accuracy(result: dict, targets=TARGETS) -> dict:
     return out
 
 
-def record_accuracy(path: str | Path, result: dict, targets, on: str) -> None:
-    """Store :func:`accuracy` of ``result`` for ``targets`` in the cost model at ``path`` (``accuracy``: per
-    target, what ``headatlas plan`` prints under its table), ``on`` saying which jobs it was measured on."""
-    doc = load_model(path)
-    for target, numbers in accuracy(result, targets).items():
-        doc.setdefault("accuracy", {})[target] = {"on": on, **numbers}
-    with atomic_path(path, sealed=False) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+def recorded_accuracy(result: dict, targets, on: str) -> dict:
+    """:func:`accuracy` of ``result`` for ``targets`` as the cost model stores it under ``accuracy`` (per target,
+    what ``headatlas plan`` prints under its table), ``on`` saying which jobs it was measured on."""
+    return {target: {"on": on, **numbers} for target, numbers in accuracy(result, targets).items()}
 
 
 def accuracy_lines(recorded: dict) -> list[str]:
@@ -1406,7 +1406,9 @@ def main(argv=None) -> int:
         if record:
             models = ", ".join(sorted({j.model() for j, _, _ in got if j.model()}))
             on = f"a run the fit did not see: {models} on {Path(configfile).name}, {len(got)} jobs"
-            record_accuracy(args.cost_model, result, record, on)
+            doc = load_model(args.cost_model)
+            doc.setdefault("accuracy", {}).update(recorded_accuracy(result, record, on))
+            _write_model(doc, args.cost_model)
         return 0
     rows, runs = [], []
     if args.rows:
@@ -1420,7 +1422,7 @@ def main(argv=None) -> int:
         runs.append({"directory": directory, "configfile": configfile, "jobs": len(got),
                      "models": sorted({j.model() for j, _, _ in got if j.model()})})  # fmt: skip
         print(f"{run}: {len(got)} measured jobs", file=sys.stderr)
-    targets, extra = [t for t in args.targets.split(",") if t], None
+    targets, extra = [t for t in args.targets.split(",") if t], {}
     if not set(targets) <= set(TARGETS):
         ap.error(f"--targets: choose among {', '.join(TARGETS)}")
     held = {m for m in args.hold_out.split(",") if m}
@@ -1440,9 +1442,10 @@ def main(argv=None) -> int:
         extra["accuracy"] = {t: a for t, a in old.get("accuracy", {}).items() if t not in targets}
         if check:
             extra[f"check_{'_'.join(targets)}"] = check
-    save_model(coeffs, runs, args.out, stored_check, extra)
     if check:
-        record_accuracy(args.out, check, targets, f"{', '.join(sorted(held))} held out of the fit, {len(rows)} jobs")
+        on = f"{', '.join(sorted(held))} held out of the fit, {len(rows)} jobs"
+        extra["accuracy"] = {**extra.get("accuracy", {}), **recorded_accuracy(check, targets, on)}
+    save_model(coeffs, runs, args.out, stored_check, extra)
     if args.save_rows:
         save_rows(rows, args.save_rows)
     if check:

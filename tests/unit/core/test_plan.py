@@ -201,34 +201,38 @@ def test_a_refit_keeps_earlier_refits_checks_and_records_its_accuracy(tmp_path):
 
 def test_plan_says_what_a_checked_rule_costs_if_the_checks_go_the_other_way():
     """A rule whose exact forwards hang on the per-layer checks is planned one way and its line gives the other:
-    the exact ablation as if every layer passed (the checked heads) and what it costs if every layer failed (every
-    head), the zero-ablation the other way round; the rule's other CPU is the sum over its jobs."""
-    model = {"rules": {"ablation_exact": {"family": "ablation_exact", "cpu_s": {"one": 10.0, "abl": 1.0}},
-                       "quiet_ablation": {"family": "zero_ablation", "cpu_s": {"one": 5.0, "abl": 2.0}}}}  # fmt: skip
-    feats = {"ablation_exact": {"one": 1.0, "abl": 100.0, "abl_other": 400.0},
-             "quiet_ablation": {"one": 1.0, "abl": 300.0, "abl_other": 60.0}}  # fmt: skip
-    jobs = [Job("ablation_exact", {"model": "m", "part": str(i)}) for i in range(2)] + [
-        Job("quiet_ablation", {"model": "m"})
+    the exact ablation as if every layer passed (4 layers x 2 checked heads + 4, split over 2 jobs) and what it
+    costs if every layer failed (every one of the 32 heads), the zero-ablation the other way round (every head,
+    or 4 layers x 1 checked head + 4); the rule's other CPU is the sum over its jobs."""
+    cfg = {
+        "models": [{"name": "b", "source": {"hub": "x/b"}, "max_length": 16}],
+        "corpora": {},
+        "analysis": {
+            "ablation": {"exact_max_heads": 20, "check_heads": 2, "exact_jobs": 2},
+            "quiet": {"corpora": ["c"], "n_sequences": 10, "length": 32, "ablation_sequences": 8,
+                      "exact_max_heads": 8, "check_heads": 1},
+        },
+    }  # fmt: skip
+    hints = {"b": Shape(4, 8, 8, 128, 16, 2e6)}  # 32 heads; no vocabulary: the logits cost the body's 2e6
+    model = {"rules": {"ablation_exact": {"family": "ablation_exact", "cpu_s": {"one": 10.0, "abl": 1e-9}},
+                       "quiet_ablation": {"family": "zero_ablation", "cpu_s": {"one": 5.0, "abl": 1e-8}}}}  # fmt: skip
+    jobs = [Job("ablation_exact", {"model": "b", "part": str(i)}) for i in range(2)] + [
+        Job("quiet_ablation", {"model": "b"})
     ]
-
-    class Fixed(plan.Features):
-        def job(self, job):
-            return dict(feats[job.rule])
-
-    real, plan.Features = plan.Features, Fixed
-    try:
-        planned = plan.plan_jobs(jobs, {"models": []}, model)
-    finally:
-        plan.Features = real
-    assert [p.other_cpu_s for p in planned] == [410.0, 410.0, 125.0]
+    planned = plan.plan_jobs(jobs, cfg, model, ".", hints)
+    t_abl, tokens = 16 * 36 + 200 * 24, 8 * 32
+    assert planned[0].cpu_s == pytest.approx(10 + 1e-9 * 6 * 2e6 * t_abl)
+    assert planned[0].other_cpu_s == pytest.approx(10 + 1e-9 * 16 * 2e6 * t_abl)
+    assert planned[2].cpu_s == pytest.approx(5 + 1e-8 * 32 * 2e6 * tokens)
+    assert planned[2].other_cpu_s == pytest.approx(5 + 1e-8 * 8 * 2e6 * tokens)
     summary = plan.summarize(planned)
-    assert (
-        summary["rules"]["ablation_exact"]["cpu_s"] == 220.0
-        and summary["rules"]["ablation_exact"]["other_cpu_s"] == 820.0
-    )
+    abl = summary["rules"]["ablation_exact"]
+    assert abl["cpu_s"] == pytest.approx(2 * planned[0].cpu_s) and abl["other_cpu_s"] == pytest.approx(364.064)
     text = "\n".join(plan.report(summary))
-    assert "(as if every layer passes its check; 13.7 min if every layer fails it)" in text
-    assert "(as if every layer fails its check; 2.1 min if every layer passes it)" in text
+    assert "(as if every layer passes its check; 6.1 min if every layer fails it)" in text
+    assert "(as if every layer fails its check; 46 s if every layer passes it)" in text
+    cfg["analysis"]["quiet"]["on_check_fail"] = "unreliable"  # failing layers add no heads: one way only
+    assert plan.plan_jobs(jobs[2:], cfg, model, ".", hints)[0].other_cpu_s is None
 
 
 def test_accuracy_counts_the_large_rules_and_the_plan_prints_it():
