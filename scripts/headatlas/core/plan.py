@@ -1334,11 +1334,12 @@ def merge_targets(old: dict, new: dict, targets) -> dict:
     return out
 
 
-def check_holdout(rows, held: set[str]) -> dict:
-    """Fit without the jobs of models ``held``; predict them: per rule predicted against measured CPU-seconds."""
-    train = [r for r in rows if r[0].model() not in held]
+def check_holdout(rows, held: set[str], pilot=()) -> dict:
+    """Fit without the jobs of models ``held``; predict them: per rule predicted against measured CPU-seconds.
+    ``pilot``: the rows of a small run of those models, fitted on (a plan calibrated by a pilot), not predicted."""
+    train = [r for r in rows if r[0].model() not in held] + list(pilot)
     test = [r for r in rows if r[0].model() in held]
-    return {"held_out": sorted(held), **compare(fit(train), test)}
+    return {"held_out": sorted(held), **({"pilot_jobs": len(pilot)} if pilot else {}), **compare(fit(train), test)}
 
 
 def _check_lines(result: dict) -> list[str]:
@@ -1368,8 +1369,8 @@ def run_rows(spec: str):
 
 
 def main(argv=None) -> int:
-    """``python -m headatlas.core.plan fit RUN_DIR:CONFIG[@MODELS] ... [--hold-out MODELS]``: fit the cost model on
-    finished runs (and check it on the held-out models' jobs)."""
+    """``python -m headatlas.core.plan fit RUN_DIR:CONFIG[@MODELS] ... [--hold-out MODELS [--pilot RUN_OR_ROWS]]``:
+    fit the cost model on finished runs (and check it on the held-out models' jobs, a pilot of them in the fit)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m headatlas.core.plan")
@@ -1384,6 +1385,9 @@ def main(argv=None) -> int:
     f.add_argument("--rows", help="the data of an earlier fit (its --save-rows file) to fit on too")
     f.add_argument("--save-rows", help="write the data of this fit (every job's features and cost) to this file")
     f.add_argument("--hold-out", default="", help="models (comma-separated) to leave out and predict")
+    f.add_argument("--pilot", action="append", default=[], metavar="RUN_OR_ROWS",
+                   help="a small run of the held-out models (RUN_DIR:CONFIGFILE[@MODEL,...] or a --save-rows file), "
+                   "fitted on although --hold-out leaves their models out: the check of a plan calibrated by a pilot")  # fmt: skip
     f.add_argument("--targets", default=",".join(TARGETS),
                    help="refit only these targets (comma-separated); the others keep the --out model's coefficients")  # fmt: skip
     c = sub.add_parser("check", help="predict a finished run's jobs with the stored cost model (no refit)")
@@ -1422,11 +1426,24 @@ def main(argv=None) -> int:
         runs.append({"directory": directory, "configfile": configfile, "jobs": len(got),
                      "models": sorted({j.model() for j, _, _ in got if j.model()})})  # fmt: skip
         print(f"{run}: {len(got)} measured jobs", file=sys.stderr)
+    pilot = []
+    for spec in args.pilot:
+        if spec.endswith(".json") and Path(spec).is_file():
+            got, entry = load_rows(spec), {"rows": spec}
+        else:
+            directory, configfile, got = run_rows(spec)
+            entry = {"directory": directory, "configfile": configfile}
+        pilot += got
+        runs.append({**entry, "jobs": len(got), "models": sorted({j.model() for j, _, _ in got if j.model()}),
+                     "pilot": True})  # fmt: skip
     targets, extra = [t for t in args.targets.split(",") if t], {}
     if not set(targets) <= set(TARGETS):
         ap.error(f"--targets: choose among {', '.join(TARGETS)}")
     held = {m for m in args.hold_out.split(",") if m}
-    check = check_holdout(rows, held) if held else None
+    if pilot and not held:
+        ap.error("--pilot goes with --hold-out (without a check, fit on the pilot as on any run)")
+    check = check_holdout(rows, held, pilot) if held else None
+    rows += pilot
     coeffs, stored_check = fit(rows), check
     if set(targets) != set(TARGETS):  # the other targets as the model at --out has them, with its runs
         old = load_model(args.out)
@@ -1443,7 +1460,8 @@ def main(argv=None) -> int:
         if check:
             extra[f"check_{'_'.join(targets)}"] = check
     if check:
-        on = f"{', '.join(sorted(held))} held out of the fit, {len(rows)} jobs"
+        with_pilot = f" but for a pilot run of {len(pilot)} jobs" if pilot else ""
+        on = f"{', '.join(sorted(held))} held out of the fit{with_pilot}, {len(rows)} jobs"
         extra["accuracy"] = {**extra.get("accuracy", {}), **recorded_accuracy(check, targets, on)}
     save_model(coeffs, runs, args.out, stored_check, extra)
     if args.save_rows:

@@ -152,6 +152,34 @@ def test_saved_rows_fit_as_the_runs_did(tmp_path):
     assert doc["runs"] == [{"rows": str(tmp_path / "rows.json"), "jobs": 20, "models": [f"m{i}" for i in range(10)]}]
 
 
+def test_a_pilot_of_the_held_out_model_is_fitted_on_not_predicted(tmp_path):
+    """``fit --hold-out m9 --pilot ROWS``: the pilot's jobs of m9 are in the fit, its other jobs are predicted. The
+    held-out model alone has an attention term (the others' inputs are too short to have one): without the pilot
+    the fit cannot see it and misses; with it the check is exact."""
+    truth = {"extract_attention": {"one": 3.0, "PT": 2e-9, "attn": 5e-9}}
+    rows = _rows(truth, 10)
+    for job, f, m in rows:
+        if job.model() != "m9":
+            m["cpu_s"] -= 5e-9 * f["attn"]
+            f["attn"] = 0.0
+    pilot = _rows(truth, 10, seed=5)[-1:]  # another job of m9
+    assert plan.check_holdout(rows, {"m9"})["total"]["error"] < -0.2
+    check = plan.check_holdout(rows, {"m9"}, pilot)
+    assert check["pilot_jobs"] == 1 and check["rules"]["extract_attention"]["jobs"] == 1
+    assert check["total"]["error"] == pytest.approx(0.0, abs=1e-6)
+    plan.save_rows(rows, tmp_path / "rows.json")
+    plan.save_rows(pilot, tmp_path / "pilot.json")
+    out = tmp_path / "cost.json"
+    args = ["fit", "--rows", str(tmp_path / "rows.json"), "--out", str(out), "--pilot", str(tmp_path / "pilot.json")]
+    assert plan.main(args + ["--hold-out", "m9"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["check"]["total"]["error"] == pytest.approx(0.0, abs=1e-6) and doc["runs"][-1]["pilot"] is True
+    assert doc["rules"]["extract_attention"]["jobs"] == 11
+    assert doc["accuracy"]["cpu_s"]["on"] == "m9 held out of the fit but for a pilot run of 1 jobs, 11 jobs"
+    with pytest.raises(SystemExit):  # a pilot without a check is just another run
+        plan.main(args)
+
+
 def test_fit_of_some_targets_keeps_the_others(tmp_path):
     """`fit --targets peak_rss_bytes` refits the memory and keeps the stored model's CPU coefficients, its runs
     (each marked with the targets fitted on it), its held-out check, and a rule only the stored model knows;
