@@ -71,8 +71,8 @@ def test_fit_recovers_known_coefficients():
     """Records that are exactly a non-negative sum of the family's features give back those coefficients, a
     zero coefficient stays zero, and the prediction for a new job is exact."""
     truth = {
-        "extract_attention": {"one": 3.0, "P": 0.0, "PT": 2e-9, "attn": 5e-10},
-        "ablation_exact": {"one": 1.5, "P": 1e-8, "abl": 3e-10},
+        "extract_attention": {"one": 3.0, "PT": 2e-9, "attn": 5e-10},
+        "ablation_exact": {"one": 1.5, "P": 0.0, "abl": 3e-10},
         "clark_js_distances": {"one": 0.7, "LH2N": 4e-9},
     }
     coeffs = plan.fit(_rows(truth, 12))
@@ -174,8 +174,13 @@ def test_a_pilot_of_the_held_out_model_is_fitted_on_not_predicted(tmp_path):
     assert plan.main(args + ["--hold-out", "m9"]) == 0
     doc = json.loads(out.read_text())
     assert doc["check"]["total"]["error"] == pytest.approx(0.0, abs=1e-6) and doc["runs"][-1]["pilot"] is True
-    assert doc["rules"]["extract_attention"]["jobs"] == 11
-    assert doc["accuracy"]["cpu_s"]["on"] == "m9 held out of the fit but for a pilot run of 1 jobs, 11 jobs"
+    assert doc["check_without_pilot"]["total"]["error"] < -0.2 and doc["rules"]["extract_attention"]["jobs"] == 11
+    acc = doc["accuracy"]["cpu_s"]
+    assert acc["on"] == "m9 held out of the fit, 11 jobs" and acc["total"] < -0.2
+    assert acc["pilot"]["on"] == "m9 held out but for a pilot run of 1 jobs" and acc["pilot"]["total"] == pytest.approx(
+        0.0, abs=1e-6)  # fmt: skip
+    lines = plan.accuracy_lines(doc["accuracy"])
+    assert any(line.startswith("  CPU, calibrated by a pilot: total +0%") for line in lines), lines
     with pytest.raises(SystemExit):  # a pilot without a check is just another run
         plan.main(args)
 
