@@ -449,7 +449,7 @@ MODEL_DISK_FEATURES = ["one", "Pbytes"]  # a written model: its weights
 # What bounds each feature: the config keys a user turns to make it smaller (printed by `headatlas plan`).
 FEATURE_KEYS = {
     "one": "fixed cost per job (start-up, imports)",
-    "P": "model size (loading the weights)",
+    "P": "model size (work per job that grows with the weights: a model cache written, passes no other term counts)",
     "PT": "tokens through the model: corpora.*.limit / n_segments, max_length",
     "attn": "tokens^2 per sequence: max_length, corpora.*.max_words / tokens",
     "attn_free": "tokens^2 per long input (map-free or SDPA): corpora.*.tokens, analysis.circuits.long.lengths",
