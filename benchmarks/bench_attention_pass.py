@@ -52,19 +52,55 @@ SHAPES = {  # name -> (batch, query heads, key heads, head size, causal), with t
 }
 
 
-def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
+RUNS = "minilm:128:16,minilm:512:4,minilm:2048:1,smollm2:128:16,smollm2:512:4,smollm2:2048:1,smollm2:8192:1"
+
+
+def inputs(model: str, n: int, bsz: int):
+    """Random q, k, v of the head shape, the additive key mask (a padded encoder batch; None for a decoder), the
+    position column [B, 1, n, 1], the scale and the causal flag."""
     import torch
 
     h, hk, d, causal = SHAPES[model]
     torch.manual_seed(0)
     q, k, v = torch.randn(bsz, h, n, d), torch.randn(bsz, hk, n, d), torch.randn(bsz, hk, n, d)
-    scale = d**-0.5
     mask = None
     if not causal:  # padded encoder batch: the first sequence full, the others between n / 2 and n
         lengths = torch.randint(n // 2, n + 1, (bsz,))
         lengths[0] = n
         mask = torch.zeros(bsz, 1, 1, n).masked_fill_(torch.arange(n) >= lengths[:, None, None, None], -math.inf)
     pos = torch.arange(n, dtype=torch.float32)[None, None, :, None].expand(bsz, 1, n, 1)
+    return q, k, v, mask, pos, d**-0.5, causal
+
+
+def fastest(variants: dict, reps: int) -> dict:
+    """Each variant once as a warm-up, then ``reps`` interleaved rounds (one repetition of each variant per round):
+    each variant's fastest, in seconds."""
+    best = dict.fromkeys(variants, math.inf)
+    for fn in variants.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in variants.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
+def arguments(argv, description: str):
+    """The benchmarks' common arguments: --runs MODEL:LENGTH:BATCH,..., --reps, --cells, --out."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--runs", default=RUNS)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--cells", type=int, default=2**20)
+    p.add_argument("--out", type=Path)
+    return p.parse_args(argv)
+
+
+def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
+    import torch
+
+    h, hk, d, _ = SHAPES[model]
+    q, k, v, mask, pos, scale, causal = inputs(model, n, bsz)
     lcols = None if causal else torch.cat([torch.ones_like(pos), pos], -1)
     bias = None if mask is None else mask[:, 0, 0]
     targets = torch.randint(0, n, (bsz, 9, n), dtype=torch.int32)
@@ -93,14 +129,7 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
         "cpu_pass_columns": ours(pos[:, 0], low, True, targets),
         "cpu_pass": ours(pos[:, 0], low, True, targets, 1e-4),
     }
-    best = dict.fromkeys(variants, math.inf)
-    for fn in variants.values():  # a warm-up each
-        fn()
-    for _ in range(reps):  # interleaved: one repetition of each variant per round, each variant's fastest
-        for name, fn in variants.items():
-            t = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t)
+    best = fastest(variants, reps)
     row = {"model_type": model, "tokens": n, "batch": bsz, "heads": h, "key_heads": hk, "head_size": d}
     row |= {f"{name}_ms": round(t * 1e3, 2) for name, t in best.items()}
     row["cpu_pass_over_model"] = round(best["cpu_pass"] / best["model"], 3)
@@ -113,15 +142,7 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
 def main(argv=None) -> int:
     import torch
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--runs",
-        default="minilm:128:16,minilm:512:4,minilm:2048:1,smollm2:128:16,smollm2:512:4,smollm2:2048:1,smollm2:8192:1",
-    )
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--cells", type=int, default=2**20)
-    p.add_argument("--out", type=Path)
-    a = p.parse_args(argv)
+    a = arguments(argv, __doc__.splitlines()[0])
     torch.set_num_threads(1)
     report = {"cells": a.cells, "threads": 1, "torch": torch.__version__}
     rows = []

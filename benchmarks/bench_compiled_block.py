@@ -24,7 +24,6 @@ compiled outputs' largest difference from ``blocked``'s is reported (``max_diff`
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -36,7 +35,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from headatlas.core.mapfree import LN2, LOG2E, attention_lse, blocked_attention  # noqa: E402
 
-SHAPES = {"minilm": (12, 12, 32, False), "smollm2": (9, 3, 64, True)}  # query heads, key heads, size, causal
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_attention_pass import SHAPES, arguments, fastest, inputs  # noqa: E402
 
 
 def block(qb, kt, vf, ct, bias):
@@ -92,16 +92,8 @@ def blocks(fn, q, k, v, cols, mask, causal: bool, scale: float, cells: int):
 def measure(model: str, n: int, bsz: int, reps: int, cells: int, compiled) -> dict:
     import torch
 
-    h, hk, d, causal = SHAPES[model]
-    torch.manual_seed(0)
-    q, k, v = torch.randn(bsz, h, n, d), torch.randn(bsz, hk, n, d), torch.randn(bsz, hk, n, d)
-    scale = d**-0.5
-    mask = None
-    if not causal:  # padded encoder batch: the first sequence full, the others between n / 2 and n
-        lengths = torch.randint(n // 2, n + 1, (bsz,))
-        lengths[0] = n
-        mask = torch.zeros(bsz, 1, 1, n).masked_fill_(torch.arange(n) >= lengths[:, None, None, None], -math.inf)
-    pos = torch.arange(n, dtype=torch.float32)[None, None, :, None].expand(bsz, 1, n, 1)
+    h, hk, d, _ = SHAPES[model]
+    q, k, v, mask, pos, scale, causal = inputs(model, n, bsz)
     t0 = time.perf_counter()
     mine = blocks(compiled, q, k, v, pos, mask, causal, scale, cells)
     compile_s = time.perf_counter() - t0
@@ -115,14 +107,7 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int, compiled) -> di
         "blocked": lambda: blocked_attention(q, k, v, mask, causal, scale, pos, None, True, False, cells),
         "compiled": lambda: blocks(compiled, q, k, v, pos, mask, causal, scale, cells),
     }
-    best = dict.fromkeys(variants, math.inf)
-    for fn in variants.values():
-        fn()
-    for _ in range(reps):
-        for name, fn in variants.items():
-            t = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t)
+    best = fastest(variants, reps)
     row = {"model_type": model, "tokens": n, "batch": bsz, "heads": h, "key_heads": hk, "head_size": d}
     row |= {f"{name}_ms": round(t * 1e3, 2) for name, t in best.items()}
     row |= {"compile_s": round(compile_s, 2), "max_diff": diff}
@@ -134,15 +119,7 @@ def measure(model: str, n: int, bsz: int, reps: int, cells: int, compiled) -> di
 def main(argv=None) -> int:
     import torch
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--runs",
-        default="minilm:128:16,minilm:512:4,minilm:2048:1,smollm2:128:16,smollm2:512:4,smollm2:2048:1,smollm2:8192:1",
-    )
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--cells", type=int, default=2**20)
-    p.add_argument("--out", type=Path)
-    a = p.parse_args(argv)
+    a = arguments(argv, __doc__.splitlines()[0])
     torch.set_num_threads(1)
     compiled = torch.compile(block, dynamic=True)
     report = {"cells": a.cells, "threads": 1, "torch": torch.__version__, "runs": []}
