@@ -11,6 +11,10 @@ Run from the repository root::
 Per job rerun (its record's ``finished`` time changed): CPU-seconds, wall seconds and peak RSS of both
 measurements and the ratio of the CPU-seconds. A cost model fitted on one measurement cannot predict the other
 closer than that ratio.
+
+``--rows ROWS --rows-out OUT`` writes a cost model's fit data (``plan fit --save-rows``) with each rerun job's
+CPU-seconds replaced by the rerun's (a row matches by rule, wildcards and the first measurement; the first is kept
+as ``cpu_s_before``), so that a fit can use the repeat measurement where the first was taken on a loaded machine.
 """
 
 from __future__ import annotations
@@ -38,18 +42,45 @@ def repeated(before: Path, after: Path) -> list[dict]:
     return out
 
 
+def remeasured_rows(rows: list[dict], jobs: list[dict]) -> tuple[list[dict], int]:
+    """``rows`` (the fit's data) with the CPU-seconds of the jobs of ``repeated`` replaced by their second
+    measurement, and how many rows were replaced."""
+
+    def key(rule, wildcards, cpu_s):
+        return rule, json.dumps({k: str(v) for k, v in wildcards.items()}, sort_keys=True), round(float(cpu_s), 3)
+
+    second = {key(j["rule"], j["wildcards"], j["cpu_s"][0]): j["cpu_s"][1] for j in jobs}
+    out, n = [], 0
+    for r in rows:
+        wildcards = dict(r["wildcards"], **({"model": r["model"]} if r.get("model") else {}))
+        new = second.get(key(r["rule"], wildcards, r["measured"]["cpu_s"]))
+        if new is not None:
+            r = dict(r, measured=dict(r["measured"], cpu_s=new, cpu_s_before=r["measured"]["cpu_s"]))
+            n += 1
+        out.append(r)
+    return out, n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("before", type=Path, help="the logs/ directory as it was before the rerun")
     ap.add_argument("after", type=Path, help="the run's logs/ directory after it")
     ap.add_argument("--out", type=Path, help="write the comparison as JSON")
+    ap.add_argument("--rows", type=Path, help="a cost model's fit data (plan fit --save-rows) to update")
+    ap.add_argument("--rows-out", type=Path, help="where the updated fit data goes (with --rows)")
     args = ap.parse_args(argv)
+    if bool(args.rows) != bool(args.rows_out):
+        ap.error("--rows and --rows-out go together")
     jobs = repeated(args.before, args.after)
     for j in jobs:
         name = " ".join([j["rule"], *(f"{k}={v}" for k, v in j["wildcards"].items() if k in ("model", "corpus"))])
         print(f"{name:<45} CPU-s {j['cpu_s'][0]:8.1f} -> {j['cpu_s'][1]:8.1f}  x{j['cpu_ratio']:.2f}")
     if args.out:
         args.out.write_text(json.dumps({"jobs": jobs}, indent=1) + "\n")
+    if args.rows:
+        rows, n = remeasured_rows(json.loads(args.rows.read_text()), jobs)
+        args.rows_out.write_text(json.dumps(rows, indent=0) + "\n")
+        print(f"{args.rows_out}: {n} of {len(rows)} rows re-measured")
     return 0
 
 
