@@ -55,7 +55,8 @@ def remeasured_rows(rows: list[dict], jobs: list[dict]) -> tuple[list[dict], int
         wildcards = dict(r["wildcards"], **({"model": r["model"]} if r.get("model") else {}))
         new = second.get(key(r["rule"], wildcards, r["measured"]["cpu_s"]))
         if new is not None:
-            r = dict(r, measured=dict(r["measured"], cpu_s=new, cpu_s_before=r["measured"]["cpu_s"]))
+            first = r["measured"].get("cpu_s_before", r["measured"]["cpu_s"])  # a job measured three times: the first
+            r = dict(r, measured=dict(r["measured"], cpu_s=new, cpu_s_before=first))
             n += 1
         out.append(r)
     return out, n
