@@ -15,6 +15,8 @@ closer than that ratio.
 ``--rows ROWS --rows-out OUT`` writes a cost model's fit data (``plan fit --save-rows``) with each rerun job's
 CPU-seconds replaced by the rerun's (a row matches by rule, wildcards and the first measurement; the first is kept
 as ``cpu_s_before``), so that a fit can use the repeat measurement where the first was taken on a loaded machine.
+``--jobs FILE`` (repeatable) takes the rerun jobs from comparisons written before (``--out``) instead of two logs
+directories.
 """
 
 from __future__ import annotations
@@ -64,15 +66,22 @@ def remeasured_rows(rows: list[dict], jobs: list[dict]) -> tuple[list[dict], int
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("before", type=Path, help="the logs/ directory as it was before the rerun")
-    ap.add_argument("after", type=Path, help="the run's logs/ directory after it")
+    ap.add_argument("before", type=Path, nargs="?", help="the logs/ directory as it was before the rerun")
+    ap.add_argument("after", type=Path, nargs="?", help="the run's logs/ directory after it")
+    ap.add_argument("--jobs", type=Path, action="append", default=[], help="a comparison written before (--out)")
     ap.add_argument("--out", type=Path, help="write the comparison as JSON")
     ap.add_argument("--rows", type=Path, help="a cost model's fit data (plan fit --save-rows) to update")
     ap.add_argument("--rows-out", type=Path, help="where the updated fit data goes (with --rows)")
     args = ap.parse_args(argv)
     if bool(args.rows) != bool(args.rows_out):
         ap.error("--rows and --rows-out go together")
-    jobs = repeated(args.before, args.after)
+    if bool(args.before) != bool(args.after) or bool(args.before) == bool(args.jobs):
+        ap.error("give either BEFORE and AFTER or --jobs")
+    if args.out and args.jobs:
+        ap.error("--out writes the comparison of BEFORE and AFTER")
+    jobs = repeated(args.before, args.after) if args.before else []
+    for path in args.jobs:
+        jobs += json.loads(path.read_text())["jobs"]
     for j in jobs:
         name = " ".join([j["rule"], *(f"{k}={v}" for k, v in j["wildcards"].items() if k in ("model", "corpus"))])
         print(f"{name:<45} CPU-s {j['cpu_s'][0]:8.1f} -> {j['cpu_s'][1]:8.1f}  x{j['cpu_ratio']:.2f}")

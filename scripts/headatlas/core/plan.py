@@ -499,6 +499,10 @@ def feature_keys(rule: str, term: str) -> str:
     return RULE_FEATURE_KEYS.get((rule, term)) or FEATURE_KEYS.get(term, term)
 
 
+# The next-token loss over the vocabulary (log-softmax, the target's entry) costs per logit about as much as this
+# many of the body's multiply-adds on one CPU thread (benchmarks/bench_logits.py: 450-710 at widths 576-1536): a
+# narrow model's exact ablation pays more for its logits than the output layer's vocabulary x d says.
+LOSS_MADDS_PER_LOGIT = 600.0
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 FLOPS_PER_UNIT = {"PT": 2.0, "attn": 4.0, "attn_free": 4.0, "abl": 2.0, "PTabl": 2.0, "LH2": 2.0, "P_ft": 6.0}
 
@@ -655,12 +659,12 @@ class Features:
         if job.family_rule == "ablation_exact":  # split into exact_jobs jobs
             forwards /= float(ab.get("exact_jobs", 2))
         logits = s.body_params + s.vocab * s.d_model  # the ablations score the next token: logits too
-        f["abl"] = forwards * logits * t_abl
+        f["abl"] = forwards * self._exact_pass(s) * t_abl
         if job.family_rule == "ablation_exact":
             f.update(self._exact_ablation(s, model, forwards))
             every = self._if_every_layer_fails(s, model, ab)
             if every is not None:
-                f["abl_other"] = every / float(ab.get("exact_jobs", 2)) * logits * t_abl
+                f["abl_other"] = every / float(ab.get("exact_jobs", 2)) * self._exact_pass(s) * t_abl
         sets = ab.get("random_sets", 10) + len(ab.get("pruning_fractions", [])) + len(ab.get("pande_roles", []))
         f["PTabl"] = sets * logits * t_abl
         if job.family_rule == "finetune_model":
@@ -675,7 +679,7 @@ class Features:
         if job.family_rule in DECODER_ONLY_RULES and not s.decoder:
             return {"one": 1.0}  # an encoder: the rule writes its skipped rows
         if job.family_rule == "quiet_ablation":
-            f.update(self._quiet_ablation(s, model, logits))
+            f.update(self._quiet_ablation(s, model))
         if job.family_rule in ("icl_heads", "icl_exclusion"):
             f.update(self._icl(job.family_rule, s, model, logits))
         return f
@@ -715,6 +719,18 @@ class Features:
         return s.params * DTYPE_BYTES["float32"]
 
     @staticmethod
+    def _exact_body(s: Shape) -> float:
+        """The body weights one head's exact ablation or patching multiplies each token by (``Evaluation.exact``,
+        its batch expanded inside the model): the layers from the head's own on, (L + 1) / 2L of the body for heads
+        spread evenly over the layers. (The rows before a head's layer run once per pass of several heads.)"""
+        return s.body_params * (s.layers + 1) / (2 * s.layers)
+
+    def _exact_pass(self, s: Shape) -> float:
+        """What one head's exact ablation multiplies each token by: :meth:`_exact_body`, the logits and the loss over
+        them (:data:`LOSS_MADDS_PER_LOGIT`)."""
+        return self._exact_body(s) + s.vocab * (s.d_model + LOSS_MADDS_PER_LOGIT)
+
+    @staticmethod
     def _exact_rows(batch: float, n: float, heads: float, max_rows: int) -> float:
         """Token rows of one batched exact pass (``Evaluation.exact``): one block of the ``batch`` x ``n`` batch
         per head, as many heads as keep the pass within ``max_rows`` rows (at least one), at most ``heads``."""
@@ -750,7 +766,7 @@ class Features:
             blocks = float(min(s.layers, max(1, max_rows // max(1, int(4 * batch * n)))))
         return dict(out, **self._backward(s, blocks * batch, n, blocks * batch * n))
 
-    def _quiet_ablation(self, s: Shape, model: str, logits: float) -> dict[str, float]:
+    def _quiet_ablation(self, s: Shape, model: str) -> dict[str, float]:
         """The zero-ablation's forwards, the logits one batched exact pass holds and the attribution estimate's
         backward pass (both over ``batch_size`` natural inputs of ``length`` tokens). With ``on_check_fail: exact``
         every head is planned exact: the attribution estimate of a zero-ablation fails the per-layer check on most
@@ -766,9 +782,9 @@ class Features:
         batch = float(min(int(q.get("batch_size", 16)), rows))  # token_evaluation's batches of the natural inputs
         held = self._exact_rows(batch, length, forwards, int(q.get("exact_max_rows", 4096)))
         # the attribution estimate runs on every path (checked, or compared once where every head is exact)
-        out = {"abl": forwards * logits * tokens, "Rlogits": held * s.vocab * ACT_BYTES}
+        out = {"abl": forwards * self._exact_pass(s) * tokens, "Rlogits": held * s.vocab * ACT_BYTES}
         if fewest is not None:
-            out["abl_other"] = fewest * logits * tokens
+            out["abl_other"] = fewest * self._exact_pass(s) * tokens
         return dict(out, **self._backward(s, batch, length, batch * length))
 
     def _icl(self, rule: str, s: Shape, model: str, logits: float) -> dict[str, float]:
@@ -784,10 +800,10 @@ class Features:
             batch = float(min(int(c.get("batch_size", 16)), prompts))
             back = self._backward(s, batch, (int(c.get("shots", 10)) + 1) * ICL_PAIR_TOKENS, batch)
             out = {"PT": s.body_params * 2 * prompt_tokens,
-                   "abl": self._checked_forwards(s, model, c) * s.body_params * prompt_tokens, **back}  # fmt: skip
+                   "abl": self._checked_forwards(s, model, c) * self._exact_body(s) * prompt_tokens, **back}  # fmt: skip
             every = self._if_every_layer_fails(s, model, c)
             if every is not None:
-                out["abl_other"] = every * s.body_params * prompt_tokens
+                out["abl_other"] = every * self._exact_body(s) * prompt_tokens
             return out
         e = c.get("exclusion", {})
         late = min(int(e.get("late", 500)), int(self.models[model].get("max_length", 512)) - 1)

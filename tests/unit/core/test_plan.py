@@ -236,7 +236,8 @@ def test_plan_says_what_a_checked_rule_costs_if_the_checks_go_the_other_way():
     """A rule whose exact forwards hang on the per-layer checks is planned one way and its line gives the other:
     the exact ablation as if every layer passed (4 layers x 2 checked heads + 4, split over 2 jobs) and what it
     costs if every layer failed (every one of the 32 heads), the zero-ablation the other way round (every head,
-    or 4 layers x 1 checked head + 4); the rule's other CPU is the sum over its jobs."""
+    or 4 layers x 1 checked head + 4); the rule's other CPU is the sum over its jobs. One head's exact pass runs
+    the layers from the head's own on: 5/8 of the body of 4 layers, heads spread evenly over them."""
     cfg = {
         "models": [{"name": "b", "source": {"hub": "x/b"}, "max_length": 16}],
         "corpora": {},
@@ -253,17 +254,17 @@ def test_plan_says_what_a_checked_rule_costs_if_the_checks_go_the_other_way():
         Job("quiet_ablation", {"model": "b"})
     ]
     planned = plan.plan_jobs(jobs, cfg, model, ".", hints)
-    t_abl, tokens = 16 * 36 + 200 * 24, 8 * 32
-    assert planned[0].cpu_s == pytest.approx(10 + 1e-9 * 6 * 2e6 * t_abl)
-    assert planned[0].other_cpu_s == pytest.approx(10 + 1e-9 * 16 * 2e6 * t_abl)
-    assert planned[2].cpu_s == pytest.approx(5 + 1e-8 * 32 * 2e6 * tokens)
-    assert planned[2].other_cpu_s == pytest.approx(5 + 1e-8 * 8 * 2e6 * tokens)
+    t_abl, tokens, w = 16 * 36 + 200 * 24, 8 * 32, 2e6 * 5 / 8
+    assert planned[0].cpu_s == pytest.approx(10 + 1e-9 * 6 * w * t_abl)
+    assert planned[0].other_cpu_s == pytest.approx(10 + 1e-9 * 16 * w * t_abl)
+    assert planned[2].cpu_s == pytest.approx(5 + 1e-8 * 32 * w * tokens)
+    assert planned[2].other_cpu_s == pytest.approx(5 + 1e-8 * 8 * w * tokens)
     summary = plan.summarize(planned)
     abl = summary["rules"]["ablation_exact"]
-    assert abl["cpu_s"] == pytest.approx(2 * planned[0].cpu_s) and abl["other_cpu_s"] == pytest.approx(364.064)
+    assert abl["cpu_s"] == pytest.approx(2 * planned[0].cpu_s) and abl["other_cpu_s"] == pytest.approx(235.04)
     text = "\n".join(plan.report(summary))
-    assert "(as if every layer passes its check; 6.1 min if every layer fails it)" in text
-    assert "(as if every layer fails its check; 46 s if every layer passes it)" in text
+    assert "(as if every layer passes its check; 3.9 min if every layer fails it)" in text
+    assert "(as if every layer fails its check; 31 s if every layer passes it)" in text
     cfg["analysis"]["quiet"]["on_check_fail"] = "unreliable"  # failing layers add no heads: one way only
     assert plan.plan_jobs(jobs[2:], cfg, model, ".", hints)[0].other_cpu_s is None
 
@@ -302,11 +303,13 @@ def test_accuracy_counts_the_large_rules_and_the_plan_prints_it():
 
 def test_features_scale_as_the_formulas_say():
     """Doubling the heads doubles the per-head terms and quadruples the head-pair terms; the exact ablation
-    runs one forward per head up to exact_max_heads, then L * check_heads + 4."""
+    runs one forward per head up to exact_max_heads, then L * check_heads + 4, each through the layers from the
+    head's own on (5/8 of the body of 4 layers) and the logits with the loss over them."""
     cfg = {
         "models": [
             {"name": "a", "source": {"hub": "x/a"}, "max_length": 16},
             {"name": "b", "source": {"hub": "x/b"}, "max_length": 16},
+            {"name": "v", "source": {"hub": "x/v"}, "max_length": 16},
         ],  # fmt: skip
         "corpora": {"c": {"kind": "conllu", "path": "none"}},
         "analysis": {
@@ -314,7 +317,8 @@ def test_features_scale_as_the_formulas_say():
             "clark_surface": {"clustering": {}},
         },
     }
-    hints = {"a": Shape(4, 4, 4, 64, 16, 1e6), "b": Shape(4, 8, 8, 128, 16, 2e6)}
+    hints = {"a": Shape(4, 4, 4, 64, 16, 1e6), "b": Shape(4, 8, 8, 128, 16, 2e6),
+             "v": Shape(4, 4, 4, 64, 16, 1.2e6, body=1e6, vocab=1000)}  # fmt: skip
     feats = plan.Features(cfg, ".", hints)
     feats._stats["c"] = plan.CorpusStats(3, [4, 8, 100])  # lengths 8, 13 and 16 (cut at max_length) tokens
     job = Job("clark_js_distances", {"model": "a", "corpus": "c"})
@@ -322,16 +326,19 @@ def test_features_scale_as_the_formulas_say():
     assert fa["PT"] == 1e6 * (8 + 13 + 16) and fa["attn"] == 16 * 16 * (64 + 169 + 256)
     assert fb["LHT"] == 2 * fa["LHT"] and fb["LH2N"] == 4 * fa["LH2N"] == 4 * 16**2 * 3
     ta = 16 * 36 + 200 * 24
-    assert feats.job(Job("ablation_exact", {"model": "a"}))["abl"] == 16 * 1e6 * ta  # 16 heads <= 50: exact
-    assert feats.job(Job("ablation_exact", {"model": "b"}))["abl"] == 32 * 2e6 * ta
+    pa, pb = 1e6 * 5 / 8, 2e6 * 5 / 8  # one exact pass: the layers from the head's on (no vocabulary: no logits)
+    assert feats.job(Job("ablation_exact", {"model": "a"}))["abl"] == 16 * pa * ta  # 16 heads <= 50: exact
+    assert feats.job(Job("ablation_exact", {"model": "b"}))["abl"] == 32 * pb * ta
+    logits = 1000 * (64 + plan.LOSS_MADDS_PER_LOGIT)  # the output layer and the loss over its logits
+    assert feats.job(Job("ablation_exact", {"model": "v"}))["abl"] == 16 * (pa + logits) * ta
     cfg["analysis"]["ablation"]["exact_jobs"] = 2  # the forwards split over two jobs
-    assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == 16 * 2e6 * ta
+    assert plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))["abl"] == 16 * pb * ta
     cfg["analysis"]["ablation"]["exact_jobs"] = 1
     assert "abl_other" not in feats.job(Job("ablation_exact", {"model": "b"}))  # every head exact: no other way
     cfg["analysis"]["ablation"]["exact_max_heads"] = 20  # 32 heads > 20: checked estimates, L * check_heads + 4
     checked = plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))
-    assert checked["abl"] == (4 * 2 + 4) * 2e6 * ta
-    assert checked["abl_other"] == 32 * 2e6 * ta  # if every layer failed its check: every head exact
+    assert checked["abl"] == (4 * 2 + 4) * pb * ta
+    assert checked["abl_other"] == 32 * pb * ta  # if every layer failed its check: every head exact
     cfg["analysis"]["ablation"]["on_check_fail"] = "unreliable"  # failing layers add no exact heads
     assert "abl_other" not in plan.Features(cfg, ".", hints).job(Job("ablation_exact", {"model": "b"}))
 
@@ -368,10 +375,11 @@ def test_features_of_the_icl_quiet_and_long_input_rules():
         },
     }
     shape = Shape(4, 4, 4, 64, 16, 1e6)  # 16 heads; no vocabulary: the logits cost nothing extra
+    pa = 1e6 * 5 / 8  # one patched or ablated pass: the layers from the head's own on
     feats = plan.Features(cfg, ".", {"a": shape})
     tokens = 2 * 3 * (4 + 1) * plan.ICL_PAIR_TOKENS  # tasks x prompts x (shots + 1) demonstrations
     icl = feats.job(Job("icl_heads", {"model": "a"}))
-    assert icl["PT"] == pytest.approx(1e6 * 2 * tokens) and icl["abl"] == pytest.approx(16 * 1e6 * tokens)
+    assert icl["PT"] == pytest.approx(1e6 * 2 * tokens) and icl["abl"] == pytest.approx(16 * pa * tokens)
     runs = 2 + 2 * (1 + 5)
     late = 127  # token 500 cut to max_length - 1
     assert feats.job(Job("icl_exclusion", {"model": "a"}))["PTabl"] == pytest.approx(
@@ -381,14 +389,14 @@ def test_features_of_the_icl_quiet_and_long_input_rules():
     # the zero-ablation: every head exact (on_check_fail: exact), else the checked heads (16 > 8 heads); planned as
     # if every layer failed its check, and the other way if every layer passed it
     zero = feats.job(Job("quiet_ablation", {"model": "a"}))
-    assert zero["abl"] == 16 * 1e6 * 8 * 32 and zero["abl_other"] == (4 * 1 + 4) * 1e6 * 8 * 32
+    assert zero["abl"] == 16 * pa * 8 * 32 and zero["abl_other"] == (4 * 1 + 4) * pa * 8 * 32
     cfg["analysis"]["quiet"]["on_check_fail"] = "unreliable"
     zero = plan.Features(cfg, ".", {"a": shape}).job(Job("quiet_ablation", {"model": "a"}))
-    assert zero["abl"] == (4 * 1 + 4) * 1e6 * 8 * 32 and "abl_other" not in zero
+    assert zero["abl"] == (4 * 1 + 4) * pa * 8 * 32 and "abl_other" not in zero
     cfg["analysis"]["icl"]["exact_max_heads"] = 8  # checked patching: every head if every layer failed its check
     icl = plan.Features(cfg, ".", {"a": shape}).job(Job("icl_heads", {"model": "a"}))
-    assert icl["abl"] == pytest.approx((4 * 2 + 4) * 1e6 * tokens) and icl["abl_other"] == pytest.approx(
-        16 * 1e6 * tokens
+    assert icl["abl"] == pytest.approx((4 * 2 + 4) * pa * tokens) and icl["abl_other"] == pytest.approx(
+        16 * pa * tokens
     )
     quiet = feats.job(Job("quiet", {"model": "a"}))
     assert quiet["PT"] == 1e6 * 2 * 10 * 32 and quiet["attn"] == 16 * 16 * 2 * 10 * 32**2 and quiet["attn_free"] == 0
