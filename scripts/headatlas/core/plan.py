@@ -1494,7 +1494,11 @@ def main(argv=None) -> int:
     save_model(coeffs, runs, args.out, stored_check, extra)
     if args.save_rows:
         save_rows(rows, args.save_rows)
-    if check:
+    if check:  # every rule of the held-out models, predicted against measured
+        for label, result in (("fitted without them", bare or check), ("with their pilot in the fit", bare and check)):
+            if result:
+                print(f"held out: {', '.join(sorted(held))}, {label}")
+                print("\n".join(_check_lines(result)))
         print(json.dumps(check["total"]), file=sys.stderr)
     return 0
 

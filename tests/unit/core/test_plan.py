@@ -152,7 +152,7 @@ def test_saved_rows_fit_as_the_runs_did(tmp_path):
     assert doc["runs"] == [{"rows": str(tmp_path / "rows.json"), "jobs": 20, "models": [f"m{i}" for i in range(10)]}]
 
 
-def test_a_pilot_of_the_held_out_model_is_fitted_on_not_predicted(tmp_path):
+def test_a_pilot_of_the_held_out_model_is_fitted_on_not_predicted(tmp_path, capsys):
     """``fit --hold-out m9 --pilot ROWS``: the pilot's jobs of m9 are in the fit, its other jobs are predicted. The
     held-out model alone has an attention term (the others' inputs are too short to have one): without the pilot
     the fit cannot see it and misses; with it the check is exact."""
@@ -172,6 +172,9 @@ def test_a_pilot_of_the_held_out_model_is_fitted_on_not_predicted(tmp_path):
     out = tmp_path / "cost.json"
     args = ["fit", "--rows", str(tmp_path / "rows.json"), "--out", str(out), "--pilot", str(tmp_path / "pilot.json")]
     assert plan.main(args + ["--hold-out", "m9"]) == 0
+    printed = capsys.readouterr().out.splitlines()  # every rule of the held-out model, without and with the pilot
+    assert printed[0] == "held out: m9, fitted without them" and printed[2].startswith("extract_attention    ")
+    assert printed[4] == "held out: m9, with their pilot in the fit" and printed[6].split()[4] == "+0%"
     doc = json.loads(out.read_text())
     assert doc["check"]["total"]["error"] == pytest.approx(0.0, abs=1e-6) and doc["runs"][-1]["pilot"] is True
     assert doc["check_without_pilot"]["total"]["error"] < -0.2 and doc["rules"]["extract_attention"]["jobs"] == 11
