@@ -1495,7 +1495,10 @@ def main(argv=None) -> int:
     if args.save_rows:
         save_rows(rows, args.save_rows)
     if check:  # every rule of the held-out models, predicted against measured
-        for label, result in (("fitted without them", bare or check), ("with their pilot in the fit", bare and check)):
+        for label, result in (
+            ("fitted without them", bare or check),
+            ("with their pilot in the fit", check if bare else None),
+        ):
             if result:
                 print(f"held out: {', '.join(sorted(held))}, {label}")
                 print("\n".join(_check_lines(result)))
