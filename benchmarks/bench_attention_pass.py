@@ -1,9 +1,9 @@
-"""The map-free statistics' attention pass: :func:`headatlas.core.cpu_pass.attention_pass` (attention_pass.c:
-the model's output, LSE and every statistic's sums from one pass over the scores) against torch's CPU flash
-kernel with the model's values only (what the SDPA forward spends), against :func:`headatlas.core.mapfree.
-layer_attention` (the one path of every device: its widened values go to the blocked products, as
-``core.mapfree.kernel_order`` chose by measurement) and against :func:`headatlas.core.mapfree.blocked_attention`
-(the same sums from torch products in row blocks).
+"""The map-free statistics' attention pass per layer: :func:`headatlas.core.mapfree.layer_attention` (the one
+path, the same Python on every device) with each of its kernels on a CPU, :func:`headatlas.core.cpu_pass.
+attention_pass` (attention_pass.c: the model's output, LSE and the sums over every cell from one pass over the
+scores; ``extraction.cpu_pass: auto``) and :func:`headatlas.core.mapfree.blocked_attention` (torch products in row
+blocks; ``off``, and the kernel a GPU takes for these sums), against torch's CPU flash kernel with the model's
+values only (what the SDPA forward spends).
 
 Run from the repository root with the project's environment (CPU, one thread)::
 
@@ -15,17 +15,18 @@ causal) and length, random q, k, v in the shape of the map-free benchmark's batc
 fastest (milliseconds):
 
 - ``model``: the flash kernel with the model's values only (A.V and LSE);
-- ``layer``: ``layer_attention`` (``extraction.cpu_pass: off``) for the same outputs as ``blocked``, and
-  ``layer_targets`` with the 9 targets of ``cpu_pass_targets`` added (``FreeLayer.at``, one dot product each);
-- ``blocked``: ``blocked_attention`` for the position statistics' outputs (A.V, LSE, A.pos, the entropy, an
-  encoder's sums over keys j <= i), row blocks of about ``--cells`` cells;
-- ``cpu_pass_bare``: the CPU attention pass for A.V and LSE alone; ``cpu_pass_entropy`` adds the entropy,
-  ``cpu_pass_targets`` 9 targets per query (the default reducers': the position band and sink, the detectors'
-  5), ``cpu_pass_columns`` the position column (and an encoder's two lower columns), and ``cpu_pass`` Clark's
-  smoothed entropy (eps 1e-4): every statistic.
+- ``layer_c``: ``layer_attention`` with the C pass (``cpu_pass: auto``) for the position statistics' sums (A.V,
+  LSE, the entropy, the position column A.pos and an encoder's two sums over keys j <= i); ``layer_c_targets``
+  adds the default reducers' 9 targets per query (``FreeLayer``: the position band -2..2 (a decoder's -2..0) and
+  the first key by their fixed forms, 3 detector targets by ``FreeLayer.at``): what a layer of the default run
+  computes;
+- ``layer_blocked``, ``layer_blocked_targets``: the same with ``cpu_pass: off`` (the blocked products);
+- ``cpu_pass_bare``: the C pass for A.V and LSE alone; ``cpu_pass_entropy`` adds the entropy,
+  ``cpu_pass_columns`` the position column (and an encoder's two lower columns), and ``cpu_pass`` Clark's
+  smoothed entropy (eps 1e-4).
 
 Their equality with an explicit softmax is tested in tests/unit/core/test_mapfree.py (``test_cpu_attention_pass``,
-``test_blocked_attention``).
+``test_blocked_attention``, ``test_layer_attention``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from headatlas.core.cpu_pass import attention_pass  # noqa: E402
-from headatlas.core.mapfree import FreeLayer, attention_lse, blocked_attention, layer_attention  # noqa: E402
+from headatlas.core.mapfree import FreeLayer, attention_lse, layer_attention  # noqa: E402
 from headatlas.core.reducer import ReduceBatch  # noqa: E402
 
 SHAPES = {  # name -> (batch, query heads, key heads, head size, causal), with the map-free benchmark's batches
@@ -87,7 +88,8 @@ def fastest(variants: dict, reps: int) -> dict:
 
 
 def arguments(argv, description: str):
-    """The benchmarks' common arguments: --runs MODEL:LENGTH:BATCH,..., --reps, --cells, --out."""
+    """The benchmarks' common arguments: --runs MODEL:LENGTH:BATCH,..., --reps, --cells (the blocked products' row
+    blocks; bench_compiled_block.py), --out."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--runs", default=RUNS)
     p.add_argument("--reps", type=int, default=5)
@@ -96,46 +98,50 @@ def arguments(argv, description: str):
     return p.parse_args(argv)
 
 
-def measure(model: str, n: int, bsz: int, reps: int, cells: int) -> dict:
+def measure(model: str, n: int, bsz: int, reps: int) -> dict:
     import torch
 
     h, hk, d, _ = SHAPES[model]
     q, k, v, mask, pos, scale, causal = inputs(model, n, bsz)
     lcols = None if causal else torch.cat([torch.ones_like(pos), pos], -1)
     bias = None if mask is None else mask[:, 0, 0]
-    targets = torch.randint(0, n, (bsz, 9, n), dtype=torch.int32)
     low = None if lcols is None else lcols[:, 0]
     ours = lambda *extra: lambda: attention_pass(q, k, v, bias, causal, scale, *extra)  # noqa: E731
     lengths = [n] * bsz if mask is None else [int(x) for x in torch.isfinite(mask[:, 0, 0]).sum(-1)]
     rows = [{"word": np.arange(m), "special": np.zeros(m, dtype=np.int64), "segment": np.zeros(m, dtype=np.int64),
              "piece": np.full(m, "", dtype=object)} for m in lengths]  # fmt: skip
     batch = ReduceBatch.from_rows(np.arange(bsz), rows, np.arange(bsz), np.array(lengths))
-    layer = lambda: layer_attention(q, k, v, mask, causal, scale, pos, lcols, True)  # noqa: E731
+    targets = {f"offset:{o}": None for o in ((-2, -1, 0) if causal else (-2, -1, 0, 1, 2))} | {"key:0": None}
+    targets |= {name: np.random.default_rng(i).integers(-1, n, (bsz, n)) for i, name in enumerate("abc")}
 
-    def layer_targets():
-        out, lse, got = layer()
-        FreeLayer(q, k, lse, scale, batch, causal, {}, {}, got["entropy"]).at(targets.numpy())
+    def layer(c_pass: bool, with_targets: bool):
+        def run():
+            out, lse, got = layer_attention(q, k, v, mask, causal, scale, pos, lcols, True, c_pass=c_pass)
+            if with_targets:
+                FreeLayer(q, k, lse, scale, batch, causal, {}, {}, got["entropy"], targets)
 
-    ran = set()
+        return run
+
+    ran_c, ran = set(), set()
+    layer_attention(q, k, v, mask, causal, scale, pos, lcols, True, ran=ran_c, c_pass=True)
     layer_attention(q, k, v, mask, causal, scale, pos, lcols, True, ran=ran)
     variants = {  # the pass's variants add one kind of sum each to the one before
         "model": lambda: attention_lse(q, k, v, mask, causal, scale),
-        "layer": layer,
-        "layer_targets": layer_targets,
-        "blocked": lambda: blocked_attention(q, k, v, mask, causal, scale, pos, lcols, True, False, cells),
+        "layer_c": layer(True, False),
+        "layer_c_targets": layer(True, True),
+        "layer_blocked": layer(False, False),
+        "layer_blocked_targets": layer(False, True),
         "cpu_pass_bare": ours(),
         "cpu_pass_entropy": ours(None, None, True),
-        "cpu_pass_targets": ours(None, None, True, targets),
-        "cpu_pass_columns": ours(pos[:, 0], low, True, targets),
-        "cpu_pass": ours(pos[:, 0], low, True, targets, 1e-4),
+        "cpu_pass_columns": ours(pos[:, 0], low, True),
+        "cpu_pass": ours(pos[:, 0], low, True, 1e-4),
     }
     best = fastest(variants, reps)
     row = {"model_type": model, "tokens": n, "batch": bsz, "heads": h, "key_heads": hk, "head_size": d}
     row |= {f"{name}_ms": round(t * 1e3, 2) for name, t in best.items()}
-    row["cpu_pass_over_model"] = round(best["cpu_pass"] / best["model"], 3)
-    row["layer_kernel"] = ",".join(sorted(ran))
-    for name in ("layer", "layer_targets", "blocked"):
-        row[f"{name}_over_cpu_pass_columns"] = round(best[name] / best["cpu_pass_columns"], 3)
+    row["layer_c_over_model"] = round(best["layer_c"] / best["model"], 3)
+    row["layer_c_targets_over_model"] = round(best["layer_c_targets"] / best["model"], 3)
+    row["kernels"] = {"layer_c": ",".join(sorted(ran_c)), "layer_blocked": ",".join(sorted(ran))}
     return row
 
 
@@ -144,11 +150,11 @@ def main(argv=None) -> int:
 
     a = arguments(argv, __doc__.splitlines()[0])
     torch.set_num_threads(1)
-    report = {"cells": a.cells, "threads": 1, "torch": torch.__version__}
+    report = {"threads": 1, "torch": torch.__version__}
     rows = []
     for spec in a.runs.split(","):
         model, n, bsz = spec.split(":")
-        rows.append(measure(model, int(n), int(bsz), a.reps, a.cells))
+        rows.append(measure(model, int(n), int(bsz), a.reps))
         print(json.dumps(rows[-1]), flush=True)
     report["runs"] = rows
     if a.out:

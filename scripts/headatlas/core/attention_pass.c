@@ -2,18 +2,18 @@
 
    One pass over a layer's scores computes, per query row i of every head, what the fused kernels give (the
    model's output A.V and LSE_i) and what the statistics need from every cell: the row entropy, the entropy of
-   the row smoothed toward uniform, value columns (A.m)_i, lower columns sum_{j <= i} A_ij m_j, and the attention
-   to a few target keys per row. With s_ij = scale q_i . k_j + bias_j in log2 units, per block of R rows of one
+   the row smoothed toward uniform, value columns (A.m)_i and lower columns sum_{j <= i} A_ij m_j: the kernel
+   under headatlas.core.mapfree.layer_attention on a CPU (the targets are that function's dot products, on every
+   device). With s_ij = scale q_i . k_j + bias_j in log2 units, per block of R rows of one
    head:
 
      A: S = the block's scores against the keys it may see (register-blocked, vectorised along the keys) and
         each row's max m;
-     B: per row, the targets' scores, then e = 2^(s - m) in place, z = sum_j e, sum_j e (s - m), the columns'
+     B: per row, e = 2^(s - m) in place, z = sum_j e, sum_j e (s - m), the columns'
         sums over e (a lower column's up to key i), and the smoothed rows' sum of P ln P;
      C: out = (E V) / z (vectorised along the value width; more than SMALL_COLS value columns ride beside V).
 
-   Then LSE_i = ln 2 (m + log2 z), H_i = ln 2 (log2 z - sum_j e_j (s_j - m) / z), and once a unit of ROWS rows is
-   done its targets are 2^(s_it - m - log2 z). Grouped query heads share their key head's keys (one copy per
+   Then LSE_i = ln 2 (m + log2 z) and H_i = ln 2 (log2 z - sum_j e_j (s_j - m) / z). Grouped query heads share their key head's keys (one copy per
    (sequence, key head)); under a causal mask a block stops at its last row's key, and keys after a sequence's
    last visible key are skipped. Float32 throughout; the vector type is GCC's generic vector extension (clang
    has it too), as wide as the compiler's -march allows (AVX-512, AVX2, else 4 floats: SSE, NEON). */
@@ -118,20 +118,17 @@ typedef struct {
   const float *lcols;                         /* [B, n, C2] lower columns -> low [B, H, n, C2] */
   float *low;
   int C, C2;
-  const int32_t *targets;                     /* [B, T, n] key of each query (-1: none) -> tout [B, H, T, n] */
-  float *tout;
-  int T;
   int threads, thread; /* this call computes the blocks of ROWS rows whose number is thread modulo threads */
 } pass_args;
 
-/* the struct's layout as this compiler laid it out: [size, offset of scale, of smoothing, of T, of thread],
+/* the struct's layout as this compiler laid it out: [size, offset of scale, of smoothing, of C2, of thread],
    then the floats per vector W (headatlas.core.cpu_pass compares the layout with its ctypes copy before the
    first call) */
 void pass_args_layout(int64_t *out) {
   out[0] = (int64_t)sizeof(pass_args);
   out[1] = (int64_t)offsetof(pass_args, scale);
   out[2] = (int64_t)offsetof(pass_args, smoothing);
-  out[3] = (int64_t)offsetof(pass_args, T);
+  out[3] = (int64_t)offsetof(pass_args, C2);
   out[4] = (int64_t)offsetof(pass_args, thread);
   out[5] = W;
 }
@@ -144,13 +141,12 @@ static void *grab(size_t floats) {
 /* returns 0, or -1 when a scratch buffer could not be allocated */
 int attention_pass(const pass_args *a) {
   const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f, HIDDEN = -1e30f;
-  const int n = a->n, d = a->d, dv = a->dv, C = a->C, C2 = a->C2, T = a->T, g = a->H / a->Hkv;
+  const int n = a->n, d = a->d, dv = a->dv, C = a->C, C2 = a->C2, g = a->H / a->Hkv;
   const int wide = C > SMALL_COLS ? C : 0;  /* value columns beside V */
   const int small = wide ? 0 : C;           /* value columns summed over e */
   const int np = (n + 2 * W - 1) / (2 * W) * (2 * W);
   const int dvp = (dv + wide + W - 1) / W * W;
   const int nc = small + C2, nl = C2 < SMALL_COLS ? C2 : SMALL_COLS;
-  float top[ROWS]; /* log2 of each row's sum of 2^s (its LSE in log2 units) */
   vf lane;
   for (int l = 0; l < W; l++) lane[l] = (float)l;
   float *kt = grab((size_t)d * np), *vp = grab((size_t)np * dvp), *bias = grab(np);
@@ -229,17 +225,12 @@ int attention_pass(const pass_args *a) {
             mx[r] = vmax(mx[r], vmax(s0[r], s1[r]));
           }
         }
-        /* B: exponentials in place, their sums, the targets' scores, the columns */
+        /* B: exponentials in place, their sums, the columns */
         float iz[R];
         for (int r = 0; r < rows; r++) {
           const int i = i0 + r;
           const float m = hmax(mx[r]);
           float *s = sb + (size_t)r * np;
-          float *tr = a->tout ? a->tout + bh * T * n + i : NULL;
-          for (int t = 0; t < T; t++) { /* scores now, exponentiated with the unit's rows (below) */
-            const int32_t j = a->targets[((size_t)b * T + t) * n + i];
-            tr[(size_t)t * n] = (j >= 0 && j < nk && !(a->causal && j > i)) ? s[j] : -INFINITY;
-          }
           vf z = {}, zs = {}, acc[2 * SMALL_COLS] = {}; /* the value columns, then the first lower ones */
           const vf mm = bc(m), ii = bc((float)i);
           for (int j = 0; j < nk; j += W) {
@@ -256,7 +247,6 @@ int attention_pass(const pass_args *a) {
           }
           const float zt = hsum(z), lz = log2f(zt);
           iz[r] = 1.0f / zt;
-          top[i - i1] = m + lz;
           a->lse[bh * n + i] = (m + lz) * LN2;
           if (a->ent) a->ent[bh * n + i] = (lz - hsum(zs) * iz[r]) * LN2;
           for (int c = 0; c < small; c++) a->vals[(bh * n + i) * C + c] = hsum(acc[c]) * iz[r];
@@ -311,12 +301,6 @@ int attention_pass(const pass_args *a) {
             }
           }
         }
-      }
-      for (int t = 0; t < T; t++) { /* the unit's targets: 2^(s - log2 sum_j 2^s_j) */
-        float *tr = a->tout + (bh * T + t) * n;
-        int i = i1;
-        for (; i + W <= i2; i += W) st(tr + i, exp2v(ld(tr + i) - ld(top + i - i1)));
-        for (; i < i2; i++) tr[i] = exp2f(tr[i] - top[i - i1]);
       }
     }
   }

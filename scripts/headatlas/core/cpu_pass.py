@@ -1,14 +1,14 @@
 """The map-free statistics' attention pass on a CPU: ``attention_pass.c``, compiled once per machine, loaded with ctypes.
 
 :func:`attention_pass` computes, in one pass over a layer's scores, the model's output A.V and each row's LSE (what
-the fused kernel returns) and every statistic's sums: the row entropy, the smoothed rows' entropy, value columns
-(A.m)_i, lower columns sum_{j <= i} A_ij m_j and the attention to each query's target keys: what
-:func:`headatlas.core.mapfree.layer_attention` and :class:`~headatlas.core.mapfree.FreeLayer`'s targets and
-smoothed entropy compute with torch on every device, in one pass (2.6-4x faster on a CPU, docs/mapfree.md);
-tests/unit/core/test_mapfree.py checks both against an explicit softmax.
+the fused kernel returns) and the sums a statistic takes over every cell: the row entropy, the smoothed rows'
+entropy, value columns (A.m)_i and lower columns sum_{j <= i} A_ij m_j. It is the kernel under
+:func:`headatlas.core.mapfree.layer_attention` on a CPU in place of the blocked torch products, which compute
+the same on every device (1.7-2.4x its time per layer on a CPU, docs/mapfree.md); tests/unit/core/test_mapfree.py
+checks both against an explicit softmax.
 
-Opt-in by ``extraction.cpu_pass`` (auto: used where it loads; off: never, every layer takes
-:func:`headatlas.core.mapfree.layer_attention`, the same Python a GPU runs). The library is built with the
+Chosen by ``extraction.cpu_pass`` (auto: used where it loads; off: never, every layer takes the blocked
+products, the kernel a GPU runs for these sums). The library is built with the
 machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) at ``-O3 -march=native`` into
 ``$HEADATLAS_KERNEL_CACHE`` (default ``~/.cache/headatlas``), named by a hash of the source, the flags and the
 CPU's instruction sets, so nodes of a cluster with other CPUs build their own; about a second, once. It is
@@ -59,7 +59,6 @@ class PassArgs(ctypes.Structure):
         ("out", _F), ("osb", _L), ("osh", _L), ("osi", _L),
         ("lse", _F), ("ent", _F), ("sment", _F), ("smoothing", ctypes.c_float),
         ("cols", _F), ("vals", _F), ("lcols", _F), ("low", _F), ("C", _I), ("C2", _I),
-        ("targets", ctypes.POINTER(ctypes.c_int32)), ("tout", _F), ("T", _I),
         ("threads", _I), ("thread", _I),
     ]  # fmt: skip
 
@@ -192,7 +191,7 @@ def _load():
         lib, layout = open_library(path)
     except (OSError, AttributeError, ValueError) as e:
         return _unused(f"{path} does not load ({e}); delete it and its seal to rebuild")
-    want = [ctypes.sizeof(PassArgs), *(getattr(PassArgs, f).offset for f in ("scale", "smoothing", "T", "thread"))]
+    want = [ctypes.sizeof(PassArgs), *(getattr(PassArgs, f).offset for f in ("scale", "smoothing", "C2", "thread"))]
     if layout[:5] != want:
         return _unused(f"{path}: its argument struct's layout {layout[:5]} is not PassArgs' {want}")
     err = self_test(lib)
@@ -214,7 +213,7 @@ def open_library(path: Path):
 
 def self_test(lib) -> float:
     """The largest difference of the library's every output (A.V, LSE, entropy, smoothed entropy, value and
-    lower columns, targets) from an explicit float64 softmax, on small random inputs with grouped heads, a
+    lower columns) from an explicit float64 softmax, on small random inputs with grouped heads, a
     hidden key and a causal mask."""
     import torch
 
@@ -226,8 +225,7 @@ def self_test(lib) -> float:
         bias = torch.zeros(bsz, n)
         bias[1, n - 5 :] = -math.inf
         cols, lcols = torch.randn(bsz, n, 2, generator=g), torch.randn(bsz, n, 1, generator=g)
-        targets = torch.randint(-1, n, (bsz, 2, n), generator=g, dtype=torch.int32)
-        out, lse, got = attention_pass(q, k, v, bias, causal, 0.25, cols, lcols, True, targets, 0.01, lib=lib)
+        out, lse, got = attention_pass(q, k, v, bias, causal, 0.25, cols, lcols, True, 0.01, lib=lib)
         s = (
             q.double() @ k.double().repeat_interleave(h // hk, 1).transpose(-1, -2) * 0.25
             + bias.double()[:, None, None]
@@ -237,15 +235,11 @@ def self_test(lib) -> float:
         a = torch.softmax(s, -1)
         seen = torch.isfinite(s)
         p = 0.99 * a + 0.01 / seen.sum(-1, keepdim=True)
-        t = targets.long()
-        ok = (t >= 0) & ((t <= torch.arange(n)) if causal else True)
-        at = a.gather(3, t.clamp(min=0).transpose(1, 2)[:, None].expand(-1, h, -1, -1)).transpose(2, 3) * ok[:, None]
         want = {
             "entropy": torch.special.entr(a).sum(-1),
             "smoothed_entropy": torch.where(seen, torch.special.entr(p), 0.0).sum(-1),
             "values": a @ cols.double()[:, None],
             "lower": a.tril() @ lcols.double()[:, None],
-            "targets": at,
         }
         pairs = [(out, (a @ v.double().repeat_interleave(h // hk, 1)).transpose(1, 2)), (lse, torch.logsumexp(s, -1))]
         pairs += [(got[key], want[key]) for key in want]
@@ -264,8 +258,8 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return _POOL[0][1]
 
 
-def _ptr(t, kind=_F):
-    return None if t is None else ctypes.cast(t.data_ptr(), kind)
+def _ptr(t):
+    return None if t is None else ctypes.cast(t.data_ptr(), _F)
 
 
 def attention_pass(
@@ -278,17 +272,15 @@ def attention_pass(
     cols=None,
     lcols=None,
     entropy=False,
-    targets=None,
     smoothing=None,
     lib=None,
 ):
     """(A.v [B, n, H, dv] (the layout a model's attention function returns), LSE [B, H, n], {"values": A.cols
-    [B, H, n, C], "lower": sum_{j <= i} A_ij lcols_j [B, H, n, C'], "entropy": [B, H, n], "targets": A[i,
-    targets[b, t, i]] [B, H, T, n] (0 where the target is -1, hidden or after i under ``causal``),
+    [B, H, n, C], "lower": sum_{j <= i} A_ij lcols_j [B, H, n, C'], "entropy": [B, H, n],
     "smoothed_entropy": [B, H, n] the entropy of the rows (1 - smoothing) A + smoothing / k_i over each row's k_i
     visible keys}, the asked ones)
     of q [B, H, n, d] and k, v [B, Hkv, n, .] on a CPU (grouped heads not expanded). ``keybias``: [B, n] additive
-    (-inf hides a key) or None; ``cols``, ``lcols``: [B, n, C] key columns; ``targets``: [B, T, n] int.
+    (-inf hides a key) or None; ``cols``, ``lcols``: [B, n, C] key columns.
     Float32 (other dtypes are converted; the output comes back in v's dtype); torch's intra-op threads take units of
     64 query rows round-robin."""
     import torch
@@ -336,15 +328,6 @@ def attention_pass(
         got["lower"] = torch.empty((bsz, h, n, lcols.shape[-1]), dtype=torch.float32)
         args.lcols, args.low, args.C2 = _ptr(lcols), _ptr(got["lower"]), lcols.shape[-1]
         keep.append(lcols)
-    if targets is not None:
-        targets = torch.as_tensor(targets, dtype=torch.int32).contiguous()
-        got["targets"] = torch.empty((bsz, h, targets.shape[1], n), dtype=torch.float32)
-        args.targets, args.tout, args.T = (
-            _ptr(targets, ctypes.POINTER(ctypes.c_int32)),
-            _ptr(got["targets"]),
-            targets.shape[1],
-        )
-        keep.append(targets)
     threads = max(1, min(torch.get_num_threads(), bsz * h * -(-n // 64)))  # units of 64 rows (ROWS)
     args.threads = threads
 

@@ -157,15 +157,14 @@ class LayerPlan:
             got_lower[name[1]] = lower[..., sl]
         return got_values, got_lower
 
-    def target_index(self, batch: ReduceBatch, device="cpu", dtype=None):
-        """[B, T, n] every target (in ``targets`` order; int32 on the CPU for the C pass), or None without."""
+    def target_index(self, batch: ReduceBatch, device="cpu"):
+        """[B, T, n] int64 every target (in ``targets`` order), or None without."""
         import torch
 
         if not self.targets:
             return None
-        dtype = dtype or torch.int32
-        make = lambda: torch.as_tensor(np.stack(list(self.targets.values()), 1), dtype=dtype, device=device)  # noqa: E731
-        return batch.memo(("layer_targets", str(device), str(dtype), tuple(self.targets)), make)
+        make = lambda: torch.as_tensor(np.stack(list(self.targets.values()), 1), dtype=torch.int64, device=device)  # noqa: E731
+        return batch.memo(("layer_targets", str(device), tuple(self.targets)), make)
 
     def target_ok(self, batch: ReduceBatch, causal: bool, device="cpu"):
         """[B, T, n] bool: the target is a key of the sequence (at most i under a causal mask) of a real query."""
@@ -303,10 +302,8 @@ class MapsLayer(LayerView):
         return self.maps.device
 
     def target(self, name: str):
-        import torch
-
         if self._targets is None:  # every declared target in one gather
-            t = self.plan.target_index(self.batch, self.device, torch.int64)  # [B, T, n]
+            t = self.plan.target_index(self.batch, self.device)  # [B, T, n]
             bsz, h, n, _ = self.a.shape
             index = t.clamp(0, max(0, n - 1)).transpose(1, 2)[:, None].expand(bsz, h, n, t.shape[1])
             ok = self.plan.target_ok(self.batch, self.causal, self.device).transpose(1, 2)[:, None]

@@ -10,16 +10,16 @@ as the model's mask) and A = softmax(s), the model's output A.V comes with LSE_i
 - the row entropy -sum_j A_ij ln A_ij (:attr:`Needs.entropy`), and that of the rows smoothed toward uniform
   (:attr:`Needs.smoothed_entropy`).
 
-Every layer runs :func:`layer_attention`, the same Python on every device: A.V, LSE_i, (A K)_i (so
-H_i = LSE_i - scale q_i . (A K)_i) and every value column from one pass with the values widened to [V | K | key
-columns] (an encoder's lower columns too); targets are one dot product each (:meth:`FreeLayer.at`), the smoothed
-entropy comes from exact rows recomputed in blocks (:meth:`FreeLayer.smoothed_entropy`). What computes the pass
-is chosen in one place, :func:`kernel_order`, as measured: widened values go to :func:`blocked_attention` (torch
-products per block of rows) on every device; A.V and LSE alone to a fused kernel (the CPU flash kernel; on CUDA
-the flash or memory-efficient kernel), one that fails falling back to the next (said once in the log) and the
-blocked products last. On a CPU with ``extraction.cpu_pass: auto`` a layer runs instead
-:func:`headatlas.core.cpu_pass.attention_pass` (a C function built and checked on first use), 1.7-6.5x faster
-per layer there (docs/mapfree.md).
+Every layer runs :func:`layer_attention`, the same Python on every device: A.V, LSE_i, the row entropy and every
+value column from one pass over the scores (an encoder's lower columns and the smoothed entropy too); targets
+are one dot product each (:meth:`FreeLayer.at`). Only the kernel under it differs, chosen in one place as
+measured: on a CPU with ``extraction.cpu_pass: auto`` the C pass (:func:`headatlas.core.cpu_pass.attention_pass`,
+built and checked on first use); elsewhere :func:`kernel_order`: a layer with sums goes to
+:func:`blocked_attention` (torch products per block of rows; a fused kernel would take them as values widened to
+[V | K | key columns], H_i = LSE_i - scale q_i . (A K)_i, measured slower), A.V and LSE alone to a fused kernel
+(the CPU flash kernel; on CUDA the flash or memory-efficient kernel), one that fails falling back to the next
+(said once in the log) and the blocked products last. A fused kernel gives no smoothed entropy:
+:meth:`FreeLayer.smoothed_entropy` recomputes rows.
 
 No [B, H, n, n] map exists. The model runs through transformers' attention-function registry
 (:data:`MAPFREE`, registered with ``AttentionInterface`` and the SDPA mask function), switched on a loaded model
@@ -309,20 +309,35 @@ def layer_attention(
     entropy: bool = False,
     later_masked: bool = False,
     ran: set | None = None,
+    smoothing: float | None = None,
+    c_pass: bool = False,
 ):
     """One map-free layer on any device: (A.v [B, H, n, dv] in v's dtype, LSE [B, H, n], {"values": A.cols
-    [B, H, n, C], "lower": sum_{j <= i} A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n]},
-    the asked ones), float32, from one :func:`fused_attention` call in float32 with the values widened to
-    [v | k | cols]: its output gives A.v, (A k)_i and the value columns, and the row entropy is
+    [B, H, n, C], "lower": sum_{j <= i} A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n],
+    "smoothed_entropy": the entropy of the rows (1 - smoothing) A + smoothing / k_i over each row's k_i visible
+    keys}, the asked ones), float32. ``c_pass`` (``extraction.cpu_pass: auto``), on a CPU with a key mask or
+    none and no gradient to keep: from :func:`~headatlas.core.cpu_pass.attention_pass` where it loads (every
+    sum from one loop over the scores). Otherwise from one :func:`fused_attention` call in float32 with the
+    values widened to [v | k | cols]: its output gives A.v, (A k)_i and the value columns, and the row entropy is
     H_i = LSE_i - sum_j A_ij s_ij = LSE_i - scale q_i . (A k)_i. An encoder's lower columns come from a second,
     causal call over them, rescaled by exp(LSE_causal - LSE) (the causal rows' mass of the full row); under a
     causal mask they are value columns. q [B, H, n, d], k [B, Hkv, n, d], v [B, Hkv, n, dv] (grouped heads
     not expanded); ``cols``, ``lcols``: [B, 1, n, C] key columns; ``mask``: additive float (0 or -inf) or
     None, with ``causal`` or without. Where :func:`kernel_order` names no fused kernel (widened values, on every
-    device, as measured) or none works: :func:`blocked_attention` (``later_masked``: its row trimming). ``ran``
-    gets the name of each kernel that ran."""
+    device, as measured) or none works, and for the smoothed entropy: :func:`blocked_attention`
+    (``later_masked``: its row trimming). ``ran`` gets the name of each kernel that ran."""
     import torch
 
+    keys = mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)
+    grad = any(x.requires_grad for x in (q, k, v))  # the C pass has no backward: torch's paths do
+    if c_pass and q.device.type == "cpu" and keys and not grad and cpu_pass.library() is not None:
+        out, lse, got = cpu_pass.attention_pass(
+            q, k, v, None if mask is None else mask[:, 0, 0], causal, scale,
+            *(None if c is None else c[:, 0] for c in (cols, lcols)), entropy, smoothing,
+        )  # fmt: skip
+        if ran is not None:
+            ran.add(cpu_pass.NAME)
+        return out.transpose(1, 2), lse, got
     f32 = torch.float32
     bsz, h, n, d = q.shape
     hk, dv = k.shape[1], v.shape[-1]
@@ -332,7 +347,9 @@ def layer_attention(
     parts = [v, k] if entropy else [v]
     parts += [c.expand(bsz, hk, n, -1) for c in wide]
     qf, kf = q.to(f32), k.to(f32)
-    got = fused_attention(qf, kf, torch.cat([p.to(f32) for p in parts], -1), mask, causal, scale, ran)
+    got = None
+    if smoothing is None:  # (the smoothed rows need every cell: no fused kernel gives them)
+        got = fused_attention(qf, kf, torch.cat([p.to(f32) for p in parts], -1), mask, causal, scale, ran)
     low = None
     if got is not None and lcols is not None and not causal:  # the causal rows' sums, then their share
         cmask, ccausal = mask, True
@@ -343,7 +360,9 @@ def layer_attention(
     if got is None or (lcols is not None and not causal and low is None):
         if ran is not None:
             ran.add(BLOCKED)
-        return blocked_attention(q, k, v, _additive(mask, f32), causal, scale, cols, lcols, entropy, later_masked)
+        return blocked_attention(
+            q, k, v, _additive(mask, f32), causal, scale, cols, lcols, entropy, later_masked, smoothing=smoothing
+        )
     out, lse = got
     res, at = {}, dv
     if entropy:
@@ -373,6 +392,7 @@ def blocked_attention(
     entropy=False,
     later_masked=False,
     cells: int | None = None,
+    smoothing: float | None = None,
 ):
     """The layer's attention and its statistics' passes in row blocks of at most about ``cells`` cells, from q
     [B, H, n, d] and k, v [B, Hkv, n, .] (grouped heads not expanded): per block of query rows one product
@@ -380,7 +400,8 @@ def blocked_attention(
     and one with the key columns, so the scores and exponentials are computed once for the model's output and
     every column.
     Returns (A.v [B, H, n, dv] in v's dtype, LSE [B, H, n], {"values": A.cols [B, H, n, C], "lower": sum_{j <= i}
-    A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n]}, only the asked ones); ``cols``,
+    A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n], "smoothed_entropy": -sum_j P_ij ln P_ij
+    over each row's k_i visible keys, P = (1 - ``smoothing``) A + ``smoothing`` / k_i}, only the asked ones); ``cols``,
     ``lcols``: [B, 1, n, C] key columns (the same for every head). ``mask``: additive float or None, with
     ``causal`` or without; ``later_masked``: the mask hides every key after the
     query (a decoder's padded batch), so a block stops at its last row's key. Never more than a block of cells
@@ -413,6 +434,7 @@ def blocked_attention(
     out = torch.empty((bsz * hk, g, n, dv), dtype=torch.float32, device=dev)
     lse = torch.empty((bsz * hk, g, n), dtype=torch.float32, device=dev)
     ent = torch.empty((bsz * hk, g, n), dtype=torch.float32, device=dev) if entropy else None
+    sment = None if smoothing is None else torch.empty((bsz * hk, g, n), dtype=torch.float32, device=dev)
     val = None if ct is None else torch.empty((bsz, ct.shape[1], hk, g, n), dtype=torch.float32, device=dev)
     low = None if lt is None else torch.empty((bsz, lt.shape[1], hk, g, n), dtype=torch.float32, device=dev)
     per_row = max(1.0, cells / (bsz * h))  # cells of one query row of every head: its keys
@@ -437,6 +459,8 @@ def blocked_attention(
             s5.add_(mask[..., :t] if mask.shape[-2] == 1 else mask[..., lo:hi, :t])
         if causal:
             s5[..., lo:hi].add_(torch.full((m, m), -1e30, device=dev).triu_(1))
+        if sment is not None:  # each row's visible keys (hidden cells score about -1e30)
+            seen = (s > -1e29).sum(-1, keepdim=True).clamp_(min=1)
         mx = s.amax(-1, keepdim=True)
         s.sub_(mx)
         e = torch.exp2(s, out=scratch("blocked_e", s.shape, dev))
@@ -447,6 +471,11 @@ def blocked_attention(
         lse[:, :, lo:hi] = (mx[..., 0] + lz).mul_(LN2).view(bsz * hk, g, m)
         if entropy:  # -sum A ln A = ln 2 (log2 z - sum_j e_j (s_j - max) / z)
             ent[:, :, lo:hi] = (lz - torch.linalg.vecdot(e, s) * r[..., 0]).mul_(LN2).view(bsz * hk, g, m)
+        if sment is not None:  # every cell of the block as P, then its hidden ones (e = 0, P = c0) taken back out
+            c0 = smoothing / seen
+            p = torch.addcmul(c0, e, r * (1 - smoothing), out=scratch("blocked_s", s.shape, dev))
+            hidden = (t - seen) * torch.xlogy(c0, c0)
+            sment[:, :, lo:hi] = (torch.special.entr(p).sum(-1, keepdim=True) + hidden).view(bsz * hk, g, m)
         et = e.view(bsz, hk * g * m, t).transpose(1, 2)  # [B, t, rows of every head]
         rb = r.view(bsz, 1, hk, g, m)
         if ct is not None:
@@ -470,6 +499,8 @@ def blocked_attention(
         got["lower"] = low.view(bsz, -1, h, n).permute(0, 2, 3, 1)
     if entropy:
         got["entropy"] = ent.view(bsz, h, n)
+    if sment is not None:
+        got["smoothed_entropy"] = sment.view(bsz, h, n)
     return out.view(bsz, h, n, dv).to(v.dtype), lse.view(bsz, h, n), got
 
 
@@ -517,28 +548,25 @@ def register() -> None:
 class FreeLayer(LayerView):
     """The :class:`~headatlas.core.layer_view.LayerView` of one layer of one batch without its maps: q [B, H, n,
     d], k [B, Hkv, n, d] (grouped heads not expanded; kept in float32), lse [B, H, n], ``scale``, and the
-    declared passes. ``targets``: name -> [B, n] key of each query (-1: none);
-    ``attended``: name -> [B, H, n] their attention, and ``smoothed``: (eps, [B, H, n]) the smoothed rows'
-    entropy, when the attention pass computed them; else they are computed here from q, k and LSE. Every method
-    returns 0 on padded query rows."""
+    declared passes. ``targets``: name -> [B, n] key of each query (-1: none), their attention computed here
+    from q, k and LSE (on every device); ``smoothed``: (eps, [B, H, n]) the smoothed rows' entropy when the
+    attention pass computed it, else it is computed here too. Every method returns 0 on padded query rows."""
 
-    def __init__(
-        self, q, k, lse, scale, batch, causal, values, lower, entropy, targets=None, attended=None, smoothed=None
-    ):
+    def __init__(self, q, k, lse, scale, batch, causal, values, lower, entropy, targets=None, smoothed=None):
         # float32 whatever the model's dtype: every score and sum of the statistics is taken in float32
         self.q, self.k, self.lse, self.scale, self.batch, self.causal = q.float(), k.float(), lse, scale, batch, causal
         self._values, self._lower, self._entropy, self._smoothed = values, lower, entropy, smoothed
         self._flat = None
         self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
-        self._targets = dict(attended or {})
-        targets = {name: t for name, t in (targets or {}).items() if name not in self._targets}
-        offsets = {name: int(name[7:]) for name in targets or () if name.startswith("offset:")}
+        self._targets = {}
+        targets = targets or {}
+        offsets = {name: int(name[7:]) for name in targets if name.startswith("offset:")}
         for name, o in offsets.items():  # a fixed offset: q against the shifted keys, no index
             self._targets[name] = self.shifted(o)
-        fixed = {name: int(name[4:]) for name in targets or () if name.startswith("key:")}
+        fixed = {name: int(name[4:]) for name in targets if name.startswith("key:")}
         for name, j in fixed.items():  # one key for every query: q against that key, no index
             self._targets[name] = self.column(j)
-        rest = {name: t for name, t in (targets or {}).items() if name not in offsets and name not in fixed}
+        rest = {name: t for name, t in targets.items() if name not in offsets and name not in fixed}
         if rest:  # every other declared target of the layer in one pass over the keys
             names, rows = zip(*rest.items())
             got = self.at(np.stack(rows, 1))
@@ -565,7 +593,9 @@ class FreeLayer(LayerView):
             return out
         q = self.q[:, :, lo:hi].reshape(bsz, hk, h // hk, hi - lo, d)
         k = self.k[:, :, lo + offset : hi + offset, None].transpose(2, 3)  # [B, Hkv, 1, m, d]
-        s = torch.mul(q, k).sum(-1).reshape(bsz, h, hi - lo) * self.scale
+        # the products in one reused buffer: a fresh one per offset costs more in page faults than the sums
+        s = torch.mul(q, k, out=scratch("free_shifted", q.shape, q.device)).sum(-1).reshape(bsz, h, hi - lo)
+        s *= self.scale
         out[:, :, lo:hi] = torch.exp((s.float() - self.lse[:, :, lo:hi]).clamp_(max=0))  # finite off the mask
         idx = torch.arange(n, device=out.device)
         ok = self.valid & (idx + offset < self.batch.tensor("lengths", out.device)[:, None])
@@ -608,9 +638,11 @@ class FreeLayer(LayerView):
         flat = self._flat_keys()
         base = (torch.arange(bsz, device=t.device)[:, None] * hk + torch.arange(hk, device=t.device)) * n
         rows = (base[:, :, None, None] + t.clamp(min=0).transpose(1, 2)[:, None]).reshape(-1)  # [B, Hkv, n, T]
-        kt = flat.index_select(0, rows).view(bsz, hk, n, n_t, d)
-        q = self.q.reshape(bsz, hk, g, n, d).permute(0, 1, 3, 2, 4)  # [B, Hkv, n, g, d]
-        s = torch.matmul(q, kt.transpose(-1, -2)).permute(0, 1, 3, 4, 2).reshape(bsz, h, n_t, n) * self.scale
+        kt = torch.index_select(flat, 0, rows, out=scratch("free_at_k", (rows.numel(), d), flat.device))
+        q = scratch("free_at_q", (bsz, hk, n, g, d), flat.device)  # (reused buffers: no page faults per layer)
+        q.copy_(self.q.reshape(bsz, hk, g, n, d).permute(0, 1, 3, 2, 4))
+        s = torch.matmul(q, kt.view(bsz, hk, n, n_t, d).transpose(-1, -2))
+        s = s.permute(0, 1, 3, 4, 2).reshape(bsz, h, n_t, n) * self.scale
         a = torch.exp(s.float() - self.lse[:, :, None, :])
         return torch.where(ok[:, None], a, 0.0)
 
@@ -792,33 +824,19 @@ class MapFreeFeed:
         return self._mask[1:]
 
     def attend(self, q, k, v, mask, causal: bool, scale: float):
-        """The layer's attention output [B, n, H, dv] (the layout the model takes back) and the layer handed to
-        the reducers (:meth:`layer`): from :func:`layer_attention` (the same Python on every device), or on a
-        CPU with ``cpu_pass`` auto, a key mask or none and no gradient to keep, from
-        :func:`~headatlas.core.cpu_pass.attention_pass` (the output, LSE, every pass and the targets in one C
-        pass over the scores)."""
+        """The layer's attention output [B, n, H, dv] (the layout the model takes back) from
+        :func:`layer_attention` (the same Python on every device; on a CPU with ``cpu_pass`` auto its kernel is
+        the C pass), and the layer handed to the reducers (:meth:`layer`)."""
         p = self.plan
         ours = k.shape[2] == self.batch.n  # (another length: not this batch's sequences, layer() raises)
-        keys = mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)
-        grad = any(x.requires_grad for x in (q, k, v))  # the C pass has no backward: torch's paths do
-        use_c = self.cpu_pass_mode == "auto" and q.device.type == "cpu" and ours and keys and not grad
         # the columns on the layer's device (a model split over devices has its layers on several)
-        values, lower = (None if x is None or not ours else x.to(q.device) for x in (p.values, p.lower))
-        if use_c and cpu_pass.library() is not None:
-            bias = None if mask is None else mask[:, 0, 0, :]
-            targets = p.target_index(self.batch)
-            out, lse, got = cpu_pass.attention_pass(
-                q, k, v, bias, causal, scale, values, lower, p.entropy, targets, p.smoothing
-            )
-            self.kernels.add(cpu_pass.NAME)
-        else:
-            cols, lcols = (None if x is None else x[:, None] for x in (values, lower))
-            out, lse, got = layer_attention(
-                q, k, v, mask, causal, scale, cols, lcols, p.entropy and ours, self.info.causal, self.kernels
-            )
-            out = out.transpose(1, 2).contiguous()
+        cols, lcols = (None if x is None or not ours else x.to(q.device)[:, None] for x in (p.values, p.lower))
+        out, lse, got = layer_attention(
+            q, k, v, mask, causal, scale, cols, lcols, p.entropy and ours, self.info.causal, self.kernels,
+            p.smoothing if ours else None, self.cpu_pass_mode == "auto",
+        )  # fmt: skip
         self.layer(q, k, lse, scale, got)
-        return out
+        return out.transpose(1, 2).contiguous()
 
     def layer(self, q, k, lse, scale, got) -> None:
         """One layer's q, k, LSE and ``got``: the passes :meth:`attend` computed."""
@@ -834,14 +852,8 @@ class MapFreeFeed:
             raise ModelError(f"model {info.model!r}: {q.shape[2]} positions in the attention, {n} in the batch")
         p = self.plan
         values, lower = p.columns(got.get("values"), got.get("lower"))
-        attended = None
-        if "targets" in got:  # computed by the attention pass; 0 where a target is none, hidden or on padding
-            a = got["targets"].mul_(p.target_ok(batch, info.causal)[:, None])
-            attended = {name: a[:, :, t] for t, name in enumerate(p.targets)}
         smoothed = None if "smoothed_entropy" not in got else (p.smoothing, got["smoothed_entropy"])
-        view = FreeLayer(
-            q, k, lse, scale, batch, info.causal, values, lower, got.get("entropy"), p.targets, attended, smoothed
-        )
+        view = FreeLayer(q, k, lse, scale, batch, info.causal, values, lower, got.get("entropy"), p.targets, smoothed)
         for r in self.reducers:
             try:
                 r.update(layer, view, batch)

@@ -117,8 +117,8 @@ def test_identities_against_softmax(causal):
      (2, 4, 2, 17, False, 1), (1, 2, 1, 1, True, 10)],
 )  # fmt: skip
 def test_blocked_attention(bsz, h, hk, n, causal, cells):
-    """The model's output, LSE, value columns, an encoder's sums over keys j <= i and the entropy of
-    :func:`blocked_attention` equal an explicit softmax on the real query rows: grouped key heads, right padding
+    """The model's output, LSE, value columns, an encoder's sums over keys j <= i, the entropy and the smoothed
+    rows' entropy of :func:`blocked_attention` equal an explicit softmax on the real query rows: grouped key heads, right padding
     as a key-only and as a 4-D mask, the causal flag, row blocks that do not divide the length (one row each with
     ``cells`` 1), one token; and its output and LSE equal the fused kernel's."""
     torch.manual_seed(0)
@@ -131,15 +131,17 @@ def test_blocked_attention(bsz, h, hk, n, causal, cells):
     cols, lcols = torch.randn(bsz, 1, n, 3), torch.randn(bsz, 1, n, 2)
     s = q @ k.repeat_interleave(h // hk, 1).transpose(-1, -2) * scale + add
     a = torch.softmax(s, -1)
+    p = 0.99 * a + 0.01 / allowed.sum(-1, keepdim=True)
     want = (a @ v.repeat_interleave(h // hk, 1), torch.logsumexp(s, -1), a @ cols,
-            (a * torch.ones(n, n).tril()) @ lcols, torch.special.entr(a).sum(-1))  # fmt: skip
+            (a * torch.ones(n, n).tril()) @ lcols, torch.special.entr(a).sum(-1),
+            torch.where(allowed, torch.special.entr(p), 0.0).sum(-1))  # fmt: skip
     key_only = None if causal else add[:, :, :1]  # [B, 1, 1, n]: the products' initial value
     forms = [(add, False, causal, slice(None))]  # a 4-D mask (a decoder's: later keys hidden)
     forms += [(None, True, False, slice(0, 1))] if causal else [(key_only, False, False, slice(None))]
     for mask, flag, later, rows in forms:  # the causal flag alone: the unpadded first sequence
-        out, lse, got = blocked_attention(q, k, v, mask, flag, scale, cols, lcols, True, later, cells)
+        out, lse, got = blocked_attention(q, k, v, mask, flag, scale, cols, lcols, True, later, cells, 0.01)
         real = key_ok[rows, None, :]
-        for x, y in zip((out, lse, got["values"], got["lower"], got["entropy"]), want):
+        for x, y in zip((out, lse, got["values"], got["lower"], got["entropy"], got["smoothed_entropy"]), want):
             r = real[..., None] if x.dim() == 4 else real
             torch.testing.assert_close(torch.where(r, x[rows], 0.0), torch.where(r, y[rows], 0.0), rtol=0, atol=2e-5)
         if mask is not None:
@@ -155,14 +157,16 @@ def test_blocked_attention(bsz, h, hk, n, causal, cells):
     [(2, 6, 2, 33, 8, 5, False, False), (2, 6, 2, 33, 8, 5, True, False), (2, 4, 4, 17, 16, 16, False, True),
      (2, 9, 3, 40, 64, 64, True, True), (3, 4, 2, 70, 32, 40, False, False), (1, 2, 1, 1, 8, 8, True, False)],
 )  # fmt: skip
-@pytest.mark.parametrize("kernel", ["default", "flash_cpu", "flex"])
+@pytest.mark.parametrize("kernel", ["default", "cpu_pass", "flash_cpu", "flex"])
 def test_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch):
     """The one map-free layer function (the Python a GPU runs) equals an explicit float64 softmax on the real
     query rows: the model's output, LSE, value columns, an encoder's sums over keys j <= i and the entropy from
-    one pass with widened values; grouped key heads, right padding as a key mask and as a 4-D mask, the
-    causal flag, a value width other than the head size, one token; with the kernel order as measured (the
-    blocked products for widened values, on every device), and forced onto the CPU flash kernel and onto
-    FlexAttention (eager here, compiled on a GPU); and the kernel that ran is recorded."""
+    one pass with widened values (and the smoothed rows' entropy, with the blocked products and the C pass);
+    grouped key heads, right padding as a key mask and as a 4-D mask, the causal flag, a value width other than
+    the head size, one token; with the kernel order as measured (the blocked products for widened values, on
+    every device), with the CPU attention pass (``c_pass``; a 4-D mask takes the blocked products), and forced
+    onto the CPU flash kernel and onto FlexAttention (eager here, compiled on a GPU); and the kernel that ran is
+    recorded."""
     check_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch, "cpu")
 
 
@@ -178,7 +182,11 @@ def test_layer_attention_cuda(bsz, h, hk, n, d, dv, causal, four_d, kernel, monk
 
 
 def check_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch, device):
-    if kernel != "default":
+    from headatlas.core import cpu_pass
+
+    if kernel == "cpu_pass" and cpu_pass.library() is None:
+        pytest.skip("no C compiler")
+    if kernel not in ("default", "cpu_pass"):
         monkeypatch.setattr(mapfree, "kernel_order", lambda device, dtype, wide=False: (kernel,))
     monkeypatch.setattr(mapfree, "_FAILED", {})  # a kernel another case saw fail is tried again here
     monkeypatch.setattr(mapfree, "_SPLIT", set())
@@ -192,18 +200,25 @@ def check_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypa
     cols, lcols = torch.randn(bsz, 1, n, 3), torch.randn(bsz, 1, n, 2)
     s = q.double() @ k.double().repeat_interleave(h // hk, 1).transpose(-1, -2) * scale + add.double()
     a = torch.softmax(s, -1)
+    p = 0.99 * a + 0.01 / allowed.sum(-1, keepdim=True)
     want = (a @ v.double().repeat_interleave(h // hk, 1), torch.logsumexp(s, -1), a @ cols.double(),
-            (a * torch.ones(n, n).tril().double()) @ lcols.double(), torch.special.entr(a).sum(-1))  # fmt: skip
+            (a * torch.ones(n, n).tril().double()) @ lcols.double(), torch.special.entr(a).sum(-1),
+            torch.where(allowed, torch.special.entr(p), 0.0).sum(-1))  # fmt: skip
     mask, flag = (add, False) if four_d else (add[:, :, -1:], causal)  # a 4-D mask, or keys and the flag
     ran = set()
     on = [x.to(device) for x in (q, k, v, mask, cols, lcols)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex_attention without torch.compile
-        out, lse, got = mapfree.layer_attention(*on[:4], flag, scale, *on[4:], True, ran=ran)
-    assert ran == {mapfree.BLOCKED if kernel == "default" else kernel}
+        smoothing = 0.01 if kernel in ("default", "cpu_pass") else None  # (it takes the blocked products)
+        out, lse, got = mapfree.layer_attention(
+            *on[:4], flag, scale, *on[4:], True, ran=ran, smoothing=smoothing, c_pass=kernel == "cpu_pass"
+        )
+    blocked = kernel == "default" or (kernel == "cpu_pass" and mask.shape[2] != 1)  # C: key masks only
+    assert ran == {mapfree.BLOCKED if blocked else cpu_pass.NAME if kernel == "cpu_pass" else kernel}
     assert out.dtype == v.dtype and out.shape == (bsz, h, n, dv)
     out, lse, got = out.cpu(), lse.cpu(), {k: x.cpu() for k, x in got.items()}
-    for x, y in zip((out, lse, got["values"], got["lower"], got["entropy"]), want):
+    names = ("values", "lower", "entropy") + (("smoothed_entropy",) if smoothing else ())
+    for x, y in zip((out, lse, *(got[name] for name in names)), want):
         r = key_ok[:, None, :, None] if x.dim() == 4 else key_ok[:, None]
         torch.testing.assert_close(torch.where(r, x.double(), 0.0), torch.where(r, y, 0.0), rtol=0, atol=2e-5)
 
@@ -236,7 +251,7 @@ def test_missing_kernel_falls_back_once(monkeypatch, caplog):
         torch.testing.assert_close(x, z, rtol=0, atol=0)
 
 
-def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets, eps):
+def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, eps):
     """What :func:`cpu_pass.attention_pass` returns, from an explicit float64 softmax."""
     bsz, h, n, _ = q.shape
     g = h // k.shape[1]
@@ -253,10 +268,6 @@ def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets, eps):
     got["smoothed_entropy"] = torch.where(seen, torch.special.entr(p), 0.0).sum(-1)
     if lcols is not None:
         got["lower"] = a.tril() @ lcols.double()[:, None]
-    t = targets.long()
-    ok = (t >= 0) & ((t <= torch.arange(n)) if causal else True)
-    got["targets"] = a.gather(3, t.clamp(min=0).transpose(1, 2)[:, None].expand(-1, h, -1, -1)).transpose(2, 3)
-    got["targets"] = got["targets"] * ok[:, None]
     return out, torch.logsumexp(s, -1), got
 
 
@@ -270,7 +281,7 @@ def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, targets, eps):
 def test_cpu_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, threads):
     """The CPU attention pass (attention_pass.c) equals an explicit softmax: the model's output in the layout
     the model takes back, LSE, entropy, the smoothed rows' entropy, value columns (up to 4 summed over e, more
-    beside V), an encoder's lower columns and the targets (none, hidden, later under the causal mask); grouped
+    beside V) and an encoder's lower columns; grouped
     key heads, hidden keys (after a sequence and inside one), head
     sizes that fill no vector (8, 24), a value width other than the head size, a strided query, one token, two
     threads; and a bfloat16 input comes back in bfloat16."""
@@ -285,14 +296,13 @@ def test_cpu_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, threads):
     bias[0, n - n // 3 :] = -math.inf
     bias[-1, n // 2] = -math.inf if n > 2 else 0.0  # a hidden key inside a sequence
     cols, lcols = torch.randn(bsz, n, ncols), None if causal else torch.randn(bsz, n, 2)
-    targets = torch.randint(-1, n, (bsz, 3, n), dtype=torch.int32)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out, lse, got = cpu_pass.attention_pass(q, k, v, bias, causal, d**-0.5, cols, lcols, True, targets, 0.01)
+        out, lse, got = cpu_pass.attention_pass(q, k, v, bias, causal, d**-0.5, cols, lcols, True, 0.01)
     finally:
         torch.set_num_threads(before)
-    want = softmax_reference(q, k, v, bias, causal, d**-0.5, cols, lcols, targets, 0.01)
+    want = softmax_reference(q, k, v, bias, causal, d**-0.5, cols, lcols, 0.01)
     assert out.shape == (bsz, n, h, dv) and set(got) == set(want[2])
     torch.testing.assert_close(out.double(), want[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(lse.double(), want[1], rtol=0, atol=1e-5)
