@@ -281,10 +281,9 @@ def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, eps):
 def test_cpu_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, threads):
     """The CPU attention pass (attention_pass.c) equals an explicit softmax: the model's output in the layout
     the model takes back, LSE, entropy, the smoothed rows' entropy, value columns (up to 4 summed over e, more
-    beside V) and an encoder's lower columns; grouped
-    key heads, hidden keys (after a sequence and inside one), head
-    sizes that fill no vector (8, 24), a value width other than the head size, a strided query, one token, two
-    threads; and a bfloat16 input comes back in bfloat16."""
+    beside V) and an encoder's lower columns; grouped key heads, hidden keys (after a sequence and inside one),
+    head sizes that fill no vector (8, 24), a value width other than the head size, a strided query, one token,
+    two threads; and a bfloat16 input comes back in bfloat16."""
     from headatlas.core import cpu_pass
 
     if cpu_pass.library() is None:
