@@ -18,12 +18,13 @@ fastest (milliseconds):
 - ``layer_c``: ``layer_attention`` with the C pass (``cpu_pass: auto``) for the position statistics' sums (A.V,
   LSE, the entropy, the position column A.pos and an encoder's two sums over keys j <= i); ``layer_c_targets``
   adds the default reducers' 9 targets per query (``FreeLayer``: the position band -2..2 (a decoder's -2..0) and
-  the first key by their fixed forms, 3 detector targets by ``FreeLayer.at``): what a layer of the default run
+  the first key by their fixed forms, 3 detector targets by an index of the keys): what a layer of the default run
   computes;
 - ``layer_blocked``, ``layer_blocked_targets``: the same with ``cpu_pass: off`` (the blocked products);
-- ``cpu_pass_bare``: the C pass for A.V and LSE alone; ``cpu_pass_entropy`` adds the entropy,
-  ``cpu_pass_columns`` the position column (and an encoder's two lower columns), and ``cpu_pass`` Clark's
-  smoothed entropy (eps 1e-4).
+- ``cpu_pass_bare``: the C pass for A.V and LSE alone (``cpu_pass_bare_strided``: on q, k, v stored as a model
+  hands them, views of [B, n, H, d] projections, which the map-free feed copies first); ``cpu_pass_entropy`` adds
+  the entropy, ``cpu_pass_columns`` the position column (and an encoder's two lower columns), and ``cpu_pass``
+  Clark's smoothed entropy (eps 1e-4).
 
 Their equality with an explicit softmax is tested in tests/unit/core/test_mapfree.py (``test_cpu_attention_pass``,
 ``test_blocked_attention``, ``test_layer_attention``).
@@ -44,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from headatlas.core.cpu_pass import attention_pass  # noqa: E402
+from headatlas.core.layer_view import key_target, offset_target  # noqa: E402
 from headatlas.core.mapfree import FreeLayer, attention_lse, layer_attention  # noqa: E402
 from headatlas.core.reducer import ReduceBatch  # noqa: E402
 
@@ -107,11 +109,14 @@ def measure(model: str, n: int, bsz: int, reps: int) -> dict:
     bias = None if mask is None else mask[:, 0, 0]
     low = None if lcols is None else lcols[:, 0]
     ours = lambda *extra: lambda: attention_pass(q, k, v, bias, causal, scale, *extra)  # noqa: E731
+    # the same values stored as a model hands them: [B, H, n, d] views of its [B, n, H, d] projections
+    qs, ks, vs = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     lengths = [n] * bsz if mask is None else [int(x) for x in torch.isfinite(mask[:, 0, 0]).sum(-1)]
     rows = [{"word": np.arange(m), "special": np.zeros(m, dtype=np.int64), "segment": np.zeros(m, dtype=np.int64),
              "piece": np.full(m, "", dtype=object)} for m in lengths]  # fmt: skip
     batch = ReduceBatch.from_rows(np.arange(bsz), rows, np.arange(bsz), np.array(lengths))
-    targets = {f"offset:{o}": None for o in ((-2, -1, 0) if causal else (-2, -1, 0, 1, 2))} | {"key:0": None}
+    band = (-2, -1, 0) if causal else (-2, -1, 0, 1, 2)
+    targets = {f"offset:{o}": offset_target(batch, o) for o in band} | {"key:0": key_target(batch, 0)}
     targets |= {name: np.random.default_rng(i).integers(-1, n, (bsz, n)) for i, name in enumerate("abc")}
 
     def layer(c_pass: bool, with_targets: bool):
@@ -132,6 +137,7 @@ def measure(model: str, n: int, bsz: int, reps: int) -> dict:
         "layer_blocked": layer(False, False),
         "layer_blocked_targets": layer(False, True),
         "cpu_pass_bare": ours(),
+        "cpu_pass_bare_strided": lambda: attention_pass(qs, ks, vs, bias, causal, scale),
         "cpu_pass_entropy": ours(None, None, True),
         "cpu_pass_columns": ours(pos[:, 0], low, True),
         "cpu_pass": ours(pos[:, 0], low, True, 1e-4),

@@ -285,9 +285,10 @@ def run_kernels(args, emit) -> None:
     causal, bf16: the SDPA kernel (no LSE), the memory-efficient kernel with its LSE (today's CUDA path, KV
     expanded), the flash kernel with its LSE, FlexAttention with its LSE (compile time apart),
     blocked_attention with the entropy and one key column, the one path (``layer_attention``: the same outputs,
-    its widened values [V | K | column] on the kernel ``kernel_order`` picks) and a widened fused call in bf16
-    (``fused_attention``: none where ``kernel_order`` names no kernel for widened values), each with the kernels
-    that ran; the largest LSE difference from float64 rows."""
+    its widened values [V | K | column] on the kernel ``kernel_order`` picks), a widened fused call in bf16
+    (``fused_attention``: none where ``kernel_order`` names no kernel for widened values), FlexAttention on
+    [V | K] in one bf16 call and in two head-size calls (V, then K; compiled with dynamic shapes), each with the
+    kernels that ran; the largest LSE difference from float64 rows."""
     import torch
     import torch.nn.functional as F
 
@@ -338,24 +339,32 @@ def run_kernels(args, emit) -> None:
 
             bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device=dev)
             flex = torch.compile(flex_attention)
-            t0 = time.perf_counter()
+            flex_dyn = torch.compile(flex_attention, dynamic=True)
             try:
                 from torch.nn.attention.flex_attention import AuxRequest
 
-                def fx():
-                    o, aux = flex(q, k, v, block_mask=bm, scale=scale, enable_gqa=True, return_aux=AuxRequest(lse=True))
+                def lse_call(fn, vals):
+                    o, aux = fn(
+                        q, k, vals, block_mask=bm, scale=scale, enable_gqa=True, return_aux=AuxRequest(lse=True)
+                    )
                     return o, aux.lse
 
-            except ImportError:
+            except ImportError:  # an older torch
 
-                def fx():
-                    return flex(q, k, v, block_mask=bm, scale=scale, enable_gqa=True, return_lse=True)
+                def lse_call(fn, vals):
+                    return fn(q, k, vals, block_mask=bm, scale=scale, enable_gqa=True, return_lse=True)
 
-            fx()
+            t0 = time.perf_counter()
+            lse_call(flex, v)
             if cuda:
                 torch.cuda.synchronize()
             compile_s = round(time.perf_counter() - t0, 2)
-            cands["flex_lse"] = fx
+            cands["flex_lse"] = lambda: lse_call(flex, v)
+            # the candidates for the entropy at flash speed: one call on [V | K] (256 wide, bf16: A.V, LSE and
+            # A.K, whence H = LSE - scale q . A.K) and the same outputs from two head-size calls (V, then K)
+            vk = torch.cat([v, k], -1)
+            cands["flex_vk_bf16"] = lambda: lse_call(flex, vk)
+            cands["flex_v_then_k"] = lambda: (lse_call(flex_dyn, v)[0], lse_call(flex_dyn, k)[1])
         except Exception as e:  # noqa: BLE001
             compile_s = f"{type(e).__name__}: {e}"[:500]
         out = {"kernels": f"{B}x{n}", "heads": "12 on 2 of 128, causal, bf16", "flex_compile_s": compile_s, "rows": {}}

@@ -159,25 +159,35 @@ class LayerPlan:
 
     def target_index(self, batch: ReduceBatch, device="cpu"):
         """[B, T, n] int64 every target (in ``targets`` order), or None without."""
-        import torch
-
-        if not self.targets:
-            return None
-        make = lambda: torch.as_tensor(np.stack(list(self.targets.values()), 1), dtype=torch.int64, device=device)  # noqa: E731
-        return batch.memo(("layer_targets", str(device), tuple(self.targets)), make)
+        return target_index(batch, self.targets, device) if self.targets else None
 
     def target_ok(self, batch: ReduceBatch, causal: bool, device="cpu"):
         """[B, T, n] bool: the target is a key of the sequence (at most i under a causal mask) of a real query."""
-        import torch
+        return target_ok(batch, self.targets, causal, device)
 
-        def ok():
-            t = torch.as_tensor(np.stack(list(self.targets.values()), 1), device=device)
-            length = torch.as_tensor(batch.lengths, device=device)[:, None, None]
-            i = torch.arange(batch.n, device=device)
-            keep = (t >= 0) & (t < length) & (i < length)
-            return keep & (t <= i) if causal else keep
 
-        return batch.memo(("layer_target_ok", str(device), tuple(self.targets), causal), ok)
+def target_index(batch: ReduceBatch, targets: dict, device="cpu"):
+    """[B, T, n] int64 the key of each query of every target of ``targets`` (name -> [B, n], -1: none), in its
+    order (made once per batch)."""
+    import torch
+
+    make = lambda: torch.as_tensor(np.stack(list(targets.values()), 1), dtype=torch.int64, device=device)  # noqa: E731
+    return batch.memo(("layer_targets", str(device), tuple(targets)), make)
+
+
+def target_ok(batch: ReduceBatch, targets: dict, causal: bool, device="cpu"):
+    """[B, T, n] bool of :func:`target_index`: the target is a key of the sequence (at most i under a causal
+    mask) of a real query."""
+    import torch
+
+    def ok():
+        t = target_index(batch, targets, device)
+        length = torch.as_tensor(batch.lengths, device=device)[:, None, None]
+        i = torch.arange(batch.n, device=device)
+        keep = (t >= 0) & (t < length) & (i < length)
+        return keep & (t <= i) if causal else keep
+
+    return batch.memo(("layer_target_ok", str(device), tuple(targets), causal), ok)
 
 
 def layer_plan(reducers: Sequence[Reducer], batch: ReduceBatch, causal: bool, device) -> LayerPlan:

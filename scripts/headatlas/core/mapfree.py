@@ -12,7 +12,7 @@ as the model's mask) and A = softmax(s), the model's output A.V comes with LSE_i
 
 Every layer runs :func:`layer_attention`, the same Python on every device: A.V, LSE_i, the row entropy and every
 value column from one pass over the scores (an encoder's lower columns and the smoothed entropy too); targets
-are one dot product each (:meth:`FreeLayer.at`). Only the kernel under it differs, chosen in one place as
+are one dot product each (:meth:`FreeLayer.attention_to`). Only the kernel under it differs, chosen in one place as
 measured: on a CPU with ``extraction.cpu_pass: auto`` the C pass (:func:`headatlas.core.cpu_pass.attention_pass`,
 built and checked on first use); elsewhere :func:`kernel_order`: a layer with sums goes to
 :func:`blocked_attention` (torch products per block of rows; a fused kernel would take them as values widened to
@@ -43,7 +43,7 @@ import numpy as np
 
 from . import cpu_pass
 from .device import input_device
-from .layer_view import ROW_CELLS, LayerView, layer_plan
+from .layer_view import ROW_CELLS, LayerView, layer_plan, target_ok
 from .models import ARCHITECTURES, ModelError
 from .reducer import (
     FeedInfo,
@@ -556,21 +556,8 @@ class FreeLayer(LayerView):
         # float32 whatever the model's dtype: every score and sum of the statistics is taken in float32
         self.q, self.k, self.lse, self.scale, self.batch, self.causal = q.float(), k.float(), lse, scale, batch, causal
         self._values, self._lower, self._entropy, self._smoothed = values, lower, entropy, smoothed
-        self._flat = None
         self.valid = batch.masks(q.device, causal)["valid"]  # [B, n]
-        self._targets = {}
-        targets = targets or {}
-        offsets = {name: int(name[7:]) for name in targets if name.startswith("offset:")}
-        for name, o in offsets.items():  # a fixed offset: q against the shifted keys, no index
-            self._targets[name] = self.shifted(o)
-        fixed = {name: int(name[4:]) for name in targets if name.startswith("key:")}
-        for name, j in fixed.items():  # one key for every query: q against that key, no index
-            self._targets[name] = self.column(j)
-        rest = {name: t for name, t in targets.items() if name not in offsets and name not in fixed}
-        if rest:  # every other declared target of the layer in one pass over the keys
-            names, rows = zip(*rest.items())
-            got = self.at(np.stack(rows, 1))
-            self._targets.update({name: got[:, :, i] for i, name in enumerate(names)})
+        self._targets = self.attention_to(targets) if targets else {}  # every declared target at once
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -580,71 +567,76 @@ class FreeLayer(LayerView):
     def device(self):
         return self.q.device
 
-    def shifted(self, offset: int):
-        """[B, H, n] attention of each query i to key i + ``offset`` (0 outside the sequence or the mask): the
-        same as :meth:`at` with :func:`offset_target`, from one product of q with the shifted keys."""
+    def attention_to(self, targets: dict) -> dict:
+        """name -> [B, H, n] attention of each query i to its key of every target of ``targets`` (name -> [B, n]
+        keys, -1: none; 0 where none, outside the sequence, after i under a causal mask, and on padded rows):
+        exp(scale q_i . k_t - LSE_i). The score products by kind: a target named ``offset:<o>`` (key i + o)
+        from q against the shifted keys, ``key:<j>`` from q against that key, every other by an index of the
+        keys; then one exponential and one mask for them all."""
+        import torch
+
+        bsz, h, n, d = self.q.shape
+        s = torch.empty((bsz, h, len(targets), n), dtype=torch.float32, device=self.q.device)
+        for i, (name, t) in enumerate(targets.items()):
+            if name.startswith("offset:"):
+                self._shifted_scores(int(name[7:]), s[:, :, i])
+            elif name.startswith("key:"):
+                self._column_scores(int(name[4:]), s[:, :, i])
+            else:
+                self._indexed_scores(t, s[:, :, i])
+        ok = target_ok(self.batch, targets, self.causal, self.q.device)
+        # clamped at 0: cells a query may not see can score far above its LSE (finite for the mask)
+        a = s.mul_(self.scale).sub_(self.lse[:, :, None]).clamp_(max=0).exp_().mul_(ok[:, None])
+        return {name: a[:, :, i] for i, name in enumerate(targets)}
+
+    def _shifted_scores(self, offset: int, out) -> None:
+        """q_i . k_{i + offset} into ``out`` [B, H, n] (0 where that key does not exist): one product of q with
+        the shifted keys, no index."""
         import torch
 
         bsz, h, n, d = self.q.shape
         hk = self.k.shape[1]
-        out = torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
         lo, hi = max(0, -offset), min(n, n - offset)  # queries whose key i + offset is inside 0..n-1
         if hi <= lo or (self.causal and offset > 0):
-            return out
+            out.zero_()
+            return
+        out[:, :, :lo].zero_()
+        out[:, :, hi:].zero_()
         q = self.q[:, :, lo:hi].reshape(bsz, hk, h // hk, hi - lo, d)
         k = self.k[:, :, lo + offset : hi + offset, None].transpose(2, 3)  # [B, Hkv, 1, m, d]
         # the products in one reused buffer: a fresh one per offset costs more in page faults than the sums
-        s = torch.mul(q, k, out=scratch("free_shifted", q.shape, q.device)).sum(-1).reshape(bsz, h, hi - lo)
-        s *= self.scale
-        out[:, :, lo:hi] = torch.exp((s.float() - self.lse[:, :, lo:hi]).clamp_(max=0))  # finite off the mask
-        idx = torch.arange(n, device=out.device)
-        ok = self.valid & (idx + offset < self.batch.tensor("lengths", out.device)[:, None])
-        return out.mul_(ok[:, None])
+        out[:, :, lo:hi] = torch.mul(q, k, out=scratch("free_products", q.shape, q.device)).sum(-1).view(bsz, h, -1)
 
-    def column(self, j: int):
-        """[B, H, n] attention of every query to key ``j`` (0 = the first token; 0 where the key is outside a
-        sequence, after the query under a causal mask, and on padded rows), from one product of q with that key
-        (the target named ``key:<j>``)."""
+    def _column_scores(self, j: int, out) -> None:
+        """q_i . k_j of every query into ``out`` [B, H, n] (0 if there is no key j): a product and a sum (a
+        matrix product [n, d] x [d, 1] per head costs a CPU 3x more)."""
         import torch
 
         bsz, h, n, d = self.q.shape
         hk = self.k.shape[1]
         if not 0 <= j < n:
-            return torch.zeros((bsz, h, n), dtype=torch.float32, device=self.q.device)
+            out.zero_()
+            return
         q = self.q.reshape(bsz, hk, (h // hk) * n, d)
-        s = torch.matmul(q, self.k[:, :, j, :, None]).view(bsz, h, n) * self.scale
-        out = torch.exp((s.float() - self.lse).clamp_(max=0))  # exp, as shifted and at
-        ok = self.valid & (j < self.batch.tensor("lengths", out.device))[:, None]
-        if self.causal:
-            ok &= torch.arange(n, device=out.device) >= j
-        return out.mul_(ok[:, None])
+        prod = torch.mul(q, self.k[:, :, j, None], out=scratch("free_products", q.shape, q.device))
+        out.copy_(prod.sum(-1).view(bsz, h, n))
 
-    def at(self, target):
-        """[B, H, T, n] attention of each query i to key ``target[b, t, i]`` ([B, T, n] ints, -1: none; 0 where
-        none, outside the sequence or, under a causal mask, after i): exp(scale q_i . k_t - LSE_i)."""
+    def _indexed_scores(self, target, out) -> None:
+        """q_i . k_{target[b, i]} ([B, n] ints; -1 scores against key 0) into ``out`` [B, H, n]: the target keys'
+        rows by one index_select of the flattened keys (a gather with an index per element is 40x slower on a
+        CPU), then a product and a sum (grouped heads: every query head of a key head against its rows)."""
         import torch
 
-        t = torch.as_tensor(target, device=self.q.device)
         bsz, h, n, d = self.q.shape
         hk = self.k.shape[1]
-        g = h // hk
-        n_t = t.shape[1]
-        idx = torch.arange(n, device=t.device)
-        ok = (t >= 0) & (t < self.batch.tensor("lengths", t.device)[:, None, None]) & self.valid[:, None, :]
-        if self.causal:
-            ok &= t <= idx
-        # the target keys' rows by one index_select of the flattened keys (a gather with an index per element is
-        # 40x slower on a CPU), then per (sequence, key head, query) one small product [g, d] x [d, T]
-        flat = self._flat_keys()
-        base = (torch.arange(bsz, device=t.device)[:, None] * hk + torch.arange(hk, device=t.device)) * n
-        rows = (base[:, :, None, None] + t.clamp(min=0).transpose(1, 2)[:, None]).reshape(-1)  # [B, Hkv, n, T]
-        kt = torch.index_select(flat, 0, rows, out=scratch("free_at_k", (rows.numel(), d), flat.device))
-        q = scratch("free_at_q", (bsz, hk, n, g, d), flat.device)  # (reused buffers: no page faults per layer)
-        q.copy_(self.q.reshape(bsz, hk, g, n, d).permute(0, 1, 3, 2, 4))
-        s = torch.matmul(q, kt.view(bsz, hk, n, n_t, d).transpose(-1, -2))
-        s = s.permute(0, 1, 3, 4, 2).reshape(bsz, h, n_t, n) * self.scale
-        a = torch.exp(s.float() - self.lse[:, :, None, :])
-        return torch.where(ok[:, None], a, 0.0)
+        dev = self.q.device
+        t = torch.as_tensor(target, device=dev).clamp(min=0)
+        base = (torch.arange(bsz, device=dev)[:, None] * hk + torch.arange(hk, device=dev)) * n  # [B, Hkv]
+        rows = (base[:, :, None] + t[:, None, :]).reshape(-1)  # [B, Hkv, n]
+        keys = torch.index_select(self.k.reshape(-1, d), 0, rows, out=scratch("free_keys", (rows.numel(), d), dev))
+        q = self.q.reshape(bsz, hk, h // hk, n, d)
+        prod = torch.mul(q, keys.view(bsz, hk, 1, n, d), out=scratch("free_products", q.shape, dev))
+        out.copy_(prod.sum(-1).view(bsz, h, n))
 
     def rows(self, lo: int = 0, hi: int | None = None, seqs=None, keys: int | None = None, slot: str | None = None):
         """[b, H, hi - lo, keys] float32 exact attention rows lo..hi-1 of the sequences ``seqs`` (batch indices;
@@ -717,11 +709,6 @@ class FreeLayer(LayerView):
                 ok &= p[:, None, :] <= idx[None, first:, None]
             out[:, :, first:] += torch.matmul(_exp_scores(*qs, kt, "key_mass").mul_(ok[:, None]), ww[:, None])
         return out
-
-    def _flat_keys(self):
-        if self._flat is None:
-            self._flat = self.k.reshape(-1, self.k.shape[-1])  # [B * Hkv * n, d] (one copy per layer)
-        return self._flat
 
     def target(self, name: str):
         """[B, H, n] attention of each query to its key of a declared ``targets`` row."""
@@ -827,15 +814,26 @@ class MapFreeFeed:
         """The layer's attention output [B, n, H, dv] (the layout the model takes back) from
         :func:`layer_attention` (the same Python on every device; on a CPU with ``cpu_pass`` auto its kernel is
         the C pass), and the layer handed to the reducers (:meth:`layer`)."""
+        import torch
+
         p = self.plan
         ours = k.shape[2] == self.batch.n  # (another length: not this batch's sequences, layer() raises)
         # the columns on the layer's device (a model split over devices has its layers on several)
         cols, lcols = (None if x is None or not ours else x.to(q.device)[:, None] for x in (p.values, p.lower))
+        if not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+            # q and k (v too for a float32 model) as float32 [B, H, n, d] in reused buffers: the model hands
+            # views of its [B, n, H, d] projections, whose strided rows cost the CPU kernel and the views'
+            # products more than one copy does (a fresh copy per layer would cost its page faults)
+            qf, kf = (scratch(f"free_{x}", t.shape, t.device).copy_(t) for x, t in (("q", q), ("k", k)))
+            if q.dtype == torch.float32:
+                q, k, v = qf, kf, scratch("free_v", v.shape, v.device).copy_(v)
+        else:
+            qf, kf = q, k
         out, lse, got = layer_attention(
             q, k, v, mask, causal, scale, cols, lcols, p.entropy and ours, self.info.causal, self.kernels,
             p.smoothing if ours else None, self.cpu_pass_mode == "auto",
         )  # fmt: skip
-        self.layer(q, k, lse, scale, got)
+        self.layer(qf, kf, lse, scale, got)
         return out.transpose(1, 2).contiguous()
 
     def layer(self, q, k, lse, scale, got) -> None:

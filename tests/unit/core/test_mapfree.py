@@ -13,7 +13,7 @@ import torch
 from headatlas.core import mapfree
 from headatlas.core.batching import model_inputs
 from headatlas.core.extract import tokenize_records
-from headatlas.core.layer_view import offset_targets
+from headatlas.core.layer_view import key_target, offset_targets
 from headatlas.core.mapfree import (
     MAPFREE,
     FreeLayer,
@@ -91,12 +91,16 @@ def test_identities_against_softmax(causal):
     _, _, got = blocked_attention(q, k, k, add, False, scale, cols[:, None], cols[:, None], True)
     view = FreeLayer(q, k, lse, scale, batch, causal, {"c": got["values"]}, {"c": got["lower"]}, got["entropy"])
     t = offset_targets(batch, (-2, -1, 0, 1, 3))
-    got = view.at(t)
+    indexed = view.attention_to({f"t{j}": t[:, j] for j in range(t.shape[1])})  # by an index of the keys
+    shifted = view.attention_to({f"offset:{o}": t[:, j] for j, o in enumerate((-2, -1, 0, 1, 3))})
     for j, off in enumerate((-2, -1, 0, 1, 3)):
         ref = torch.stack([a[..., i, i + off] if 0 <= i + off < n else a[..., i, 0] * 0 for i in range(n)], -1)
-        torch.testing.assert_close(got[:, :, j], ref, rtol=0, atol=TOL)
+        torch.testing.assert_close(indexed[f"t{j}"], ref, rtol=0, atol=TOL)
+        torch.testing.assert_close(shifted[f"offset:{off}"], ref, rtol=0, atol=TOL)
+    columns = view.attention_to({f"key:{j}": key_target(batch, j) for j in (0, 3, 7, 9)})
     for j in (0, 3, 7):  # key 7 is past the second sequence's end
-        torch.testing.assert_close(view.column(j), a[..., j], rtol=0, atol=TOL)
+        torch.testing.assert_close(columns[f"key:{j}"], a[..., j], rtol=0, atol=TOL)
+    assert not columns["key:9"].any()  # past every sequence
     torch.testing.assert_close(view.value("c"), a @ cols[:, None], rtol=0, atol=1e-5)
     torch.testing.assert_close(view.lower("c"), (a * torch.ones(n, n).tril()) @ cols[:, None], rtol=0, atol=1e-5)
     torch.testing.assert_close(view.entropy(), torch.special.entr(a).sum(-1), rtol=0, atol=TOL)
@@ -583,15 +587,17 @@ def test_real_mapfree_equals_eager(name, tmp_path_factory, ewt_records):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_shifted_equals_at(causal):
-    """The fixed-offset fast path (FreeLayer.shifted, used for targets named offset:<o>) equals the general
-    one-target-per-query path, grouped heads and padding included."""
+    """The fixed-offset products (FreeLayer.attention_to, targets named offset:<o>) equal the general
+    one-target-per-query index of the keys, grouped heads and padding included."""
     torch.manual_seed(1)
     batch = _batch([7, 4])
     q, k = torch.randn(2, 6, 7, 8), torch.randn(2, 3, 7, 8)
     lse = torch.logsumexp(q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3, -1)
     view = FreeLayer(q, k, lse, 0.3, batch, causal, {}, {}, None)
     for o in (-8, -2, -1, 0, 1, 3, 7):
-        torch.testing.assert_close(view.shifted(o), view.at(offset_targets(batch, (o,)))[:, :, 0], rtol=0, atol=1e-6)
+        t = offset_targets(batch, (o,))[:, 0]
+        shifted, indexed = view.attention_to({f"offset:{o}": t}), view.attention_to({f"o{o}": t})
+        torch.testing.assert_close(shifted[f"offset:{o}"], indexed[f"o{o}"], rtol=0, atol=1e-6)
 
 
 def test_invisible_keys_stay_finite():
