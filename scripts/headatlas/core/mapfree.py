@@ -592,8 +592,6 @@ class FreeLayer(LayerView):
     def _shifted_scores(self, offset: int, out) -> None:
         """q_i . k_{i + offset} into ``out`` [B, H, n] (0 where that key does not exist): one product of q with
         the shifted keys, no index."""
-        import torch
-
         bsz, h, n, d = self.q.shape
         hk = self.k.shape[1]
         lo, hi = max(0, -offset), min(n, n - offset)  # queries whose key i + offset is inside 0..n-1
@@ -604,22 +602,17 @@ class FreeLayer(LayerView):
         out[:, :, hi:].zero_()
         q = self.q[:, :, lo:hi].reshape(bsz, hk, h // hk, hi - lo, d)
         k = self.k[:, :, lo + offset : hi + offset, None].transpose(2, 3)  # [B, Hkv, 1, m, d]
-        # the products in one reused buffer: a fresh one per offset costs more in page faults than the sums
-        out[:, :, lo:hi] = torch.mul(q, k, out=scratch("free_products", q.shape, q.device)).sum(-1).view(bsz, h, -1)
+        out[:, :, lo:hi] = _dot(q, k).view(bsz, h, -1)
 
     def _column_scores(self, j: int, out) -> None:
-        """q_i . k_j of every query into ``out`` [B, H, n] (0 if there is no key j): a product and a sum (a
-        matrix product [n, d] x [d, 1] per head costs a CPU 3x more)."""
-        import torch
-
+        """q_i . k_j of every query into ``out`` [B, H, n] (0 if there is no key j), by :func:`_dot` (a matrix
+        product [n, d] x [d, 1] per head costs a CPU 3x more)."""
         bsz, h, n, d = self.q.shape
         hk = self.k.shape[1]
         if not 0 <= j < n:
             out.zero_()
             return
-        q = self.q.reshape(bsz, hk, (h // hk) * n, d)
-        prod = torch.mul(q, self.k[:, :, j, None], out=scratch("free_products", q.shape, q.device))
-        out.copy_(prod.sum(-1).view(bsz, h, n))
+        out.copy_(_dot(self.q.reshape(bsz, hk, (h // hk) * n, d), self.k[:, :, j, None]).view(bsz, h, n))
 
     def _indexed_scores(self, target, out) -> None:
         """q_i . k_{target[b, i]} ([B, n] ints; -1 scores against key 0) into ``out`` [B, H, n]: the target keys'
@@ -634,9 +627,7 @@ class FreeLayer(LayerView):
         base = (torch.arange(bsz, device=dev)[:, None] * hk + torch.arange(hk, device=dev)) * n  # [B, Hkv]
         rows = (base[:, :, None] + t[:, None, :]).reshape(-1)  # [B, Hkv, n]
         keys = torch.index_select(self.k.reshape(-1, d), 0, rows, out=scratch("free_keys", (rows.numel(), d), dev))
-        q = self.q.reshape(bsz, hk, h // hk, n, d)
-        prod = torch.mul(q, keys.view(bsz, hk, 1, n, d), out=scratch("free_products", q.shape, dev))
-        out.copy_(prod.sum(-1).view(bsz, h, n))
+        out.copy_(_dot(self.q.reshape(bsz, hk, h // hk, n, d), keys.view(bsz, hk, 1, n, d)).view(bsz, h, n))
 
     def rows(self, lo: int = 0, hi: int | None = None, seqs=None, keys: int | None = None, slot: str | None = None):
         """[b, H, hi - lo, keys] float32 exact attention rows lo..hi-1 of the sequences ``seqs`` (batch indices;
@@ -739,6 +730,14 @@ class FreeLayer(LayerView):
         if self._smoothed is not None and self._smoothed[0] == eps:
             return torch.where(self.valid[:, None], self._smoothed[1], 0.0)
         return super().smoothed_entropy(eps, cells)
+
+
+def _dot(q, k):
+    """q . k over the last dimension (k broadcast to q's shape): a product in one reused buffer and a sum (a
+    fresh product per call costs more in page faults than the sum; matrix products per query cost a CPU more)."""
+    import torch
+
+    return torch.mul(q, k, out=scratch("free_products", q.shape, q.device)).sum(-1)
 
 
 def _prescaled(q, lse, scale: float, hk: int):
