@@ -280,6 +280,9 @@ def run_ladder(name: str, args, emit) -> None:
                 torch.cuda.empty_cache()
 
 
+SMALL_BLOCKS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}  # the Triton pass's other launch
+
+
 def run_kernels(args, emit) -> None:
     """The one-path candidates on the device, one layer of Qwen2.5-1.5B's heads (12 on 2 KV heads of 128),
     causal, bf16: the SDPA kernel (no LSE), the memory-efficient kernel with its LSE (today's CUDA path, KV
@@ -288,10 +291,12 @@ def run_kernels(args, emit) -> None:
     its widened values [V | K | column] on the kernel ``kernel_order`` picks), a widened fused call in bf16
     (``fused_attention``: none where ``kernel_order`` names no kernel for widened values), FlexAttention on
     [V | K] in one bf16 call and in two head-size calls (V, then K; compiled with dynamic shapes), each with the
-    kernels that ran; the largest LSE difference from float64 rows."""
+    kernels that ran; the Triton pass (A.V and LSE alone, then with the entropy and the column, at two block
+    sizes); the largest LSE difference from float64 rows."""
     import torch
     import torch.nn.functional as F
 
+    from headatlas.core import triton_pass
     from headatlas.core.mapfree import blocked_attention, fused_attention, layer_attention
 
     dev = args.device
@@ -332,6 +337,15 @@ def run_kernels(args, emit) -> None:
             "widened_bf16": lambda: fused_attention(
                 q, k, torch.cat([v, k, cols.to(v.dtype).expand(B, 2, n, 1)], -1), None, True, scale, ran_bf16
             ),
+            # the Triton pass (the one path's kernel on CUDA): A.V and LSE alone (its flash speed), with the
+            # entropy and the column, and the same with other blocks (64 rows, 64 keys, 4 warps)
+            "triton_lse": lambda: triton_pass.attention_pass(q, k, v, None, True, scale)[:2],
+            "triton_entropy_column": lambda: triton_pass.attention_pass(
+                q, k, v, None, True, scale, cols[:, 0], None, True
+            )[:2],
+            "triton_entropy_column_64": lambda: triton_pass.attention_pass(
+                q, k, v, None, True, scale, cols[:, 0], None, True, launch=SMALL_BLOCKS
+            )[:2],
         }
         ran, ran_bf16 = set(), set()
         try:

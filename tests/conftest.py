@@ -17,10 +17,21 @@ from pathlib import Path
 import pytest
 import yaml
 
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 # Never reach the Hugging Face hub from the tests (the tiny models are local directories).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+if not _cuda_available():
+    # Triton's interpreter runs the GPU's Triton kernel on CPU tensors (core/triton_pass.py); it must be on before
+    # Triton is first imported. With a CUDA device the tests run the compiled kernel.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tiny_workflow import (  # noqa: F401, E402
     BERT_SPECIALS,

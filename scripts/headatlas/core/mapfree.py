@@ -12,9 +12,11 @@ as the model's mask) and A = softmax(s), the model's output A.V comes with LSE_i
 
 Every layer runs :func:`layer_attention`, the same Python on every device: A.V, LSE_i, the row entropy and every
 value column from one pass over the scores (an encoder's lower columns and the smoothed entropy too); targets
-are one dot product each (:meth:`FreeLayer.attention_to`). Only the kernel under it differs, chosen in one place as
-measured: on a CPU with ``extraction.cpu_pass: auto`` the C pass (:func:`headatlas.core.cpu_pass.attention_pass`,
-built and checked on first use); elsewhere :func:`kernel_order`: a layer with sums goes to
+are one dot product each (:meth:`FreeLayer.attention_to`). Only the kernel under it differs: on CUDA the Triton
+pass (:func:`headatlas.core.triton_pass.attention_pass`, every sum in one flash-style pass; the tests run it on a
+CPU under Triton's interpreter); on a CPU with ``extraction.cpu_pass: auto`` the C pass
+(:func:`headatlas.core.cpu_pass.attention_pass`, built and checked on first use); elsewhere, and for what
+those passes do not take (a 4-D mask, the smoothed entropy, a gradient), :func:`kernel_order`: a layer with sums goes to
 :func:`blocked_attention` (torch products per block of rows; a fused kernel would take them as values widened to
 [V | K | key columns], H_i = LSE_i - scale q_i . (A K)_i, measured slower), A.V and LSE alone to a fused kernel
 (the CPU flash kernel; on CUDA the flash or memory-efficient kernel), one that fails falling back to the next
@@ -41,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import cpu_pass
+from . import cpu_pass, triton_pass
 from .device import input_device
 from .layer_view import ROW_CELLS, LayerView, layer_plan, target_ok
 from .models import ARCHITECTURES, ModelError
@@ -256,17 +258,15 @@ def fused_attention(q, k, v, mask, causal: bool, scale: float, ran: set | None =
         key = (name, q.device.type, q.dtype)
         if key in _FAILED:
             continue
-        out, why = _try(name, q, k, v, mask, causal, scale, key in _SPLIT)
+        out, why = _try(_run, name, q, k, v, mask, causal, scale, key in _SPLIT)
         if out is None and v.shape[-1] > q.shape[-1] and key not in _SPLIT and name != "flash_cpu":
-            out, _ = _try(name, q, k, v, mask, causal, scale, True)  # wide values refused: head-size slices
+            out, _ = _try(_run, name, q, k, v, mask, causal, scale, True)  # head-size slices
             if out is not None:
                 _SPLIT.add(key)
                 log.warning("map-free attention: kernel %s refused values %d wide (%s); it takes them in slices "
                             "of %d from now on", name, v.shape[-1], why, q.shape[-1])  # fmt: skip
         if out is None:
-            _FAILED[key] = why
-            log.warning("map-free attention: kernel %s (%s, %s) failed: %s; the next one is used from now on",
-                        name, q.device.type, str(q.dtype).removeprefix("torch."), why)  # fmt: skip
+            _failed(key, why)
             continue
         if ran is not None:
             ran.add(name)
@@ -274,16 +274,23 @@ def fused_attention(q, k, v, mask, causal: bool, scale: float, ran: set | None =
     return None
 
 
-def _try(name: str, q, k, v, mask, causal: bool, scale: float, split: bool):
-    """(:func:`_run`'s result, None) or (None, why it failed); running out of memory is raised."""
+def _try(call, *args):
+    """(``call(*args)``, None) or (None, why it failed); running out of memory is raised."""
     import torch
 
     try:
-        return _run(name, q, k, v, mask, causal, scale, split), None
+        return call(*args), None
     except torch.OutOfMemoryError:
         raise
     except Exception as e:  # noqa: BLE001 (a kernel missing or refusing the shapes: the caller tries the next)
         return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+
+
+def _failed(key: tuple, why: str) -> None:
+    """Kernel ``key`` = (name, device type, dtype) failed: said once in the log, not tried again."""
+    _FAILED[key] = why
+    log.warning("map-free attention: kernel %s (%s, %s) failed: %s; the next one is used from now on",
+                key[0], key[1], str(key[2]).removeprefix("torch."), why)  # fmt: skip
 
 
 def attention_lse(q, k, v, mask, causal: bool, scale: float, ran: set | None = None):
@@ -315,9 +322,11 @@ def layer_attention(
     """One map-free layer on any device: (A.v [B, H, n, dv] in v's dtype, LSE [B, H, n], {"values": A.cols
     [B, H, n, C], "lower": sum_{j <= i} A_ij lcols_j [B, H, n, C'], "entropy": -sum_j A_ij ln A_ij [B, H, n],
     "smoothed_entropy": the entropy of the rows (1 - smoothing) A + smoothing / k_i over each row's k_i visible
-    keys}, the asked ones), float32. ``c_pass`` (``extraction.cpu_pass: auto``), on a CPU with a key mask or
-    none and no gradient to keep: from :func:`~headatlas.core.cpu_pass.attention_pass` where it loads (every
-    sum from one loop over the scores). Otherwise from one :func:`fused_attention` call in float32 with the
+    keys}, the asked ones), float32. With a key mask or none, no gradient to keep and no smoothed entropy, where
+    Triton runs (:func:`~headatlas.core.triton_pass.usable`: CUDA): from
+    :func:`~headatlas.core.triton_pass.attention_pass`. ``c_pass`` (``extraction.cpu_pass: auto``), on a CPU with
+    a key mask or none and no gradient to keep: from :func:`~headatlas.core.cpu_pass.attention_pass` where it
+    loads (every sum from one loop over the scores). Otherwise from one :func:`fused_attention` call in float32 with the
     values widened to [v | k | cols]: its output gives A.v, (A k)_i and the value columns, and the row entropy is
     H_i = LSE_i - sum_j A_ij s_ij = LSE_i - scale q_i . (A k)_i. An encoder's lower columns come from a second,
     causal call over them, rescaled by exp(LSE_causal - LSE) (the causal rows' mass of the full row); under a
@@ -329,7 +338,13 @@ def layer_attention(
     import torch
 
     keys = mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)
-    grad = any(x.requires_grad for x in (q, k, v))  # the C pass has no backward: torch's paths do
+    grad = any(x.requires_grad for x in (q, k, v))  # the passes have no backward: torch's paths do
+    if keys and not grad and smoothing is None and triton_pass.usable(q.device):
+        got = _triton_pass(q, k, v, mask, causal, scale, cols, lcols, entropy)
+        if got is not None:
+            if ran is not None:
+                ran.add(triton_pass.NAME)
+            return got
     if c_pass and q.device.type == "cpu" and keys and not grad and cpu_pass.library() is not None:
         out, lse, got = cpu_pass.attention_pass(
             q, k, v, None if mask is None else mask[:, 0, 0], causal, scale,
@@ -374,6 +389,19 @@ def layer_attention(
     if low is not None:
         res["lower"] = low[0] * torch.exp(low[1] - lse)[..., None]
     return out[..., :dv].to(v.dtype), lse, res
+
+
+def _triton_pass(q, k, v, mask, causal: bool, scale: float, cols, lcols, entropy: bool):
+    """:func:`~headatlas.core.triton_pass.attention_pass` of a layer with a key mask or none, or None where it
+    failed here (:func:`_failed`)."""
+    key = (triton_pass.NAME, q.device.type, q.dtype)
+    if key in _FAILED:
+        return None
+    bias, cs = None if mask is None else mask[:, 0, 0], [None if c is None else c[:, 0] for c in (cols, lcols)]
+    got, why = _try(triton_pass.attention_pass, q, k, v, bias, causal, scale, *cs, entropy)
+    if got is None:
+        _failed(key, why)
+    return got
 
 
 LOG2E = 1.0 / math.log(2.0)

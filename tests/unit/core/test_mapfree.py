@@ -161,16 +161,17 @@ def test_blocked_attention(bsz, h, hk, n, causal, cells):
     [(2, 6, 2, 33, 8, 5, False, False), (2, 6, 2, 33, 8, 5, True, False), (2, 4, 4, 17, 16, 16, False, True),
      (2, 9, 3, 40, 64, 64, True, True), (3, 4, 2, 70, 32, 40, False, False), (1, 2, 1, 1, 8, 8, True, False)],
 )  # fmt: skip
-@pytest.mark.parametrize("kernel", ["default", "cpu_pass", "flash_cpu", "flex"])
+@pytest.mark.parametrize("kernel", ["default", "cpu_pass", "flash_cpu", "flex", "triton_pass"])
 def test_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch):
     """The one map-free layer function (the Python a GPU runs) equals an explicit float64 softmax on the real
     query rows: the model's output, LSE, value columns, an encoder's sums over keys j <= i and the entropy from
     one pass with widened values (and the smoothed rows' entropy, with the blocked products and the C pass);
     grouped key heads, right padding as a key mask and as a 4-D mask, the causal flag, a value width other than
     the head size, one token; with the kernel order as measured (the blocked products for widened values, on
-    every device), with the CPU attention pass (``c_pass``; a 4-D mask takes the blocked products), and forced
-    onto the CPU flash kernel and onto FlexAttention (eager here, compiled on a GPU); and the kernel that ran is
-    recorded."""
+    every device), with the CPU attention pass (``c_pass``; a 4-D mask takes the blocked products), forced
+    onto the CPU flash kernel and onto FlexAttention (eager here, compiled on a GPU), and with the Triton pass
+    (the GPU's kernel, here under Triton's interpreter; a 4-D mask takes the blocked products); and the kernel
+    that ran is recorded."""
     check_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch, "cpu")
 
 
@@ -179,18 +180,22 @@ def test_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypat
     "bsz, h, hk, n, d, dv, causal, four_d",
     [(2, 6, 2, 33, 16, 16, True, False), (2, 4, 4, 17, 16, 16, False, True), (2, 12, 2, 300, 128, 128, True, False)],
 )  # fmt: skip
-@pytest.mark.parametrize("kernel", ["flex", "efficient_cuda"])
+@pytest.mark.parametrize("kernel", ["flex", "efficient_cuda", "triton_pass"])
 def test_layer_attention_cuda(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch):
-    """The same on CUDA: compiled FlexAttention and the memory-efficient kernel."""
+    """The same on CUDA: compiled FlexAttention, the memory-efficient kernel and the compiled Triton pass."""
     check_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch, "cuda")
 
 
 def check_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypatch, device):
-    from headatlas.core import cpu_pass
+    from headatlas.core import cpu_pass, triton_pass
 
     if kernel == "cpu_pass" and cpu_pass.library() is None:
         pytest.skip("no C compiler")
-    if kernel not in ("default", "cpu_pass"):
+    if kernel == "triton_pass":
+        interpret_triton(monkeypatch, device)
+    else:  # (on CUDA it comes first)
+        monkeypatch.setattr(triton_pass, "usable", lambda device: False)
+    if kernel not in ("default", "cpu_pass", "triton_pass"):
         monkeypatch.setattr(mapfree, "kernel_order", lambda device, dtype, wide=False: (kernel,))
     monkeypatch.setattr(mapfree, "_FAILED", {})  # a kernel another case saw fail is tried again here
     monkeypatch.setattr(mapfree, "_SPLIT", set())
@@ -217,7 +222,7 @@ def check_layer_attention(bsz, h, hk, n, d, dv, causal, four_d, kernel, monkeypa
         out, lse, got = mapfree.layer_attention(
             *on[:4], flag, scale, *on[4:], True, ran=ran, smoothing=smoothing, c_pass=kernel == "cpu_pass"
         )
-    blocked = kernel == "default" or (kernel == "cpu_pass" and mask.shape[2] != 1)  # C: key masks only
+    blocked = kernel == "default" or (kernel in ("cpu_pass", "triton_pass") and mask.shape[2] != 1)  # key masks only
     assert ran == {mapfree.BLOCKED if blocked else cpu_pass.NAME if kernel == "cpu_pass" else kernel}
     assert out.dtype == v.dtype and out.shape == (bsz, h, n, dv)
     out, lse, got = out.cpu(), lse.cpu(), {k: x.cpu() for k, x in got.items()}
@@ -253,6 +258,110 @@ def test_missing_kernel_falls_back_once(monkeypatch, caplog):
     ):
         torch.testing.assert_close(x, y, rtol=0, atol=2e-5)
         torch.testing.assert_close(x, z, rtol=0, atol=0)
+
+
+def interpret_triton(monkeypatch, device: str) -> None:
+    """Run the Triton pass on ``device``: on a CPU under Triton's interpreter, which tests/conftest.py switches on
+    (skipped where Triton is not installed)."""
+    from headatlas.core import triton_pass
+
+    if triton_pass.triton is None:
+        pytest.skip("Triton is not installed")
+    if device == "cpu":
+        assert triton_pass.interpreted(), "TRITON_INTERPRET=1 was not set before Triton was imported"
+        monkeypatch.setattr(triton_pass, "ON_CPU", True)
+
+
+@pytest.mark.parametrize(
+    "bsz, h, hk, n, d, dv, causal, ncols",
+    [(2, 6, 2, 9, 8, 8, False, 3), (2, 6, 2, 37, 24, 24, True, 3), (3, 4, 4, 70, 32, 40, False, 20),
+     (1, 2, 1, 1, 16, 16, True, 2), (2, 3, 1, 33, 64, 64, True, 1)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, dtype, monkeypatch):
+    """The Triton pass (the kernel a GPU runs, here under Triton's interpreter) equals an explicit softmax: the
+    model's output, LSE, entropy, value columns and an encoder's lower columns; grouped key heads, keys hidden
+    after a sequence and inside one, left padding under the causal mask (a padded query row with no visible key
+    comes back finite), head sizes that fill no block (8, 24), a value width other than the head size, more
+    columns than one block, a strided query, one token, bfloat16 inputs (the output in bfloat16, the sums as
+    for float32); rows in blocks of 32 and keys in blocks of 16 (the online softmax across blocks, the causal
+    edge inside a block of rows, partial last blocks)."""
+    check_triton_pass(bsz, h, hk, n, d, dv, causal, ncols, dtype, monkeypatch, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "bsz, h, hk, n, d, dv, causal, ncols",
+    [(2, 6, 2, 37, 24, 24, True, 3), (3, 4, 4, 70, 32, 40, False, 20), (2, 12, 2, 300, 128, 128, True, 1)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_attention_pass_cuda(bsz, h, hk, n, d, dv, causal, ncols, dtype, monkeypatch):
+    """The same, compiled on CUDA, with the blocks the GPU runs and with small ones."""
+    check_triton_pass(bsz, h, hk, n, d, dv, causal, ncols, dtype, monkeypatch, "cuda")
+
+
+def check_triton_pass(bsz, h, hk, n, d, dv, causal, ncols, dtype, monkeypatch, device):
+    from headatlas.core import triton_pass
+
+    interpret_triton(monkeypatch, device)
+    torch.manual_seed(0)
+    q = (torch.randn(bsz, n, h, d) * 2).transpose(1, 2).to(dtype)  # the model's layout: a strided view
+    k, v = torch.randn(bsz, hk, n, d).to(dtype), torch.randn(bsz, hk, n, dv).to(dtype)
+    bias = torch.zeros(bsz, n)
+    bias[0, n - n // 3 :] = -math.inf
+    bias[-1, n // 2] = -math.inf if n > 2 else 0.0  # a hidden key inside a sequence
+    if causal and n > 2:
+        bias[-1, :2] = -math.inf  # left padding: the first query row sees no key
+    cols, lcols = torch.randn(bsz, n, ncols), None if causal else torch.randn(bsz, n, 2)
+    small = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}  # several key blocks per row block
+    want = softmax_reference(q.float(), k.float(), v.float(), bias, causal, d**-0.5, cols, lcols, 0.01)
+    for launch in [small] + ([None] if device == "cuda" else []):
+        on = [None if x is None else x.to(device) for x in (q, k, v, bias, cols, lcols)]
+        got = triton_pass.attention_pass(*on[:4], causal, d**-0.5, *on[4:], True, launch=launch)
+        check_pass_result(*(x.cpu() for x in got[:2]), {key: x.cpu() for key, x in got[2].items()}, want, dtype)
+
+
+def check_pass_result(out, lse, got, want, dtype):
+    """The Triton pass's (out, lse, got) against :func:`softmax_reference`'s on rows with a visible key."""
+    assert out.dtype == dtype and out.shape[:3] == lse.shape
+    assert set(got) == set(want[2]) - {"smoothed_entropy"}
+    seen = torch.isfinite(lse) & (lse > -1e20)  # rows with a visible key; the others are finite
+    assert bool(torch.isfinite(out.float()).all()) and all(bool(torch.isfinite(x).all()) for x in got.values())
+    ok = torch.isfinite(want[1])
+    assert bool((seen == ok).all())
+    atol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 products: the output's rounding
+    torch.testing.assert_close(out.double().transpose(1, 2)[ok.transpose(1, 2)], want[0][ok.transpose(1, 2)],
+                               rtol=0, atol=atol)  # fmt: skip
+    torch.testing.assert_close(lse.double()[ok], want[1][ok], rtol=0, atol=1e-5)
+    for key, x in got.items():
+        torch.testing.assert_close(x.double()[ok], want[2][key][ok], rtol=0, atol=1e-5, msg=key)
+
+
+def test_failing_triton_pass_falls_back_once(monkeypatch, caplog):
+    """A Triton pass that fails here (a feature this Triton or device lacks) is said once in the log, torch's
+    path runs with the same results, and later calls skip it quietly."""
+    import logging
+
+    from headatlas.core import triton_pass
+
+    interpret_triton(monkeypatch, "cpu")
+    monkeypatch.setattr(mapfree, "_FAILED", {})
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("PassManager::run failed")
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    want = mapfree.layer_attention(q, k, v, None, True, 0.3, None, None, True, ran=(ran := set()))
+    assert ran == {triton_pass.NAME}
+    monkeypatch.setattr(triton_pass, "attention_pass", broken)
+    with caplog.at_level(logging.WARNING, logger="headatlas.core.mapfree"):
+        got = [mapfree.layer_attention(q, k, v, None, True, 0.3, None, None, True, ran=ran) for _ in range(2)]
+    assert len(calls) == 1 and caplog.text.count("triton_pass") == 1 and "PassManager" in caplog.text
+    for x, y in zip(want[:2] + (want[2]["entropy"],), got[1][:2] + (got[1][2]["entropy"],)):
+        torch.testing.assert_close(x, y, rtol=0, atol=2e-5)
 
 
 def softmax_reference(q, k, v, bias, causal, scale, cols, lcols, eps):
@@ -481,17 +590,22 @@ def test_key_only_masks():
 
 
 @pytest.mark.parametrize("name", ["bert", "electra", "gpt2", "llama"])
-@pytest.mark.parametrize("mode", ["auto", "off"])
+@pytest.mark.parametrize("mode", ["auto", "off", "triton"])
 def test_tiny_mapfree_equals_eager(name, mode, tiny_loaded, ewt_records, monkeypatch):
     """Every map-free reducer on the tiny models equals the eager-fused path within 1e-5, and the model's
-    output under map-free attention is its SDPA output: through the CPU attention pass (cpu_pass auto), and
-    without it (off: :func:`layer_attention`, the Python a GPU runs, on the CPU flash kernel)."""
-    from headatlas.core import cpu_pass
+    output under map-free attention is its SDPA output: through the CPU attention pass (cpu_pass auto), without
+    it (off: :func:`layer_attention`, the Python a GPU runs, on the CPU flash kernel and the blocked products),
+    and through the GPU's Triton pass (under Triton's interpreter)."""
+    from headatlas.core import cpu_pass, triton_pass
 
     calls = []
     if mode == "auto" and cpu_pass.library() is None:
         pytest.skip("no C compiler")
-    monkeypatch.setattr(cpu_pass, "attention_pass", lambda *a, _f=cpu_pass.attention_pass: calls.append(1) or _f(*a))
+    kernel = triton_pass if mode == "triton" else cpu_pass
+    if mode == "triton":
+        interpret_triton(monkeypatch, "cpu")
+        mode = "off"
+    monkeypatch.setattr(kernel, "attention_pass", lambda *a, _f=kernel.attention_pass: calls.append(1) or _f(*a))
     spec, model, tok, config = tiny_loaded(name)
     kind = model_kind(config, spec)
     recs = list(ewt_records[:10])
@@ -512,7 +626,7 @@ def test_tiny_mapfree_equals_eager(name, mode, tiny_loaded, ewt_records, monkeyp
             got = model(**inputs).last_hidden_state
     valid = inputs["attention_mask"].bool()
     torch.testing.assert_close(got[valid], ref[valid], rtol=0, atol=1e-5)
-    assert bool(calls) == (mode == "auto")
+    assert bool(calls) == (mode == "auto" or kernel is triton_pass)
 
 
 def test_plan_names_full_row_reducers(tiny_loaded):
