@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -335,6 +336,34 @@ def check_pass_result(out, lse, got, want, dtype):
     torch.testing.assert_close(lse.double()[ok], want[1][ok], rtol=0, atol=1e-5)
     for key, x in got.items():
         torch.testing.assert_close(x.double()[ok], want[2][key][ok], rtol=0, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_triton_pass_builds_for_gpus(tmp_path):
+    """Without a GPU, the Triton pass compiles to cubins for A100s and H100s (sm_80, sm_90; ptxas from Triton's
+    wheel) in bf16 and float32, with and without the statistics, at the launch it picks: each fits the GPU's
+    shared memory per block (164 and 227 KiB) and its registers (benchmarks/triton_compile.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from headatlas.core import triton_pass
+
+    if triton_pass.triton is None:
+        pytest.skip("Triton is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    repo = Path(__file__).resolve().parents[3]
+    env["PYTHONPATH"] = str(repo / "scripts")
+    out = tmp_path / "builds.json"
+    subprocess.run([sys.executable, str(repo / "benchmarks" / "triton_compile.py"), "--json", str(out)], env=env,
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    built = {(r["sm"], r["dtype"], r["statistics"]) for r in rows if r["launch"] == "pass"}
+    assert built == {(sm, t, st) for sm in (80, 90) for t in ("bf16", "fp32") for st in (False, True)}
+    limit = {80: 163 * 1024, 90: 227 * 1024}
+    for r in rows:
+        assert r["shared_static"] + r["shared_dynamic"] <= limit[r["sm"]] and r["registers"] <= 255, r
 
 
 def test_failing_triton_pass_falls_back_once(monkeypatch, caplog):
