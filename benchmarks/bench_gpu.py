@@ -283,6 +283,44 @@ def run_ladder(name: str, args, emit) -> None:
 OTHER_BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3}  # the Triton pass's other launch
 
 
+def einsum_dot(q, k):
+    """_dot's result by einsum (k broadcast to q's shape)."""
+    import torch
+
+    return torch.einsum("...d,...d->...", q, k.expand_as(q))
+
+
+def free_view(q, k, cols, scale):
+    """A function building one layer's FreeLayer with 9 targets (offsets -2, -1, +1, +2, the first key, 4 indexed)
+    over a causal batch of q's shape, optionally with ``dot`` in place of mapfree._dot."""
+    import numpy as np
+    import torch
+
+    from headatlas.core import mapfree
+    from headatlas.core.reducer import ReduceBatch
+
+    bsz, _, n, _ = q.shape
+    rows = [{"word": np.arange(n), "special": np.zeros(n, dtype=np.int64), "segment": np.zeros(n, dtype=np.int64),
+             "piece": np.array(["p"] * n, dtype=object)} for _ in range(bsz)]  # fmt: skip
+    batch = ReduceBatch.from_rows(np.arange(bsz), rows, np.arange(bsz), np.full(bsz, n))
+    rng = np.random.default_rng(0)
+    targets = {f"offset:{o}": np.zeros((bsz, n), dtype=np.int64) for o in (-2, -1, 1, 2)}
+    targets["key:0"] = np.zeros((bsz, n), dtype=np.int64)
+    targets |= {f"t{i}": rng.integers(0, n, (bsz, n)) for i in range(4)}
+    qf, kf = q.float(), k.float()
+    lse = torch.logsumexp(torch.zeros(1, device=q.device), 0).expand(q.shape[:3]).contiguous()
+
+    def build(dot=None):
+        before = mapfree._dot
+        mapfree._dot = dot or before
+        try:
+            return mapfree.FreeLayer(qf, kf, lse, scale, batch, True, None, None, None, targets)._targets
+        finally:
+            mapfree._dot = before
+
+    return build
+
+
 def run_kernels(args, emit) -> None:
     """The one-path candidates on the device, one layer of Qwen2.5-1.5B's heads (12 on 2 KV heads of 128),
     causal, bf16: the SDPA kernel (no LSE), the memory-efficient kernel with its LSE (today's CUDA path, KV
@@ -292,7 +330,8 @@ def run_kernels(args, emit) -> None:
     (``fused_attention``: none where ``kernel_order`` names no kernel for widened values), FlexAttention on
     [V | K] in one bf16 call and in two head-size calls (V, then K; compiled with dynamic shapes), each with the
     kernels that ran; the Triton pass (A.V and LSE alone, then with the entropy and the column, at two block
-    sizes); the largest LSE difference from float64 rows."""
+    sizes); FreeLayer's 9 targets above the kernel (its products, and einsum in their place); the largest LSE
+    difference from float64 rows."""
     import torch
     import torch.nn.functional as F
 
@@ -349,6 +388,12 @@ def run_kernels(args, emit) -> None:
             )[:2],
         }
         ran, ran_bf16 = set(), set()
+        # the targets above the kernel (FreeLayer.attention_to: 9 as the default reducers declare, offsets, the
+        # first key and indexed ones) from float32 q, k and LSE, with _dot's products in one buffer and a sum,
+        # and with einsum (a batched matrix product reading q and k once) in its place
+        view = free_view(q, k, cols, scale)
+        cands["targets_products"] = lambda: (view(), None)
+        cands["targets_einsum"] = lambda: (view(einsum_dot), None)
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
