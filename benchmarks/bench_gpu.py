@@ -97,6 +97,7 @@ def run_case(name: str, size: dict, args) -> dict:
 
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
+    from headatlas.core import mapfree as mapfree_kernels
     from headatlas.core.reduce import bare_forward, fused_reduce
 
     src = args.model_root / name
@@ -211,6 +212,7 @@ def run_ladder(name: str, args, emit) -> None:
 
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, load
+    from headatlas.core import mapfree as mapfree_kernels
     from headatlas.core.reduce import bare_forward, fused_reduce
     from headatlas.detectors.reducers import DetectorReducer
     from headatlas.position.reducers import PositionReducer
@@ -274,6 +276,9 @@ def run_ladder(name: str, args, emit) -> None:
                 mm = out["modes"]
                 if all("tokens_per_s" in mm[k] for k in ("sdpa", "mapfree")):
                     out["mapfree_over_sdpa"] = round(mm["mapfree"]["tokens_per_s"] / mm["sdpa"]["tokens_per_s"], 4)
+                # the kernels that failed so far (said once in the log; the next one ran): none on CUDA means
+                # the map-free rows ran the Triton pass
+                out["kernels_failed"] = {" ".join(map(str, key)): why for key, why in mapfree_kernels._FAILED.items()}
                 emit(out)
             eager = sdpa = None
             if cuda:

@@ -388,7 +388,8 @@ def open_feed(
 
 def feed_record(feed) -> dict:
     """What computed a feed's statistics, for the store's metadata: the path (eager | mapfree), why, and the
-    kernels that ran (:data:`~headatlas.core.mapfree.kernel_order`'s names, ``cpu_pass``, ``blocked``)."""
+    kernels that ran (:data:`~headatlas.core.mapfree.kernel_order`'s names, ``triton_pass``, ``cpu_pass``,
+    ``blocked``)."""
     free = isinstance(feed, MapFreeFeed)
     return {
         "path": "mapfree" if free else "eager",
