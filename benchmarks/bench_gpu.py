@@ -97,7 +97,6 @@ def run_case(name: str, size: dict, args) -> dict:
 
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, decoder_bos, load, model_kind
-    from headatlas.core import mapfree as mapfree_kernels
     from headatlas.core.reduce import bare_forward, fused_reduce
 
     src = args.model_root / name
@@ -210,9 +209,9 @@ def run_ladder(name: str, args, emit) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    from headatlas.core import mapfree as mapfree_kernels
     from headatlas.core.extract import tokenize_records
     from headatlas.core.models import ModelSpec, load
-    from headatlas.core import mapfree as mapfree_kernels
     from headatlas.core.reduce import bare_forward, fused_reduce
     from headatlas.detectors.reducers import DetectorReducer
     from headatlas.position.reducers import PositionReducer
