@@ -67,7 +67,8 @@ if triton is not None:  # the kernel at module level: its globals are what Trito
         QK_PRECISION: tl.constexpr,
     ):  # fmt: skip
         start = tl.program_id(0) * BLOCK_M
-        bh = tl.program_id(1)
+        # a head's and a sequence's base offsets in 64 bits (a layer can pass 2^31 elements), within them 32
+        bh = tl.program_id(1).to(tl.int64)
         b = bh // H
         h = bh % H
         hk = h // G
@@ -76,7 +77,9 @@ if triton is not None:  # the kernel at module level: its globals are what Trito
         dv = tl.arange(0, BLOCK_DV)
         live = rows < N
         q = tl.load(
-            Q + b * sqb + h * sqh + rows[:, None] * sqi + dd[None, :], mask=live[:, None] & (dd < D)[None, :], other=0.0
+            Q + b * sqb + h * sqh + rows[:, None] * sqi + dd[None, :],
+            mask=live[:, None] & (dd < D)[None, :],
+            other=0.0,
         )
         if F32_DOTS:
             q = q.to(tl.float32)
@@ -122,26 +125,40 @@ if triton is not None:  # the kernel at module level: its globals are what Trito
             else:
                 acc = acc * a[:, None] + tl.dot(p.to(v.dtype), v, input_precision=QK_PRECISION)
             if HAS_X:
-                xv = tl.load(X + b * sxb + cols[:, None] * sxi + cx[None, :], mask=here[:, None] & (cx < C)[None, :])
+                xv = tl.load(
+                    X + b * sxb + cols[:, None] * sxi + cx[None, :], mask=here[:, None] & (cx < C)[None, :], other=0.0
+                )
                 xacc = xacc * a[:, None] + tl.dot(p, xv, input_precision="tf32x3")
             if HAS_L:
-                lv = tl.load(L + b * slb + cols[:, None] * sli + cl[None, :], mask=here[:, None] & (cl < CL)[None, :])
+                lv = tl.load(
+                    L + b * slb + cols[:, None] * sli + cl[None, :], mask=here[:, None] & (cl < CL)[None, :], other=0.0
+                )
                 pl = tl.where(rows[:, None] >= cols[None, :], p, 0.0)
                 lacc = lacc * a[:, None] + tl.dot(pl, lv, input_precision="tf32x3")
             m = m2
         r = 1.0 / z
-        at = bh * N + rows
-        tl.store(LSE + at, (m + tl.log2(z)) * LN2, mask=live)
+        row = bh * N  # this head's first row in the outputs
+        tl.store(LSE + row + rows, (m + tl.log2(z)) * LN2, mask=live)
         if ENTROPY:
-            tl.store(ENT + at, (tl.log2(z) - e * r) * LN2, mask=live)
+            tl.store(ENT + row + rows, (tl.log2(z) - e * r) * LN2, mask=live)
         o = acc * r[:, None]
         tl.store(
-            OUT + at[:, None] * DV + dv[None, :], o.to(OUT.dtype.element_ty), mask=live[:, None] & (dv < DV)[None, :]
+            OUT + row * DV + rows[:, None] * DV + dv[None, :],
+            o.to(OUT.dtype.element_ty),
+            mask=live[:, None] & (dv < DV)[None, :],
         )
         if HAS_X:
-            tl.store(XOUT + at[:, None] * C + cx[None, :], xacc * r[:, None], mask=live[:, None] & (cx < C)[None, :])
+            tl.store(
+                XOUT + row * C + rows[:, None] * C + cx[None, :],
+                xacc * r[:, None],
+                mask=live[:, None] & (cx < C)[None, :],
+            )
         if HAS_L:
-            tl.store(LOUT + at[:, None] * CL + cl[None, :], lacc * r[:, None], mask=live[:, None] & (cl < CL)[None, :])
+            tl.store(
+                LOUT + row * CL + rows[:, None] * CL + cl[None, :],
+                lacc * r[:, None],
+                mask=live[:, None] & (cl < CL)[None, :],
+            )
 
 
 def _width(x: int) -> int:
@@ -180,11 +197,15 @@ def attention_pass(q, k, v, keybias, causal: bool, scale: float, cols=None, lcol
     dev = q.device
     unit = lambda x: x if x.stride(-1) == 1 else x.contiguous()  # noqa: E731 (the kernel steps rows by stride)
     q, k, v = unit(q.detach()), unit(k.detach()), unit(v.detach())
+    if max(x.stride(2) for x in (q, k, v)) * n >= 2**31:  # offsets within a sequence's head are 32-bit
+        raise ValueError(f"{n} tokens with rows {max(x.stride(2) for x in (q, k, v))} apart: past 32-bit offsets")
     f32 = torch.float32
     out = torch.empty((bsz, h, n, dv), dtype=v.dtype, device=dev)
     lse = torch.empty((bsz, h, n), dtype=f32, device=dev)
     ent = torch.empty((bsz, h, n), dtype=f32, device=dev) if entropy else lse
-    keys = None if keybias is None else (keybias > -math.inf).to(torch.int8).contiguous()
+    if keybias is not None:  # additive (-inf hides) or boolean (False hides)
+        keybias = keybias if keybias.dtype == torch.bool else keybias > -math.inf
+    keys = None if keybias is None else keybias.to(torch.int8).contiguous()
     x = None if cols is None else cols.detach().to(f32).contiguous()
     lw = None if lcols is None else lcols.detach().to(f32).contiguous()
     xout = None if x is None else torch.empty((bsz, h, n, x.shape[-1]), dtype=f32, device=dev)

@@ -285,7 +285,7 @@ def test_triton_attention_pass(bsz, h, hk, n, d, dv, causal, ncols, dtype, monke
     after a sequence and inside one, left padding under the causal mask (a padded query row with no visible key
     comes back finite), head sizes that fill no block (8, 24), a value width other than the head size, more
     columns than one block, a strided query, one token, bfloat16 inputs (the output in bfloat16, the sums as
-    for float32); rows in blocks of 32 and keys in blocks of 16 (the online softmax across blocks, the causal
+    for float32), the key mask as additive or boolean; rows in blocks of 32 and keys in blocks of 16 (the online softmax across blocks, the causal
     edge inside a block of rows, partial last blocks)."""
     check_triton_pass(bsz, h, hk, n, d, dv, causal, ncols, dtype, monkeypatch, "cpu")
 
@@ -320,6 +320,9 @@ def check_triton_pass(bsz, h, hk, n, d, dv, causal, ncols, dtype, monkeypatch, d
         on = [None if x is None else x.to(device) for x in (q, k, v, bias, cols, lcols)]
         got = triton_pass.attention_pass(*on[:4], causal, d**-0.5, *on[4:], True, launch=launch)
         check_pass_result(*(x.cpu() for x in got[:2]), {key: x.cpu() for key, x in got[2].items()}, want, dtype)
+    keys = torch.isfinite(bias).to(device)  # the same keys as a boolean mask
+    again = triton_pass.attention_pass(*on[:3], keys, causal, d**-0.5, *on[4:], True, launch=launch)
+    assert torch.equal(again[1], got[1]) and torch.equal(again[0], got[0])
 
 
 def check_pass_result(out, lse, got, want, dtype):
