@@ -8,7 +8,7 @@ launch configuration, and what it costs in registers per thread, spilled stack b
     PYTHONPATH=scripts .venv/bin/python benchmarks/triton_compile.py --json benchmarks/results_triton_compile.json
 
 Run without ``TRITON_INTERPRET`` (the interpreter replaces the kernel by Python). Qwen2.5-1.5B's heads (128 wide),
-causal, bf16 and float32 inputs, with and without the statistics (the entropy and one value column), at the
+causal, bf16 and float32 inputs, without the statistics and with the entropy and 16 or 128 value columns, at the
 launch the pass picks (``core.triton_pass.blocks``) and, for bf16, the other one ``bench_gpu.py --kernels`` times.
 """
 
@@ -23,9 +23,12 @@ import sys
 import tempfile
 import warnings
 
+COLUMNS = (0, 16, 128)  # none (A.V and LSE), the position statistics' few, Clark's word columns (one per word)
 
-def build(capability: int, dtype: str, stats: bool, launch: dict, width: int = 128) -> dict:
-    """One cubin's resources: {"registers", "stack", "shared_static", "shared_dynamic"}."""
+
+def build(capability: int, dtype: str, columns: int, launch: dict, width: int = 128) -> dict:
+    """One cubin's resources: {"registers", "stack", "shared_static", "shared_dynamic"}; ``columns``: 0 for A.V
+    and LSE alone, else the entropy and that many value columns."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -39,8 +42,8 @@ def build(capability: int, dtype: str, stats: bool, launch: dict, width: int = 1
         ("X", "L", "LSE", "ENT", "XOUT", "LOUT"), "*fp32"
     )
     const = {
-        "BLOCK_M": launch["BLOCK_M"], "BLOCK_N": launch["BLOCK_N"], "BLOCK_D": width, "BLOCK_DV": width, "BLOCK_C": 16,
-        "BLOCK_CL": 16, "CAUSAL": True, "HAS_KEYS": False, "ENTROPY": stats, "HAS_X": stats, "HAS_L": False,
+        "BLOCK_M": launch["BLOCK_M"], "BLOCK_N": launch["BLOCK_N"], "BLOCK_D": width, "BLOCK_DV": width, "BLOCK_C": max(16, columns),
+        "BLOCK_CL": 16, "CAUSAL": True, "HAS_KEYS": False, "ENTROPY": columns > 0, "HAS_X": columns > 0, "HAS_L": False,
         "F32_DOTS": False, "QK_PRECISION": "tf32" if dtype == "bf16" else "ieee",
     }  # fmt: skip
     sig = {p: pointers.get(p, "i32") for p in names} | dict.fromkeys(const, "constexpr") | {"qk_scale": "fp32"}
@@ -73,13 +76,13 @@ def main() -> None:
     rows = []
     for cap in (int(c) for c in args.capabilities.split(",")):
         for dtype in ("bf16", "fp32"):
-            launches = {"pass": blocks(128, "cuda", dtype == "fp32")} | (
-                {"other": OTHER_BLOCKS} if dtype == "bf16" else {}
-            )
-            for stats in (False, True):
+            for columns in COLUMNS:
+                launches = {"pass": blocks(128, "cuda", dtype == "fp32", columns)}
+                if dtype == "bf16" and columns == 16:
+                    launches["other"] = OTHER_BLOCKS
                 for name, launch in launches.items():
-                    row = {"sm": cap, "dtype": dtype, "statistics": stats, "launch": name} | launch
-                    row.update(build(cap, dtype, stats, launch))
+                    row = {"sm": cap, "dtype": dtype, "columns": columns, "launch": name} | launch
+                    row.update(build(cap, dtype, columns, launch))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     if args.json:

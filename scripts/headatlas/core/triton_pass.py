@@ -166,20 +166,19 @@ def _width(x: int) -> int:
     return max(16, 1 << max(0, int(x) - 1).bit_length())
 
 
-def blocks(d: int, device_type: str, fp32: bool) -> dict:
-    """Launch parameters: query rows and keys per block, warps and pipeline stages. Chosen so that the build
-    spills few registers and fits the shared memory of an A100 and an H100 (sm_80, sm_90), as compiled without
-    a GPU (benchmarks/triton_compile.py): half-precision inputs up to 128 wide, the flash-attention tutorial's
-    128 rows, 64 keys, 8 warps, 3 stages; wider, or float32 inputs (products in full float32, on the CUDA cores),
-    fewer. Under the interpreter 64 and 64 (its time grows with the number of blocks)."""
+def blocks(d: int, device_type: str, fp32: bool, columns: int = 0) -> dict:
+    """Launch parameters: query rows and keys per block, warps and pipeline stages, for heads ``d`` wide and
+    ``columns`` value or lower columns. Chosen so that the build spills few registers and fits the shared memory
+    of an A100 and an H100 (sm_80, sm_90), as compiled without a GPU (benchmarks/triton_compile.py): half
+    precision up to 128 wide with at most 16 columns, the flash-attention tutorial's 128 rows, 64 keys, 8 warps, 3
+    stages; wider heads, more columns (Clark's word columns: one per word) or float32 inputs (products in full
+    float32, on the CUDA cores), 64 x 32. Under the interpreter 64 and 64 (its time grows with the number of
+    blocks)."""
     if device_type != "cuda":
         return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 1, "num_stages": 1}
-    if not fp32:
-        big = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-        return big if d <= 128 else {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
-    if d <= 128:
-        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
-    return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    if not fp32 and d <= 128 and columns <= 16:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
 
 
 def attention_pass(q, k, v, keybias, causal: bool, scale: float, cols=None, lcols=None, entropy=False, launch=None):
@@ -211,7 +210,8 @@ def attention_pass(q, k, v, keybias, causal: bool, scale: float, cols=None, lcol
     xout = None if x is None else torch.empty((bsz, h, n, x.shape[-1]), dtype=f32, device=dev)
     lout = None if lw is None else torch.empty((bsz, h, n, lw.shape[-1]), dtype=f32, device=dev)
     fp32 = q.dtype == f32
-    cfg = dict(blocks(d, dev.type, fp32) if launch is None else launch)
+    columns = max(0 if x is None else x.shape[-1], 0 if lw is None else lw.shape[-1])
+    cfg = dict(blocks(d, dev.type, fp32, columns) if launch is None else launch)
     grid = (-(-n // cfg["BLOCK_M"]), bsz * h)
     attention_pass_kernel[grid](
         q, k, v, lse if keys is None else keys, lse if x is None else x, lse if lw is None else lw,

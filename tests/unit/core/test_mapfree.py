@@ -344,8 +344,9 @@ def check_pass_result(out, lse, got, want, dtype):
 @pytest.mark.slow
 def test_triton_pass_builds_for_gpus(tmp_path):
     """Without a GPU, the Triton pass compiles to cubins for A100s and H100s (sm_80, sm_90; ptxas from Triton's
-    wheel) in bf16 and float32, with and without the statistics, at the launch it picks: each fits the GPU's
-    shared memory per block (164 and 227 KiB) and its registers (benchmarks/triton_compile.py)."""
+    wheel) in bf16 and float32, without the statistics and with 16 or 128 value columns, at the launch it picks:
+    each fits the GPU's shared memory per block (164 and 227 KiB) and its registers
+    (benchmarks/triton_compile.py)."""
     import json
     import os
     import subprocess
@@ -362,8 +363,8 @@ def test_triton_pass_builds_for_gpus(tmp_path):
     subprocess.run([sys.executable, str(repo / "benchmarks" / "triton_compile.py"), "--json", str(out)], env=env,
                    check=True, capture_output=True, timeout=600)  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
-    built = {(r["sm"], r["dtype"], r["statistics"]) for r in rows if r["launch"] == "pass"}
-    assert built == {(sm, t, st) for sm in (80, 90) for t in ("bf16", "fp32") for st in (False, True)}
+    built = {(r["sm"], r["dtype"], r["columns"]) for r in rows if r["launch"] == "pass"}
+    assert built == {(sm, t, c) for sm in (80, 90) for t in ("bf16", "fp32") for c in (0, 16, 128)}
     limit = {80: 163 * 1024, 90: 227 * 1024}
     for r in rows:
         assert r["shared_static"] + r["shared_dynamic"] <= limit[r["sm"]] and r["registers"] <= 255, r
