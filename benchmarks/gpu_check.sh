@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks in ONE call of the device tool (a lent H200; benchmarks/README.md "GPU"), under 8 minutes.
+# The GPU checks in ONE call of the device tool (a lent H100 or H200; benchmarks/README.md "GPU"), under 10 minutes.
 # Prepare here, once (configs and tokenizers of MiniLM and SmolLM2, the transformers wheel the image lacks):
 #   .venv/bin/python benchmarks/gpu_prepare.py
 # then run through the device tool, from the repository root:
