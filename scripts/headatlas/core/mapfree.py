@@ -16,8 +16,8 @@ are one dot product each (:meth:`FreeLayer.attention_to`). Only the kernel under
 pass (:func:`headatlas.core.triton_pass.attention_pass`, every sum in one flash-style pass; the tests run it on a
 CPU under Triton's interpreter); on a CPU with ``extraction.cpu_pass: auto`` the C pass
 (:func:`headatlas.core.cpu_pass.attention_pass`, built and checked on first use); elsewhere, and for what
-those passes do not take (a 4-D mask, the smoothed entropy, a gradient), :func:`kernel_order`: a layer with sums goes to
-:func:`blocked_attention` (torch products per block of rows; a fused kernel would take them as values widened to
+those passes do not take (a 4-D mask, the smoothed entropy, a gradient), :func:`kernel_order`: a layer with
+sums goes to :func:`blocked_attention` (torch products per block of rows; a fused kernel would take them as values widened to
 [V | K | key columns], H_i = LSE_i - scale q_i . (A K)_i, measured slower), A.V and LSE alone to a fused kernel
 (the CPU flash kernel; on CUDA the flash or memory-efficient kernel), one that fails falling back to the next
 (said once in the log) and the blocked products last. A fused kernel gives no smoothed entropy:
@@ -326,8 +326,8 @@ def layer_attention(
     Triton runs (:func:`~headatlas.core.triton_pass.usable`: CUDA): from
     :func:`~headatlas.core.triton_pass.attention_pass`. ``c_pass`` (``extraction.cpu_pass: auto``), on a CPU with
     a key mask or none and no gradient to keep: from :func:`~headatlas.core.cpu_pass.attention_pass` where it
-    loads (every sum from one loop over the scores). Otherwise from one :func:`fused_attention` call in float32 with the
-    values widened to [v | k | cols]: its output gives A.v, (A k)_i and the value columns, and the row entropy is
+    loads (every sum from one loop over the scores). Otherwise from one :func:`fused_attention` call in float32
+    with the values widened to [v | k | cols]: its output gives A.v, (A k)_i and the value columns, and the row entropy is
     H_i = LSE_i - sum_j A_ij s_ij = LSE_i - scale q_i . (A k)_i. An encoder's lower columns come from a second,
     causal call over them, rescaled by exp(LSE_causal - LSE) (the causal rows' mass of the full row); under a
     causal mask they are value columns. q [B, H, n, d], k [B, Hkv, n, d], v [B, Hkv, n, dv] (grouped heads
@@ -347,9 +347,8 @@ def layer_attention(
             return got
     if c_pass and q.device.type == "cpu" and keys and not grad and cpu_pass.library() is not None:
         out, lse, got = cpu_pass.attention_pass(
-            q, k, v, None if mask is None else mask[:, 0, 0], causal, scale,
-            *(None if c is None else c[:, 0] for c in (cols, lcols)), entropy, smoothing,
-        )  # fmt: skip
+            q, k, v, *_pass_inputs(mask, cols, lcols, causal, scale), entropy, smoothing
+        )
         if ran is not None:
             ran.add(cpu_pass.NAME)
         return out.transpose(1, 2), lse, got
@@ -391,14 +390,24 @@ def layer_attention(
     return out[..., :dv].to(v.dtype), lse, res
 
 
+def _pass_inputs(mask, cols, lcols, causal: bool, scale: float) -> tuple:
+    """The attention passes' (C and Triton) arguments after q, k, v: the key mask [B, n], the flag, the scale and
+    the key columns [B, n, C] from the layer's [B, 1, 1, n] mask and [B, 1, n, C] columns."""
+    return (
+        None if mask is None else mask[:, 0, 0],
+        causal,
+        scale,
+        *(None if c is None else c[:, 0] for c in (cols, lcols)),
+    )
+
+
 def _triton_pass(q, k, v, mask, causal: bool, scale: float, cols, lcols, entropy: bool):
     """:func:`~headatlas.core.triton_pass.attention_pass` of a layer with a key mask or none, or None where it
     failed here (:func:`_failed`)."""
     key = (triton_pass.NAME, q.device.type, q.dtype)
     if key in _FAILED:
         return None
-    bias, cs = None if mask is None else mask[:, 0, 0], [None if c is None else c[:, 0] for c in (cols, lcols)]
-    got, why = _try(triton_pass.attention_pass, q, k, v, bias, causal, scale, *cs, entropy)
+    got, why = _try(triton_pass.attention_pass, q, k, v, *_pass_inputs(mask, cols, lcols, causal, scale), entropy)
     if got is None:
         _failed(key, why)
     return got
